@@ -1,0 +1,48 @@
+"""Exceptions raised by aiopurgatory, and argument checks shared by its modules."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+__all__ = [
+    "OperationStateError",
+    "PurgatoryClosedError",
+    "PurgatoryError",
+    "PurgatoryFullError",
+]
+
+
+class PurgatoryError(Exception):
+    """Base class of every error raised by aiopurgatory itself."""
+
+
+class PurgatoryClosedError(PurgatoryError):
+    """A purgatory or timer was used after ``close()``."""
+
+
+class PurgatoryFullError(PurgatoryError):
+    """``max_pending`` operations are already pending (backpressure)."""
+
+
+class OperationStateError(PurgatoryError):
+    """An operation was already watched, is finished, or belongs to another purgatory."""
+
+
+def as_seconds(value: Any, name: str) -> float:
+    """Return ``value`` as a finite float number of seconds, or raise naming ``name``.
+
+    Raises:
+        TypeError: ``value`` is not a real number, or is a bool.
+        ValueError: ``value`` is NaN or infinite.
+    """
+    if type(value) is not float:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+        try:
+            value = float(value)
+        except OverflowError:
+            raise ValueError(f"{name} must be finite, got {value!r}") from None
+    if value - value:  # NaN and +-inf, and only they, make this non-zero (NaN is truthy)
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return value

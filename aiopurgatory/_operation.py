@@ -1,0 +1,279 @@
+"""Delayed operations: the life cycle of one waiting request.
+
+An operation is *new* until a purgatory takes it, *pending* while watched, and
+*finished* exactly once, as one of :class:`Outcome`. The rules:
+
+* Completion (``force_complete``) and expiry (the timer) race; the first wins and
+  is the only one to run callbacks. ``on_complete`` runs for both; ``on_expiration``
+  follows it only on expiry. Cancellation runs neither.
+* Finishing detaches the operation at once: out of the timer and out of every
+  watch list of its purgatory (O(number of keys)), then callbacks run, then
+  awaiters are woken. Awaiters read the result from the operation itself, so an
+  exception recorded after they were woken (``try_complete`` raising after it
+  called ``force_complete``) still reaches them.
+* A callback that raises is contained: logged once as
+  ``aiopurgatory.callback_failed``, stored on the operation and raised to its
+  awaiters, never to the timer, to ``check_and_complete`` or to other operations.
+  ``KeyboardInterrupt``/``SystemExit`` are not contained.
+* An operation is itself the timer entry (no handle object per operation), and
+  creates an awaitable future only when someone awaits it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Generator, Hashable
+from typing import TYPE_CHECKING, Any
+
+from ._errors import as_seconds
+from ._timer import _TimerEntry
+
+if TYPE_CHECKING:
+    from ._purgatory import Purgatory
+
+__all__ = ["DelayedOperation", "Outcome"]
+
+
+class Outcome(enum.Enum):
+    """How a delayed operation finished."""
+
+    #: Its condition was met: ``force_complete()`` (usually from ``try_complete()``).
+    COMPLETED = "completed"
+    #: Its timeout passed first.
+    EXPIRED = "expired"
+    #: Withdrawn: ``cancel()``, ``cancel_for_key()``, ``close()`` or a cancelled ``watch()``.
+    CANCELLED = "cancelled"
+    #: Its own ``try_complete()`` raised: the condition could not be evaluated.
+    FAILED = "failed"
+
+
+COMPLETED = Outcome.COMPLETED
+EXPIRED = Outcome.EXPIRED
+CANCELLED = Outcome.CANCELLED
+FAILED = Outcome.FAILED
+
+
+class DelayedOperation(_TimerEntry):
+    """A request that waits in a :class:`Purgatory` until it can complete or times out.
+
+    Subclass it and override :meth:`try_complete` (and usually :meth:`on_complete`),
+    as with Kafka's ``DelayedOperation``. Subclasses must call
+    ``super().__init__(timeout)``.
+
+    Args:
+        timeout: seconds from being watched until expiry; finite and >= 0.
+
+    Raises:
+        TypeError: ``timeout`` is not a number (or is a bool).
+        ValueError: ``timeout`` is negative, NaN or infinite.
+    """
+
+    __slots__ = ("_exception", "_keys", "_outcome", "_purgatory", "_timeout", "_waiters")
+
+    def __init__(self, timeout: float) -> None:
+        timeout = as_seconds(timeout, "timeout")
+        if timeout < 0:
+            raise ValueError(f"timeout must not be negative, got {timeout!r}")
+        self._tick = None
+        self._bucket = None
+        self._when: float | None = None  # type: ignore[assignment]
+        self._timeout = timeout
+        self._purgatory: Purgatory[Any] | None = None
+        self._keys: tuple[Hashable, ...] = ()
+        self._outcome: Outcome | None = None
+        self._exception: Exception | None = None
+        self._waiters: list[asyncio.Future[None]] | None = None
+
+    def __repr__(self) -> str:
+        state = self._outcome.value if self._outcome is not None else "pending"
+        return f"<{type(self).__name__} {state} timeout={self._timeout}>"
+
+    # -- read-only state -----------------------------------------------------------
+
+    @property
+    def timeout(self) -> float:
+        """Seconds from being watched until expiry."""
+        return self._timeout
+
+    @property
+    def deadline(self) -> float | None:
+        """Loop time (seconds) of expiry once scheduled by a purgatory, else None."""
+        return self._when
+
+    @property
+    def keys(self) -> tuple[Hashable, ...]:
+        """The keys this operation was watched under (empty until watched)."""
+        return self._keys
+
+    @property
+    def is_completed(self) -> bool:
+        """True once finished by completion or expiry (Kafka's ``isCompleted``)."""
+        outcome = self._outcome
+        return outcome is COMPLETED or outcome is EXPIRED
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """How the operation finished, or None while it has not."""
+        return self._outcome
+
+    @property
+    def exception(self) -> Exception | None:
+        """The exception a callback of this operation raised, if any."""
+        return self._exception
+
+    def done(self) -> bool:
+        """True once finished in any way (completed, expired, cancelled or failed)."""
+        return self._outcome is not None
+
+    # -- to override -----------------------------------------------------------------
+
+    def try_complete(self) -> bool:
+        """Check the condition; if met, ``return self.force_complete()``. Default: False.
+
+        Called by the purgatory when the operation is first watched (twice: before
+        and after it joins the watch lists) and on every ``check_and_complete`` of
+        one of its keys.
+        """
+        return False
+
+    def on_complete(self) -> None:
+        """Runs exactly once when the operation completes or expires. Default: no-op."""
+
+    def on_expiration(self) -> None:
+        """Runs after :meth:`on_complete`, only when the operation expired. Default: no-op."""
+
+    # -- provided --------------------------------------------------------------------
+
+    def force_complete(self) -> bool:
+        """Finish the operation as completed, if nobody finished it first.
+
+        Removes it from the timer and from every watch list, then runs
+        :meth:`on_complete`, then wakes awaiters.
+
+        Returns:
+            True iff this call finished the operation.
+        """
+        if self._outcome is not None:
+            return False
+        self._outcome = COMPLETED
+        purgatory = self._purgatory
+        if purgatory is not None:
+            purgatory._completed += 1
+            purgatory._detach(self)
+        try:
+            try:
+                self.on_complete()
+            except Exception as exc:
+                self._callback_failed(exc, "on_complete")
+        finally:
+            self._finished()
+        return True
+
+    def cancel(self) -> bool:
+        """Withdraw the operation if it has not finished: ``Outcome.CANCELLED``.
+
+        Removes it from the timer and from every watch list; runs no callback;
+        awaiters get ``Outcome.CANCELLED``. An operation that was never watched can
+        be cancelled too (it can then no longer be watched).
+
+        Returns:
+            True iff this call withdrew the operation.
+        """
+        if self._outcome is not None:
+            return False
+        self._outcome = CANCELLED
+        purgatory = self._purgatory
+        if purgatory is not None:
+            purgatory._cancelled += 1
+            purgatory._detach(self)
+        self._finished()
+        return True
+
+    def __await__(self) -> Generator[Any, None, Outcome]:
+        """Wait until the operation finishes; return its :class:`Outcome`.
+
+        Observing only: cancelling the awaiting task does not cancel the operation.
+
+        Raises:
+            Exception: the exception a callback of this operation raised.
+        """
+        if self._outcome is None:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._add_waiter(future)
+            yield from future.__await__()
+        return self._result()
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _add_waiter(self, future: asyncio.Future[None]) -> None:
+        waiters = self._waiters
+        if waiters is None:
+            self._waiters = [future]
+        else:
+            waiters.append(future)
+
+    def _result(self) -> Outcome:
+        if self._exception is not None:
+            raise self._exception
+        assert self._outcome is not None
+        return self._outcome
+
+    def _finished(self) -> None:
+        waiters = self._waiters
+        if waiters is not None:
+            self._waiters = None
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+        purgatory = self._purgatory
+        if purgatory is not None and purgatory._recorder is not None:
+            purgatory._record(self)
+
+    def _fire(self) -> None:
+        # The timer's expiry; the driver has already taken us out of the wheel.
+        self._expire()
+
+    def _expire(self) -> None:
+        if self._outcome is not None:
+            return
+        self._outcome = EXPIRED
+        purgatory = self._purgatory
+        if purgatory is not None:
+            purgatory._expired += 1
+            purgatory._detach(self)
+        try:
+            try:
+                self.on_complete()
+            except Exception as exc:
+                self._callback_failed(exc, "on_complete")
+            else:
+                try:
+                    self.on_expiration()
+                except Exception as exc:
+                    self._callback_failed(exc, "on_expiration")
+        finally:
+            self._finished()
+
+    def _timer_closed(self) -> None:
+        self.cancel()
+
+    def _try_complete_failed(self, exc: Exception) -> None:
+        """``try_complete`` raised: finish as FAILED unless it already finished."""
+        if self._outcome is None:
+            self._outcome = FAILED
+            purgatory = self._purgatory
+            if purgatory is not None:
+                purgatory._failed += 1
+                purgatory._detach(self)
+            self._callback_failed(exc, "try_complete")
+            self._finished()
+        else:
+            self._callback_failed(exc, "try_complete")
+
+    def _callback_failed(self, exc: Exception, callback: str) -> None:
+        if self._exception is None:
+            self._exception = exc
+        from ._purgatory import log_callback_failure
+
+        log_callback_failure(self, exc, callback)

@@ -1,0 +1,534 @@
+"""The purgatory: delayed operations watched under keys, completed by triggers or expiry.
+
+Kafka's ``DelayedOperationPurgatory`` on one event loop, with three differences
+that matter to users:
+
+* A finished operation leaves every watch list at once (Kafka leaves completed
+  operations in other keys' lists until a periodic purge), so ``watched`` counts
+  only pending operations and nothing is retained per finished operation.
+* No locks and no sharding: everything happens on the loop; other threads go
+  through :meth:`Purgatory.check_and_complete_threadsafe`.
+* Expiry uses a :class:`~aiopurgatory.Timer` (one ``loop.call_at`` handle per
+  wheel), which several purgatories may share.
+
+Watch lists are ``dict[key, dict[id(op), op]]``: insertion-ordered (triggers
+check operations in watch order), O(1) removal, and independent of the
+operations' own ``__eq__``/``__hash__``. Empty lists are dropped at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Generic, Self, TypeVar
+
+import structlog
+
+from ._errors import OperationStateError, PurgatoryClosedError, PurgatoryFullError
+from ._operation import COMPLETED, DelayedOperation, Outcome
+from ._timer import Timer
+
+__all__ = ["Purgatory", "PurgatoryStatistics"]
+
+OpT = TypeVar("OpT", bound=DelayedOperation)
+
+_DEFAULT_TICK = 0.001
+_DEFAULT_WHEEL_SIZE = 20
+
+# A lazy proxy: it picks up structlog's configuration at log time, so applications
+# may configure structlog after creating purgatories. Only rare events are logged.
+_log = structlog.get_logger("aiopurgatory")
+
+
+@dataclass(frozen=True, slots=True)
+class PurgatoryStatistics:
+    """A snapshot of a purgatory's gauges and running totals (plain integers)."""
+
+    #: The purgatory's name.
+    name: str
+    #: Entries in all watch lists (Kafka ``PurgatorySize``); pending operations only.
+    watched: int
+    #: Operations pending in the timer (Kafka ``NumDelayedOperations``).
+    delayed: int
+    #: Keys with a non-empty watch list.
+    keys: int
+    #: Operations watched and not finished.
+    pending: int
+    #: Running total of operations completed.
+    completed: int
+    #: Running total of operations expired.
+    expired: int
+    #: Running total of operations cancelled.
+    cancelled: int
+    #: Running total of operations whose ``try_complete`` raised.
+    failed: int
+
+
+def _keys_of(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
+    if isinstance(keys, str | bytes | bytearray | memoryview):
+        raise TypeError(
+            f"keys must be an iterable of keys, not a single {type(keys).__name__}: "
+            "wrap it in a list"
+        )
+    try:
+        unique = dict.fromkeys(keys)
+    except TypeError:
+        try:
+            iterator = iter(keys)
+        except TypeError:
+            raise TypeError(
+                f"keys must be an iterable of hashable keys, got {type(keys).__name__}"
+            ) from None
+        for key in iterator:
+            if not isinstance(key, Hashable):
+                raise TypeError(f"keys: unhashable key {key!r}") from None
+        raise
+    if not unique:
+        raise ValueError("keys must not be empty")
+    return tuple(unique)
+
+
+def log_callback_failure(op: DelayedOperation, exc: Exception, callback: str) -> None:
+    """Log a contained callback failure once (``aiopurgatory.callback_failed``)."""
+    purgatory = op._purgatory
+    logger = purgatory._logger if purgatory is not None else _log
+    logger.error(
+        "aiopurgatory.callback_failed",
+        callback=callback,
+        op=repr(op),
+        error=repr(exc),
+        exc_info=exc,
+    )
+
+
+class Purgatory(Generic[OpT]):
+    """Delayed operations watched under keys until completed, expired or cancelled.
+
+    Not thread-safe: only the ``*_threadsafe`` methods may be called from other
+    threads. May be constructed outside a running loop; binds to the running
+    loop on first use.
+
+    Args:
+        name: a label for logs and statistics.
+        tick: timer tick in seconds, for the purgatory's own timer.
+        wheel_size: slots per wheel level, for the purgatory's own timer.
+        max_pending: refuse new operations (``PurgatoryFullError``) while this
+            many are pending; None for no limit.
+        timer: a :class:`Timer` to share with other purgatories; its own tick and
+            wheel size apply, so passing non-default ``tick``/``wheel_size`` too is
+            an error. The purgatory closes only a timer it created.
+        logger: a structlog-compatible logger; ``purgatory=name`` is bound to it once.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        ValueError: ``max_pending < 1``; tick/wheel_size invalid or given with ``timer``.
+    """
+
+    def __init__(
+        self,
+        name: str = "purgatory",
+        *,
+        tick: float = _DEFAULT_TICK,
+        wheel_size: int = _DEFAULT_WHEEL_SIZE,
+        max_pending: int | None = None,
+        timer: Timer | None = None,
+        logger: Any | None = None,
+    ) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        if max_pending is not None:
+            if isinstance(max_pending, bool) or not isinstance(max_pending, int):
+                raise TypeError(
+                    f"max_pending must be an int or None, got {type(max_pending).__name__}"
+                )
+            if max_pending < 1:
+                raise ValueError(f"max_pending must be at least 1, got {max_pending}")
+        if timer is not None:
+            if not isinstance(timer, Timer):
+                raise TypeError(f"timer must be an aiopurgatory.Timer, got {type(timer).__name__}")
+            if tick != _DEFAULT_TICK or wheel_size != _DEFAULT_WHEEL_SIZE:
+                raise ValueError(
+                    "tick and wheel_size cannot be given together with timer "
+                    "(the timer's own settings apply)"
+                )
+            self._owns_timer = False
+        else:
+            timer = Timer(tick=tick, wheel_size=wheel_size)
+            self._owns_timer = True
+        self._name = name
+        self._timer = timer
+        self._max_pending = max_pending
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watchers: dict[Hashable, dict[int, OpT]] = {}
+        self._closed = False
+        self._pending = 0
+        self._watched = 0
+        self._delayed = 0
+        self._completed = 0
+        self._expired = 0
+        self._cancelled = 0
+        self._failed = 0
+        self._recorder: Callable[[DelayedOperation], None] | None = None
+        if logger is None:
+            self._logger: Any = structlog.get_logger("aiopurgatory", purgatory=name)
+        else:
+            self._logger = logger.bind(purgatory=name)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"pending={self._pending}"
+        return f"<Purgatory {self._name!r} {state} watched={self._watched}>"
+
+    # -- properties ----------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The purgatory's name."""
+        return self._name
+
+    @property
+    def timer(self) -> Timer:
+        """The timer that expires this purgatory's operations."""
+        return self._timer
+
+    @property
+    def max_pending(self) -> int | None:
+        """The backpressure limit on pending operations, or None."""
+        return self._max_pending
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has been called."""
+        return self._closed
+
+    @property
+    def watched(self) -> int:
+        """Entries in all watch lists (Kafka ``PurgatorySize``); pending operations only."""
+        return self._watched
+
+    @property
+    def delayed(self) -> int:
+        """Operations pending in the timer (Kafka ``NumDelayedOperations``)."""
+        return self._delayed
+
+    @property
+    def pending(self) -> int:
+        """Operations watched and not yet finished (what ``max_pending`` limits)."""
+        return self._pending
+
+    def statistics(self) -> PurgatoryStatistics:
+        """A snapshot of the gauges and running totals."""
+        return PurgatoryStatistics(
+            name=self._name,
+            watched=self._watched,
+            delayed=self._delayed,
+            keys=len(self._watchers),
+            pending=self._pending,
+            completed=self._completed,
+            expired=self._expired,
+            cancelled=self._cancelled,
+            failed=self._failed,
+        )
+
+    # -- watching --------------------------------------------------------------------
+
+    def try_complete_else_watch(self, op: OpT, keys: Iterable[Hashable]) -> bool:
+        """Complete ``op`` now if its condition holds, else watch it under ``keys``.
+
+        Kafka's ``tryCompleteElseWatch``: ``op.try_complete()``; if that did not
+        finish it, add it to the watch list of every key, call ``try_complete()``
+        once more (so a trigger between the two checks is not lost), and if still
+        pending schedule its expiry ``op.timeout`` seconds from now.
+
+        Args:
+            op: a new :class:`DelayedOperation`.
+            keys: at least one hashable key (duplicates are ignored).
+
+        Returns:
+            True iff this call completed the operation.
+
+        Raises:
+            TypeError: ``op`` is not a DelayedOperation; ``keys`` is a str/bytes,
+                not iterable, or holds an unhashable key.
+            ValueError: ``keys`` is empty.
+            OperationStateError: ``op`` was already watched (here or elsewhere) or is finished.
+            PurgatoryFullError: ``max_pending`` operations are pending.
+            PurgatoryClosedError: the purgatory (or its timer) is closed.
+            RuntimeError: first use outside a running event loop.
+            Exception: whatever ``op.try_complete()`` raised (the op is then finished).
+        """
+        keys = _keys_of(keys)
+        if not isinstance(op, DelayedOperation):
+            raise TypeError(f"op must be a DelayedOperation, got {type(op).__name__}")
+        try:
+            owner = op._purgatory
+            outcome = op._outcome
+        except AttributeError:
+            raise TypeError(
+                f"{type(op).__name__}.__init__ must call DelayedOperation.__init__(timeout)"
+            ) from None
+        if self._closed:
+            raise PurgatoryClosedError(f"purgatory {self._name!r} is closed")
+        if outcome is not None:
+            raise OperationStateError(f"{op!r} is already finished")
+        if owner is not None:
+            where = "this purgatory" if owner is self else f"purgatory {owner._name!r}"
+            raise OperationStateError(f"{op!r} is already watched by {where}")
+        if self._max_pending is not None and self._pending >= self._max_pending:
+            raise PurgatoryFullError(
+                f"purgatory {self._name!r} has max_pending={self._max_pending} pending operations"
+            )
+        loop = self._loop
+        if loop is None:
+            loop = self._bind()
+        timer = self._timer
+        if timer._closed:
+            raise PurgatoryClosedError(f"the timer of purgatory {self._name!r} is closed")
+
+        op._purgatory = self
+        # First check, before any bookkeeping: most requests that can complete at
+        # once never touch a watch list or the timer.
+        try:
+            op.try_complete()
+        except Exception as exc:
+            op._try_complete_failed(exc)
+            raise
+        if op._outcome is not None:
+            return op._outcome is COMPLETED
+
+        oid = id(op)
+        watchers = self._watchers
+        for key in keys:
+            ops = watchers.get(key)
+            if ops is None:
+                watchers[key] = {oid: op}
+            else:
+                ops[oid] = op
+        op._keys = keys
+        self._watched += len(keys)
+        self._pending += 1
+
+        # Second check: a trigger that came between the first check and joining
+        # the watch lists would otherwise be missed.
+        try:
+            op.try_complete()
+        except Exception as exc:
+            op._try_complete_failed(exc)
+            raise
+        if op._outcome is not None:
+            return op._outcome is COMPLETED
+
+        timer._schedule(op, loop.time() + op._timeout)
+        self._delayed += 1
+        return False
+
+    async def watch(self, op: OpT, keys: Iterable[Hashable]) -> Outcome:
+        """:meth:`try_complete_else_watch`, then wait until ``op`` finishes.
+
+        The caller owns the operation: if the awaiting task is cancelled (asyncio,
+        or an anyio cancel scope on the asyncio backend) the operation is cancelled
+        and ``CancelledError`` propagates.
+
+        Returns:
+            ``Outcome.COMPLETED`` or ``Outcome.EXPIRED``; ``Outcome.CANCELLED`` if
+            someone else cancelled it (``op.cancel()``, ``cancel_for_key``, ``close``).
+
+        Raises:
+            RuntimeError: awaited on another loop than the one the purgatory is bound to.
+            Exception: whatever a callback of ``op`` raised (the op is finished).
+            Everything :meth:`try_complete_else_watch` raises.
+        """
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and loop is not self._loop:
+            raise RuntimeError(f"purgatory {self._name!r} is bound to another event loop")
+        self.try_complete_else_watch(op, keys)
+        if op._outcome is None:
+            future: asyncio.Future[None] = loop.create_future()
+            op._add_waiter(future)
+            try:
+                await future
+            except asyncio.CancelledError:
+                op.cancel()
+                raise
+        return op._result()
+
+    # -- triggers ----------------------------------------------------------------------
+
+    def check_and_complete(self, key: Hashable) -> int:
+        """Call ``try_complete()`` on every pending operation watched under ``key``.
+
+        Operations are checked in watch order. Callbacks may watch, complete or
+        cancel other operations meanwhile (also under ``key``): operations that
+        finish before their turn are skipped, operations watched meanwhile are not
+        checked by this call (their own watch just checked them). A failing
+        ``try_complete`` finishes only its own operation (``Outcome.FAILED``).
+
+        Returns:
+            How many operations this call completed; 0 for an unknown key.
+
+        Raises:
+            TypeError: ``key`` is unhashable.
+        """
+        ops = self._watchers.get(key)
+        if not ops:
+            return 0
+        completed = 0
+        for op in list(ops.values()):
+            if op._outcome is not None or op._purgatory is not self:
+                continue
+            try:
+                op.try_complete()
+            except Exception as exc:
+                op._try_complete_failed(exc)
+            if op._outcome is COMPLETED:
+                completed += 1
+        return completed
+
+    def check_and_complete_threadsafe(self, key: Hashable) -> concurrent.futures.Future[int]:
+        """Run :meth:`check_and_complete` on the purgatory's loop, from any thread.
+
+        Returns:
+            A future with the count. A purgatory not yet bound to a loop has nothing
+            watched: the future is already done with 0.
+
+        Raises:
+            TypeError: ``key`` is unhashable.
+            RuntimeError: the bound loop is closed.
+        """
+        hash(key)
+        result: concurrent.futures.Future[int] = concurrent.futures.Future()
+        loop = self._loop
+        if loop is None:
+            result.set_result(0)
+            return result
+
+        def run() -> None:
+            if result.set_running_or_notify_cancel():
+                try:
+                    result.set_result(self.check_and_complete(key))
+                except BaseException as exc:
+                    result.set_exception(exc)
+
+        loop.call_soon_threadsafe(run)
+        return result
+
+    def cancel_for_key(self, key: Hashable) -> list[OpT]:
+        """Cancel every pending operation watched under ``key`` and return them.
+
+        Each is cancelled as by ``op.cancel()``: out of the timer and of every
+        watch list, no callbacks, ``Outcome.CANCELLED``.
+
+        Returns:
+            The cancelled operations in watch order; ``[]`` for an unknown key.
+
+        Raises:
+            TypeError: ``key`` is unhashable.
+        """
+        ops = self._watchers.get(key)
+        if not ops:
+            return []
+        cancelled = [op for op in list(ops.values()) if op.cancel()]
+        return cancelled
+
+    # -- closing -------------------------------------------------------------------------
+
+    async def close(self, *, expire_pending: bool = False) -> None:
+        """Finish every pending operation and refuse new ones. Idempotent.
+
+        Args:
+            expire_pending: expire pending operations now (``on_complete`` and
+                ``on_expiration`` run, awaiters get ``EXPIRED``) instead of
+                cancelling them (the default).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        pending: dict[int, OpT] = {}
+        for ops in list(self._watchers.values()):
+            pending.update(ops)
+        for op in pending.values():
+            if expire_pending:
+                op._expire()
+            else:
+                op.cancel()
+        if self._owns_timer:
+            self._timer.close()
+        self._logger.info(
+            "aiopurgatory.purgatory_closed",
+            finished=len(pending),
+            how="expired" if expire_pending else "cancelled",
+            completed=self._completed,
+            expired=self._expired,
+            cancelled=self._cancelled,
+            failed=self._failed,
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- recording (opt-in) -------------------------------------------------------------
+
+    def set_recorder(self, recorder: Callable[[DelayedOperation], None] | None) -> None:
+        """Call ``recorder(op)`` after each operation of this purgatory finishes.
+
+        Off (None) by default, at the cost of one attribute test per finished
+        operation. The recorder runs after callbacks and awaiter wake-ups; an
+        exception from it is logged (``aiopurgatory.recorder_failed``) and dropped.
+        See :mod:`aiopurgatory.events` for the JSON event log built on it.
+        """
+        if recorder is not None and not callable(recorder):
+            raise TypeError(f"recorder must be callable or None, got {type(recorder).__name__}")
+        self._recorder = recorder
+
+    def _record(self, op: DelayedOperation) -> None:
+        recorder = self._recorder
+        assert recorder is not None
+        try:
+            recorder(op)
+        except Exception as exc:
+            self._logger.error("aiopurgatory.recorder_failed", error=repr(exc), exc_info=exc)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                f"purgatory {self._name!r} is bound to a running event loop on first use"
+            ) from None
+        timer_loop = self._timer.loop
+        if timer_loop is None:
+            self._timer._bind()
+        elif timer_loop is not loop:
+            raise RuntimeError(f"the timer of purgatory {self._name!r} is bound to another loop")
+        self._loop = loop
+        return loop
+
+    def _detach(self, op: DelayedOperation) -> None:
+        """Take a finishing ``op`` out of every watch list and out of the timer."""
+        keys = op._keys
+        if keys:
+            oid = id(op)
+            watchers = self._watchers
+            for key in keys:
+                ops = watchers[key]
+                del ops[oid]
+                if not ops:
+                    del watchers[key]
+            self._watched -= len(keys)
+            self._pending -= 1
+        if op._when is not None:
+            self._delayed -= 1
+            if op._tick is not None:
+                self._timer._unschedule(op)

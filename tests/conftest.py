@@ -1,0 +1,39 @@
+"""Test configuration: every async test runs on each event loop of the matrix.
+
+* By default: the standard asyncio loop and uvloop (real time; assert with tolerances).
+* Tests marked ``@pytest.mark.virtual_time`` run on aiopurgatory's virtual-time loop
+  only (exact time assertions; ``loop.time()`` starts at 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+import pytest
+
+from aiopurgatory import simulation
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - uvloop is part of the test install
+    uvloop = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "virtual_time: run this async test on the virtual-time loop only"
+    )
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]] | None:
+    if item.get_closest_marker("virtual_time") is not None:
+        return {"virtual": simulation.new_event_loop}
+    factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+        "asyncio": asyncio.new_event_loop
+    }
+    if uvloop is not None:
+        factories["uvloop"] = uvloop.new_event_loop
+    return factories
