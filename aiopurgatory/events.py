@@ -1,0 +1,151 @@
+"""The op event log: one JSON line per finished operation (opt-in).
+
+Attach an :class:`EventRecorder` to one or more purgatories; every operation that
+finishes there becomes one event. Nothing is recorded, and nothing costs more than
+one attribute test per finished operation, unless a recorder is attached.
+
+Schema 1 (every event has every field; see ``docs/events.md``):
+
+=============  ===========================================================
+``schema``     1
+``event``      ``"aiopurgatory.op_finished"``
+``ts``         when the event was written, seconds since the epoch (or the
+               recorder's ``clock``)
+``purgatory``  the purgatory's name
+``op_id``      the op's ``op_id`` attribute if it has one, else a counter
+               unique within this recorder
+``op_type``    the op's class name
+``keys``       its watch keys, as strings (empty if it completed at once)
+``timeout``    seconds
+``watched_at`` loop time it was watched (``deadline - timeout``), or
+               ``finished_at`` if it finished before being scheduled
+``finished_at`` loop time it finished
+``outcome``    ``completed``, ``expired``, ``cancelled`` or ``failed``
+``wait``       ``finished_at - watched_at``, seconds
+``lateness``   for expiries ``finished_at - deadline`` (>= 0), else null
+=============  ===========================================================
+
+Events go through structlog's JSON renderer on a logger of the recorder's own;
+structlog's global configuration is neither used nor changed. A structlog logger
+may be given as the sink instead (it gets ``info("aiopurgatory.op_finished", ...)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from typing import IO, Any, Final
+
+import structlog
+
+from ._operation import DelayedOperation
+from ._purgatory import Purgatory
+
+__all__ = ["EVENT", "SCHEMA_VERSION", "EventRecorder"]
+
+SCHEMA_VERSION: Final = 1
+EVENT: Final = "aiopurgatory.op_finished"
+
+
+class EventRecorder:
+    """Writes the op event log of the purgatories it is attached to.
+
+    Args:
+        sink: a path (opened for appending, closed by :meth:`close`), an open
+            text file, or a structlog-compatible logger.
+        clock: returns the ``ts`` of an event; default ``time.time``.
+
+    Raises:
+        TypeError: ``sink`` is none of those.
+    """
+
+    def __init__(
+        self,
+        sink: str | os.PathLike[str] | IO[str] | Any,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._file: IO[str] | None = None
+        if isinstance(sink, str | os.PathLike):
+            self._file = open(sink, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+            self._logger: Any = self._json_logger(self._file)
+        elif hasattr(sink, "write"):
+            self._logger = self._json_logger(sink)
+        elif callable(getattr(sink, "info", None)):
+            self._logger = sink
+        else:
+            raise TypeError(
+                f"sink must be a path, a text file or a structlog logger, got {type(sink).__name__}"
+            )
+        self._clock = clock
+        self._next_id = 0
+        self._attached: list[Purgatory[Any]] = []
+        self.events = 0
+
+    @staticmethod
+    def _json_logger(file: IO[str]) -> Any:
+        return structlog.wrap_logger(
+            structlog.WriteLogger(file),
+            processors=[structlog.processors.JSONRenderer(sort_keys=False)],
+        )
+
+    def attach(self, purgatory: Purgatory[Any]) -> None:
+        """Record every operation that finishes in ``purgatory`` from now on."""
+        if not isinstance(purgatory, Purgatory):
+            raise TypeError(f"purgatory must be a Purgatory, got {type(purgatory).__name__}")
+
+        def record(op: DelayedOperation) -> None:
+            self.record(purgatory, op)
+
+        purgatory.set_recorder(record)
+        self._attached.append(purgatory)
+
+    def record(self, purgatory: Purgatory[Any], op: DelayedOperation) -> None:
+        """Write the event of one finished ``op`` (called by attached purgatories)."""
+        outcome = op.outcome
+        assert outcome is not None
+        loop = purgatory.timer.loop
+        finished_at = loop.time() if loop is not None else asyncio.get_running_loop().time()
+        deadline = op.deadline
+        watched_at = finished_at if deadline is None else deadline - op.timeout
+        op_id = getattr(op, "op_id", None)
+        if op_id is None:
+            op_id = self._next_id
+            self._next_id += 1
+        self.events += 1
+        self._logger.info(
+            EVENT,
+            schema=SCHEMA_VERSION,
+            ts=self._clock(),
+            purgatory=purgatory.name,
+            op_id=op_id,
+            op_type=type(op).__name__,
+            keys=[str(key) for key in op.keys],
+            timeout=op.timeout,
+            watched_at=watched_at,
+            finished_at=finished_at,
+            outcome=outcome.value,
+            wait=finished_at - watched_at,
+            lateness=(
+                finished_at - deadline
+                if outcome.value == "expired" and deadline is not None
+                else None
+            ),
+        )
+
+    def close(self) -> None:
+        """Detach from every purgatory and close the file this recorder opened."""
+        for purgatory in self._attached:
+            purgatory.set_recorder(None)
+        self._attached.clear()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> EventRecorder:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
