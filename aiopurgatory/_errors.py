@@ -43,6 +43,7 @@ def as_seconds(value: Any, name: str) -> float:
             value = float(value)
         except OverflowError:
             raise ValueError(f"{name} must be finite, got {value!r}") from None
-    if value - value:  # NaN and +-inf, and only they, make this non-zero (NaN is truthy)
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return value
+    seconds: float = value
+    if seconds - seconds:  # NaN and +-inf, and only they, make this non-zero (NaN is truthy)
+        raise ValueError(f"{name} must be finite, got {seconds!r}")
+    return seconds

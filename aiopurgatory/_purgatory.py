@@ -295,7 +295,7 @@ class Purgatory(Generic[OpT]):
         except Exception as exc:
             op._try_complete_failed(exc)
             raise
-        if op._outcome is not None:
+        if op.done():  # (a method, so that type checkers see try_complete() may change it)
             return op._outcome is COMPLETED
 
         oid = id(op)
@@ -317,7 +317,7 @@ class Purgatory(Generic[OpT]):
         except Exception as exc:
             op._try_complete_failed(exc)
             raise
-        if op._outcome is not None:
+        if op.done():
             return op._outcome is COMPLETED
 
         timer._schedule(op, loop.time() + op._timeout)
@@ -376,7 +376,7 @@ class Purgatory(Generic[OpT]):
             return 0
         completed = 0
         for op in list(ops.values()):
-            if op._outcome is not None or op._purgatory is not self:
+            if op.done() or op._purgatory is not self:
                 continue
             try:
                 op.try_complete()

@@ -26,7 +26,7 @@ import asyncio
 import contextvars
 import enum
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from math import ceil, floor, inf
 from types import TracebackType
 from typing import Any, Final, TypeVarTuple, Unpack
@@ -144,8 +144,8 @@ class Timer:
     __slots__ = (
         "__weakref__",
         "_armed",
-        "_count",
         "_closed",
+        "_count",
         "_handle",
         "_last_lag_log",
         "_logger",
@@ -210,7 +210,7 @@ class Timer:
         self,
         delay: float,
         callback: Callable[[Unpack[_Ts]], object],
-        *args: Unpack[_Ts],
+        *args: *_Ts,
         context: contextvars.Context | None = None,
     ) -> TimerHandle:
         """Run ``callback(*args)`` ``delay`` seconds from now (``loop.call_later`` semantics).
@@ -242,7 +242,7 @@ class Timer:
         self,
         when: float,
         callback: Callable[[Unpack[_Ts]], object],
-        *args: Unpack[_Ts],
+        *args: *_Ts,
         context: contextvars.Context | None = None,
     ) -> TimerHandle:
         """Run ``callback(*args)`` at loop time ``when`` (``loop.call_at`` semantics).
@@ -319,7 +319,7 @@ class Timer:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
-                raise RuntimeError("a Timer is bound to a running event loop on first use") from None
+                raise RuntimeError("a Timer binds to a running event loop on first use") from None
             self._loop = loop
             self._wheel = TimingWheel(self._wheel_size, self._floor_tick(loop.time()))
         return loop
@@ -406,7 +406,7 @@ class Timer:
         self._ready = []
         self._run(ready)
 
-    def _run(self, due: list[Entry]) -> None:
+    def _run(self, due: Sequence[Entry]) -> None:
         i = 0
         try:
             for i, entry in enumerate(due):  # noqa: B007 - i is read on the way out

@@ -36,7 +36,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
-from typing import IO, Any, Final
+from typing import IO, Any, Final, TextIO, cast
 
 import structlog
 
@@ -87,7 +87,7 @@ class EventRecorder:
     @staticmethod
     def _json_logger(file: IO[str]) -> Any:
         return structlog.wrap_logger(
-            structlog.WriteLogger(file),
+            structlog.WriteLogger(cast("TextIO", file)),
             processors=[structlog.processors.JSONRenderer(sort_keys=False)],
         )
 

@@ -24,13 +24,16 @@ from __future__ import annotations
 import asyncio
 import selectors
 from collections.abc import Coroutine, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 from ._errors import as_seconds
 
 __all__ = ["VirtualTimeLoop", "new_event_loop", "run"]
 
 T = TypeVar("T")
+
+# What selectors accept as a file object: a file descriptor or anything with fileno().
+_FileObject: TypeAlias = Any
 
 
 class _VirtualSelector(selectors.BaseSelector):
@@ -41,16 +44,14 @@ class _VirtualSelector(selectors.BaseSelector):
         self.loop: VirtualTimeLoop | None = None
 
     def register(
-        self, fileobj: selectors._FileObject, events: int, data: Any = None
+        self, fileobj: _FileObject, events: int, data: Any = None
     ) -> selectors.SelectorKey:
         return self._real.register(fileobj, events, data)
 
-    def unregister(self, fileobj: selectors._FileObject) -> selectors.SelectorKey:
+    def unregister(self, fileobj: _FileObject) -> selectors.SelectorKey:
         return self._real.unregister(fileobj)
 
-    def modify(
-        self, fileobj: selectors._FileObject, events: int, data: Any = None
-    ) -> selectors.SelectorKey:
+    def modify(self, fileobj: _FileObject, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.modify(fileobj, events, data)
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
@@ -64,7 +65,7 @@ class _VirtualSelector(selectors.BaseSelector):
     def close(self) -> None:
         self._real.close()
 
-    def get_map(self) -> Mapping[selectors._FileObject, selectors.SelectorKey]:
+    def get_map(self) -> Mapping[_FileObject, selectors.SelectorKey]:
         return self._real.get_map()
 
 

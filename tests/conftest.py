@@ -16,8 +16,10 @@ from aiopurgatory import simulation
 
 try:
     import uvloop
+
+    _uvloop_factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
 except ImportError:  # pragma: no cover - uvloop is part of the test install
-    uvloop = None
+    _uvloop_factory = None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -34,6 +36,6 @@ def pytest_asyncio_loop_factories(
     factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
         "asyncio": asyncio.new_event_loop
     }
-    if uvloop is not None:
-        factories["uvloop"] = uvloop.new_event_loop
+    if _uvloop_factory is not None:
+        factories["uvloop"] = _uvloop_factory
     return factories
