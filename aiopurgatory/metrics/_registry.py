@@ -1,0 +1,88 @@
+"""The set of purgatories an adapter reports on: weakly held, readable from any thread.
+
+Metrics are collected on another thread than the purgatories' event loop (the
+Prometheus HTTP server thread, the OpenTelemetry export thread), while purgatories
+are registered and dropped on the loop. A lock guards the name -> weak reference
+map. Dead references are pruned lazily under that lock rather than by a weakref
+callback: a callback can run from the garbage collector at any allocation,
+including one made while this thread holds the lock.
+
+Reading ``statistics()`` from another thread takes no lock in the purgatory: each
+value is a plain ``int`` read atomically under the GIL, so a snapshot is made of
+valid values, possibly from instants a few operations apart.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+from .._purgatory import Purgatory, PurgatoryStatistics
+
+__all__ = ["PurgatorySet"]
+
+
+class PurgatorySet:
+    """Registered purgatories by name, held by weak references."""
+
+    __slots__ = ("_lock", "_refs")
+
+    def __init__(self, purgatories: Iterable[Purgatory[Any]] = ()) -> None:
+        self._lock = threading.Lock()
+        self._refs: dict[str, weakref.ref[Purgatory[Any]]] = {}
+        for purgatory in purgatories:
+            self.register(purgatory)
+
+    def register(self, purgatory: Purgatory[Any]) -> None:
+        if not isinstance(purgatory, Purgatory):
+            raise TypeError(
+                f"purgatory must be an aiopurgatory.Purgatory, got {type(purgatory).__name__}"
+            )
+        name = purgatory.name
+        with self._lock:
+            ref = self._refs.get(name)
+            current = ref() if ref is not None else None
+            if current is purgatory:
+                return
+            if current is not None:
+                # Two series with the same labels would be invalid (Prometheus) or
+                # silently merged (OpenTelemetry).
+                raise ValueError(
+                    f"purgatory: another purgatory named {name!r} is already registered"
+                )
+            self._refs[name] = weakref.ref(purgatory)
+
+    def unregister(self, purgatory: Purgatory[Any]) -> bool:
+        if not isinstance(purgatory, Purgatory):
+            raise TypeError(
+                f"purgatory must be an aiopurgatory.Purgatory, got {type(purgatory).__name__}"
+            )
+        with self._lock:
+            ref = self._refs.get(purgatory.name)
+            if ref is None or ref() is not purgatory:
+                return False
+            del self._refs[purgatory.name]
+            return True
+
+    def purgatories(self) -> list[Purgatory[Any]]:
+        """The live registered purgatories, sorted by name (pruning dead references)."""
+        live: list[Purgatory[Any]] = []
+        with self._lock:
+            dead = []
+            for name, ref in self._refs.items():
+                purgatory = ref()
+                if purgatory is None:
+                    dead.append(name)
+                else:
+                    live.append(purgatory)
+            for name in dead:
+                del self._refs[name]
+        live.sort(key=lambda p: p.name)
+        return live
+
+    def snapshot(self) -> list[PurgatoryStatistics]:
+        """``statistics()`` of every live registered purgatory, sorted by name."""
+        # Outside the lock: statistics() is cheap, but nothing needs to wait on it.
+        return [purgatory.statistics() for purgatory in self.purgatories()]

@@ -1,0 +1,172 @@
+"""OpenTelemetry metrics for purgatories: observable instruments read at collection time.
+
+:class:`PurgatoryInstruments` creates asynchronous (observable) instruments
+whose callbacks read :meth:`~aiopurgatory.Purgatory.statistics` of the
+purgatories registered with it whenever the SDK collects metrics. Nothing is
+recorded per operation, so the purgatory's hot path pays nothing. It depends
+only on ``opentelemetry-api``: with no SDK configured the instruments are no-ops.
+
+Example::
+
+    from aiopurgatory.metrics.otel import PurgatoryInstruments
+
+    instruments = PurgatoryInstruments()   # uses the global MeterProvider
+    instruments.register(produce_purgatory)
+
+Instruments (attribute ``purgatory`` = the purgatory's name):
+
+* ``aiopurgatory.purgatory.size`` (ObservableGauge, ``{entry}``): entries in
+  all watch lists (``watched``).
+* ``aiopurgatory.delayed_operations`` (ObservableGauge, ``{operation}``):
+  operations pending in the timer (``delayed``).
+* ``aiopurgatory.pending_operations`` (ObservableGauge, ``{operation}``):
+  operations watched and not finished.
+* ``aiopurgatory.watch_keys`` (ObservableGauge, ``{key}``): keys with a
+  non-empty watch list.
+* ``aiopurgatory.operations`` (ObservableCounter, ``{operation}``, extra
+  attribute ``outcome``): running totals of finished operations.
+
+Exported through OpenTelemetry's Prometheus exporter these become the same names
+as :mod:`aiopurgatory.metrics.prometheus` produces.
+
+Needs the ``otel`` extra: ``pip install 'aiopurgatory[otel]'``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+try:
+    from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation, get_meter
+except ImportError as exc:  # pragma: no cover - the extra is part of the test install
+    raise ImportError(
+        "aiopurgatory.metrics.otel needs opentelemetry-api: pip install 'aiopurgatory[otel]'"
+    ) from exc
+
+from .._operation import Outcome
+from .._purgatory import Purgatory
+from ._registry import PurgatorySet
+
+__all__ = ["METER_NAME", "PurgatoryInstruments"]
+
+#: The instrumentation scope (meter) name the instruments are created under.
+METER_NAME = "aiopurgatory"
+
+# (instrument name, unit, description, statistics field) of each gauge.
+_GAUGES = (
+    (
+        "aiopurgatory.purgatory.size",
+        "{entry}",
+        "Entries in all watch lists of pending operations (Kafka PurgatorySize).",
+        "watched",
+    ),
+    (
+        "aiopurgatory.delayed_operations",
+        "{operation}",
+        "Operations pending in the timer (Kafka NumDelayedOperations).",
+        "delayed",
+    ),
+    (
+        "aiopurgatory.pending_operations",
+        "{operation}",
+        "Operations watched and not yet finished (what max_pending limits).",
+        "pending",
+    ),
+    (
+        "aiopurgatory.watch_keys",
+        "{key}",
+        "Keys with a non-empty watch list.",
+        "keys",
+    ),
+)
+
+
+class PurgatoryInstruments:
+    """OpenTelemetry observable instruments reporting registered purgatories.
+
+    The instruments are created once, in the constructor; purgatories can be
+    registered and unregistered at any time. They are held by weak references
+    and read from whatever thread collects metrics (each value read is exact;
+    values of one collection may be a few operations apart). A closed purgatory
+    keeps reporting its final totals until unregistered or garbage-collected.
+
+    Args:
+        purgatories: purgatories to register at once (see :meth:`register`).
+        meter_provider: the ``MeterProvider`` to create the instruments with;
+            default: the global one (``opentelemetry.metrics.get_meter_provider()``).
+
+    Raises:
+        TypeError: an element of ``purgatories`` is not a Purgatory.
+        ValueError: two purgatories have the same name.
+    """
+
+    def __init__(
+        self,
+        purgatories: Iterable[Purgatory[Any]] = (),
+        *,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        if meter_provider is not None and not isinstance(meter_provider, MeterProvider):
+            raise TypeError(
+                f"meter_provider must be an opentelemetry MeterProvider or None, "
+                f"got {type(meter_provider).__name__}"
+            )
+        from .. import __version__
+
+        self._purgatories = PurgatorySet(purgatories)
+        meter = get_meter(METER_NAME, __version__, meter_provider=meter_provider)
+        for name, unit, description, field in _GAUGES:
+            meter.create_observable_gauge(
+                name, callbacks=[self._observer(field)], unit=unit, description=description
+            )
+        meter.create_observable_counter(
+            "aiopurgatory.operations",
+            callbacks=[self._observe_operations],
+            unit="{operation}",
+            description="Operations finished, by outcome (running total).",
+        )
+
+    def register(self, purgatory: Purgatory[Any]) -> None:
+        """Report ``purgatory`` from the next collection on. Idempotent.
+
+        Raises:
+            TypeError: ``purgatory`` is not a Purgatory.
+            ValueError: another live purgatory with the same name is registered.
+        """
+        self._purgatories.register(purgatory)
+
+    def unregister(self, purgatory: Purgatory[Any]) -> bool:
+        """Stop reporting ``purgatory``.
+
+        Returns:
+            True iff it was registered.
+
+        Raises:
+            TypeError: ``purgatory`` is not a Purgatory.
+        """
+        return self._purgatories.unregister(purgatory)
+
+    @property
+    def purgatories(self) -> list[Purgatory[Any]]:
+        """The live registered purgatories, sorted by name."""
+        return self._purgatories.purgatories()
+
+    def _observer(self, field: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            return [
+                Observation(getattr(stats, field), {"purgatory": stats.name})
+                for stats in self._purgatories.snapshot()
+            ]
+
+        return observe
+
+    def _observe_operations(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            # The statistics fields are named after the outcome values.
+            Observation(
+                getattr(stats, outcome.value), {"purgatory": stats.name, "outcome": outcome.value}
+            )
+            for stats in self._purgatories.snapshot()
+            for outcome in Outcome
+        ]

@@ -1,0 +1,166 @@
+"""Prometheus metrics for purgatories, read at scrape time.
+
+:class:`PurgatoryCollector` is a ``prometheus_client`` custom collector. It keeps
+weak references to the purgatories registered with it and, on every scrape,
+turns their :meth:`~aiopurgatory.Purgatory.statistics` into metric families.
+Nothing is updated per operation, so the purgatory's hot path pays nothing,
+and a purgatory that is garbage-collected simply stops being reported.
+
+Example::
+
+    from prometheus_client import start_http_server
+    from aiopurgatory.metrics.prometheus import PurgatoryCollector
+
+    collector = PurgatoryCollector()      # registered with prometheus_client.REGISTRY
+    collector.register(produce_purgatory)
+    collector.register(fetch_purgatory)
+    start_http_server(9100)
+
+Exposed families (label ``purgatory`` = the purgatory's name):
+
+* ``aiopurgatory_purgatory_size`` (gauge): entries in all watch lists (``watched``).
+* ``aiopurgatory_delayed_operations`` (gauge): operations pending in the timer
+  (``delayed``).
+* ``aiopurgatory_pending_operations`` (gauge): operations watched and not finished.
+* ``aiopurgatory_watch_keys`` (gauge): keys with a non-empty watch list.
+* ``aiopurgatory_operations_total`` (counter, extra label ``outcome``): operations
+  finished as ``completed``, ``expired``, ``cancelled`` or ``failed``.
+
+Needs the ``prometheus`` extra: ``pip install 'aiopurgatory[prometheus]'``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+try:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
+except ImportError as exc:  # pragma: no cover - the extra is part of the test install
+    raise ImportError(
+        "aiopurgatory.metrics.prometheus needs prometheus-client: "
+        "pip install 'aiopurgatory[prometheus]'"
+    ) from exc
+
+from .._operation import Outcome
+from .._purgatory import Purgatory, PurgatoryStatistics
+from ._registry import PurgatorySet
+
+__all__ = ["PurgatoryCollector"]
+
+# (family name, help, statistics field) of each gauge.
+_GAUGES = (
+    (
+        "aiopurgatory_purgatory_size",
+        "Entries in all watch lists of pending operations (Kafka PurgatorySize).",
+        "watched",
+    ),
+    (
+        "aiopurgatory_delayed_operations",
+        "Operations pending in the timer (Kafka NumDelayedOperations).",
+        "delayed",
+    ),
+    (
+        "aiopurgatory_pending_operations",
+        "Operations watched and not yet finished (what max_pending limits).",
+        "pending",
+    ),
+    (
+        "aiopurgatory_watch_keys",
+        "Keys with a non-empty watch list.",
+        "keys",
+    ),
+)
+# prometheus_client appends the _total suffix to counter samples.
+_COUNTER = "aiopurgatory_operations"
+_COUNTER_HELP = "Operations finished, by outcome (running total since the purgatory was created)."
+
+
+class PurgatoryCollector(Collector):
+    """A Prometheus collector reporting the statistics of registered purgatories.
+
+    Purgatories are held by weak references and read only when the registry is
+    collected (a scrape), from whatever thread does the scrape. Each value read
+    is exact; values of one scrape may be a few operations apart, as with any
+    lock-free scrape of a live process. A closed purgatory keeps reporting its
+    final totals until it is unregistered or garbage-collected.
+
+    Args:
+        purgatories: purgatories to register at once (see :meth:`register`).
+        registry: the ``prometheus_client`` registry to register this collector
+            with (default: the global ``REGISTRY``); None to register it yourself.
+
+    Raises:
+        TypeError: an element of ``purgatories`` is not a Purgatory, or
+            ``registry`` is not a CollectorRegistry.
+        ValueError: two purgatories have the same name; the registry already
+            has a collector producing these metric names.
+    """
+
+    def __init__(
+        self,
+        purgatories: Iterable[Purgatory[Any]] = (),
+        *,
+        registry: CollectorRegistry | None = REGISTRY,
+    ) -> None:
+        if registry is not None and not isinstance(registry, CollectorRegistry):
+            raise TypeError(
+                f"registry must be a prometheus_client CollectorRegistry or None, "
+                f"got {type(registry).__name__}"
+            )
+        self._purgatories = PurgatorySet(purgatories)
+        if registry is not None:
+            registry.register(self)
+
+    def register(self, purgatory: Purgatory[Any]) -> None:
+        """Report ``purgatory`` from the next scrape on. Idempotent.
+
+        Raises:
+            TypeError: ``purgatory`` is not a Purgatory.
+            ValueError: another live purgatory with the same name is registered.
+        """
+        self._purgatories.register(purgatory)
+
+    def unregister(self, purgatory: Purgatory[Any]) -> bool:
+        """Stop reporting ``purgatory``.
+
+        Returns:
+            True iff it was registered.
+
+        Raises:
+            TypeError: ``purgatory`` is not a Purgatory.
+        """
+        return self._purgatories.unregister(purgatory)
+
+    @property
+    def purgatories(self) -> list[Purgatory[Any]]:
+        """The live registered purgatories, sorted by name."""
+        return self._purgatories.purgatories()
+
+    def describe(self) -> list[Metric]:
+        """The metric families this collector produces, without samples.
+
+        ``CollectorRegistry.register`` uses it to detect name clashes without
+        reading any purgatory.
+        """
+        return self._families(())
+
+    def collect(self) -> list[Metric]:
+        """Read every registered purgatory's statistics now (called on scrape)."""
+        return self._families(self._purgatories.snapshot())
+
+    @staticmethod
+    def _families(snapshot: Iterable[PurgatoryStatistics]) -> list[Metric]:
+        gauges = [
+            (GaugeMetricFamily(name, help_text, labels=["purgatory"]), field)
+            for name, help_text, field in _GAUGES
+        ]
+        counter = CounterMetricFamily(_COUNTER, _COUNTER_HELP, labels=["purgatory", "outcome"])
+        for stats in snapshot:
+            for family, field in gauges:
+                family.add_metric([stats.name], getattr(stats, field))
+            for outcome in Outcome:
+                # The statistics fields are named after the outcome values.
+                counter.add_metric([stats.name, outcome.value], getattr(stats, outcome.value))
+        return [*(family for family, _ in gauges), counter]
