@@ -1,0 +1,132 @@
+"""Command line: ``python -m examples.broker [--port 9092] [--topic NAME:PARTITIONS] ...``.
+
+Runs the broker until SIGINT or SIGTERM, then shuts down gracefully (every parked
+request is answered, every socket closed). Logs go to stderr through structlog,
+as JSON lines (``--log-format json``) or for humans (``console``, the default on
+a terminal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+import structlog
+
+from .server import Broker, BrokerConfig
+
+
+def _topic(text: str) -> tuple[str, int]:
+    name, _, count = text.partition(":")
+    try:
+        return name, int(count) if count else 1
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME[:PARTITIONS], got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (defaults are :class:`BrokerConfig`'s)."""
+    d = BrokerConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m examples.broker",
+        description="A small Kafka-protocol broker built on aiopurgatory.",
+    )
+    p.add_argument("--host", default=d.host, help="interface to listen on (%(default)s)")
+    p.add_argument("--port", type=int, default=d.port, help="0 picks a free port (%(default)s)")
+    p.add_argument("--advertised-host", default=None, help="host name given to clients")
+    p.add_argument("--followers", type=int, default=d.followers, help="follower replicas")
+    p.add_argument("--follower-lag", type=float, default=d.follower_lag, help="seconds")
+    p.add_argument("--min-insync-replicas", type=int, default=d.min_insync_replicas)
+    p.add_argument("--replica-lag-time-max", type=float, default=d.replica_lag_time_max)
+    p.add_argument("--topic", type=_topic, action="append", default=[], metavar="NAME[:PARTITIONS]")
+    p.add_argument("--no-auto-create", action="store_true", help="do not auto-create topics")
+    p.add_argument("--default-partitions", type=int, default=d.default_partitions)
+    p.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes)
+    p.add_argument("--no-verify-crc", action="store_true", help="skip batch CRC checks")
+    p.add_argument("--stats-interval", type=float, default=d.stats_interval, help="seconds")
+    p.add_argument("--log-format", choices=["json", "console"], default=None)
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--uvloop", action="store_true", help="run on uvloop")
+    return p
+
+
+def configure_logging(fmt: str | None, level: str) -> None:
+    """Configure structlog for the broker process (stderr, JSON or console)."""
+    if fmt is None:
+        fmt = "console" if sys.stderr.isatty() else "json"
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+async def run(config: BrokerConfig) -> None:
+    """Run a broker until SIGINT/SIGTERM, then close it gracefully."""
+    broker = Broker(config)
+    await broker.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+        broker.log.info("broker.signal_received")
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await broker.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_format, args.log_level)
+    try:
+        config = BrokerConfig(
+            host=args.host,
+            port=args.port,
+            advertised_host=args.advertised_host,
+            followers=args.followers,
+            follower_lag=args.follower_lag,
+            min_insync_replicas=args.min_insync_replicas,
+            replica_lag_time_max=args.replica_lag_time_max,
+            topics=dict(args.topic),
+            auto_create_topics=not args.no_auto_create,
+            default_partitions=args.default_partitions,
+            max_frame_bytes=args.max_frame_bytes,
+            verify_crc=not args.no_verify_crc,
+            stats_interval=args.stats_interval,
+        )
+    except (TypeError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.uvloop:
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(run(config))
+    else:
+        asyncio.run(run(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,831 @@
+"""The broker: an asyncio TCP server speaking enough Kafka for aiokafka's producer and consumer.
+
+Every wait is an aiopurgatory delayed operation, in three purgatories sharing one
+timing wheel:
+
+* ``produce``: ``acks=all`` produces (:class:`DelayedProduce`), keyed by
+  topic-partition, completed when the high watermark reaches their batches.
+* ``fetch``: consumer long-polls (:class:`DelayedFetch` below the HW), completed
+  when the HW moves (or at ``max_wait_ms``).
+* ``replica_fetch``: the in-process followers' fetches (below the leader's LEO),
+  completed by appends. Kafka keeps these in its one fetch purgatory; a separate
+  one here keeps the client-facing statistics clean (a quiet broker shows 0).
+
+Connections: one reader task per client reads frames ahead into a small queue and
+one processor handles them strictly in order (Kafka answers in request order per
+connection; clients match responses by position). If the client goes away, the
+reader cancels the processor, which cancels any operation it is parked on.
+A frame that is too big, a truncated or malformed request, or an unknown API key
+closes that connection with one log line; nothing else is affected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import struct
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import structlog
+
+import aiopurgatory as ap
+
+from .codec import DecodeError, Reader, Writer
+from .messages import (
+    API_NAMES,
+    SUPPORTED_VERSIONS,
+    ApiKey,
+    ErrorCode,
+    FetchRequest,
+    FetchResponsePartition,
+    ListOffsetsPartitionResult,
+    MetadataPartition,
+    MetadataTopic,
+    ProducePartitionResult,
+    ProduceRequest,
+    RequestHeader,
+    check_fully_consumed,
+    decode_api_versions,
+    decode_fetch,
+    decode_list_offsets,
+    decode_metadata,
+    decode_produce,
+    decode_request_header,
+    encode_api_versions,
+    encode_fetch,
+    encode_list_offsets,
+    encode_metadata,
+    encode_produce,
+    encode_response_header,
+)
+from .operations import DelayedFetch, DelayedProduce, FetchTarget
+from .partition import LEADER_ID, Partition, TopicPartition
+from .records import InvalidBatchError, parse_batches
+from .replication import Follower
+
+__all__ = ["Broker", "BrokerConfig"]
+
+_SIZE = struct.Struct(">i")
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+_READ_AHEAD = 16  # frames read ahead per connection before TCP backpressure applies
+_CLUSTER_ID = "aiopurgatory-broker"
+
+
+@dataclass
+class BrokerConfig:
+    """Broker settings (durations in seconds, sizes in bytes).
+
+    Attributes:
+        host: interface to listen on.
+        port: TCP port; 0 picks a free one (see :attr:`Broker.port`).
+        advertised_host: host name put in Metadata; defaults to ``host``
+            (``127.0.0.1`` when listening on all interfaces).
+        followers: in-process follower replicas; replication factor is this + 1.
+        follower_lag: seconds each follower waits before counting fetched
+            batches as replicated.
+        min_insync_replicas: smallest ISR that accepts ``acks=all``.
+        replica_lag_time_max: a follower not caught up for this long leaves the ISR.
+        replica_fetch_max_wait: how long a follower fetch waits for data.
+        topics: topics to create at start, name -> number of partitions.
+        auto_create_topics: create unknown topics named in Metadata requests.
+        default_partitions: partitions of auto-created topics.
+        max_frame_bytes: larger request frames close the connection.
+        max_message_bytes: larger records fields get MESSAGE_TOO_LARGE.
+        verify_crc: check the CRC-32C of produced batches (pure Python, costs CPU).
+        stats_interval: seconds between purgatory statistics log lines; 0 = off.
+        shutdown_grace: seconds :meth:`Broker.close` lets answered requests flush.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 9092
+    advertised_host: str | None = None
+    followers: int = 2
+    follower_lag: float = 0.0
+    min_insync_replicas: int = 2
+    replica_lag_time_max: float = 30.0
+    replica_fetch_max_wait: float = 0.5
+    topics: dict[str, int] = field(default_factory=dict)
+    auto_create_topics: bool = True
+    default_partitions: int = 3
+    max_frame_bytes: int = 100 * 1024 * 1024
+    max_message_bytes: int = 1024 * 1024 + 12
+    verify_crc: bool = True
+    stats_interval: float = 10.0
+    shutdown_grace: float = 2.0
+
+    def __post_init__(self) -> None:
+        ints = {
+            "port": (0, 65535),
+            "followers": (0, 16),
+            "min_insync_replicas": (1, 17),
+            "default_partitions": (1, 10_000),
+            "max_frame_bytes": (64, 2**31 - 1),
+            "max_message_bytes": (61, 2**31 - 1),
+        }
+        for name, (lo, hi) in ints.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if not lo <= value <= hi:
+                raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+        for name in (
+            "follower_lag",
+            "replica_lag_time_max",
+            "replica_fetch_max_wait",
+            "stats_interval",
+            "shutdown_grace",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+            if not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be finite and >= 0, got {value}")
+        if self.replica_lag_time_max <= 0 or self.replica_fetch_max_wait <= 0:
+            raise ValueError("replica_lag_time_max and replica_fetch_max_wait must be > 0")
+        for name in ("host", "advertised_host"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+        if not isinstance(self.topics, dict):
+            raise TypeError(f"topics must be a dict, got {type(self.topics).__name__}")
+        for topic, count in self.topics.items():
+            if not isinstance(topic, str) or not _TOPIC_NAME.match(topic):
+                raise ValueError(f"topics: invalid topic name {topic!r}")
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"topics: {topic!r} needs a positive partition count")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """The setting names, for command-line parsing."""
+        return [f.name for f in fields(cls)]
+
+
+class _CloseConnection(Exception):
+    """Raised inside request handling: drop this connection (reason already logged)."""
+
+
+class _Connection:
+    __slots__ = ("busy", "log", "processor", "reader_task", "requests", "writer")
+
+    def __init__(self, writer: asyncio.StreamWriter, log: Any) -> None:
+        self.writer = writer
+        self.busy = False
+        self.log = log
+        self.processor: asyncio.Task[None] | None = None
+        self.reader_task: asyncio.Task[None] | None = None
+        self.requests = 0
+
+
+class Broker:
+    """A single-node Kafka-protocol broker with in-process followers.
+
+    Use ``async with Broker(config) as broker:`` (or :meth:`start` and
+    :meth:`close`); ``broker.port`` is the bound port.
+
+    Args:
+        config: settings; defaults to :class:`BrokerConfig()`.
+        logger: a structlog-compatible logger; defaults to ``structlog.get_logger()``.
+    """
+
+    def __init__(self, config: BrokerConfig | None = None, *, logger: Any | None = None) -> None:
+        if config is None:
+            config = BrokerConfig()
+        elif not isinstance(config, BrokerConfig):
+            raise TypeError(f"config must be a BrokerConfig, got {type(config).__name__}")
+        self.config = config
+        self.log: Any = logger if logger is not None else structlog.get_logger("examples.broker")
+        self._timer = ap.Timer()
+        self.produce_purgatory: ap.Purgatory[DelayedProduce] = ap.Purgatory(
+            "produce", timer=self._timer, logger=self.log
+        )
+        self.fetch_purgatory: ap.Purgatory[DelayedFetch] = ap.Purgatory(
+            "fetch", timer=self._timer, logger=self.log
+        )
+        self.replica_fetch_purgatory: ap.Purgatory[DelayedFetch] = ap.Purgatory(
+            "replica_fetch", timer=self._timer, logger=self.log
+        )
+        self.partitions: dict[TopicPartition, Partition] = {}
+        self.topics: dict[str, int] = {}
+        self.followers = [
+            Follower(i, self._replica_fetch, config.follower_lag)
+            for i in range(1, config.followers + 1)
+        ]
+        self._replica_ops: dict[int, DelayedFetch] = {}
+        self._server: asyncio.Server | None = None
+        self._connections: set[_Connection] = set()
+        self._handler_tasks: set[asyncio.Task[Any]] = set()
+        self._background: list[asyncio.Task[None]] = []
+        self._closing = False
+        self._closed = asyncio.Event()
+        self.port = 0
+        self.unknown_api_keys: dict[int, int] = {}
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    async def start(self) -> Broker:
+        """Create the configured topics, start followers and listen. Returns self."""
+        if self._server is not None:
+            raise RuntimeError("broker already started")
+        cfg = self.config
+        for topic, count in cfg.topics.items():
+            self.create_topic(topic, count)
+        for follower in self.followers:
+            follower.start()
+        self._server = await asyncio.start_server(self._on_connect, cfg.host, cfg.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        loop = asyncio.get_running_loop()
+        self._background.append(loop.create_task(self._isr_checker(), name="broker-isr"))
+        if cfg.stats_interval > 0:
+            self._background.append(loop.create_task(self._stats_logger(), name="broker-stats"))
+        self.log.info(
+            "broker.started",
+            host=cfg.host,
+            port=self.port,
+            followers=len(self.followers),
+            min_insync_replicas=cfg.min_insync_replicas,
+            topics=dict(self.topics),
+        )
+        return self
+
+    @property
+    def advertised_host(self) -> str:
+        """The host name clients are told to connect to."""
+        cfg = self.config
+        if cfg.advertised_host:
+            return cfg.advertised_host
+        return "127.0.0.1" if cfg.host in ("", "0.0.0.0", "::") else cfg.host
+
+    async def serve_forever(self) -> None:
+        """Wait until :meth:`close` has finished."""
+        await self._closed.wait()
+
+    async def close(self) -> None:
+        """Shut down gracefully. Idempotent.
+
+        Stops listening, stops the followers, expires every parked operation so
+        its client gets an answer (REQUEST_TIMED_OUT for produces still waiting,
+        the available data for fetches), lets those answers flush for up to
+        ``shutdown_grace`` seconds, then closes every connection.
+        """
+        if self._closing:
+            await self._closed.wait()
+            return
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        for task in self._background:
+            task.cancel()
+        for follower in self.followers:
+            await follower.crash()
+        pending = self.produce_purgatory.pending + self.fetch_purgatory.pending
+        # Readers stop first, so no new request starts while the parked ones finish.
+        for conn in list(self._connections):
+            if conn.reader_task is not None:
+                conn.reader_task.cancel()
+        await self.produce_purgatory.close(expire_pending=True)
+        await self.fetch_purgatory.close(expire_pending=True)
+        await self.replica_fetch_purgatory.close()
+        # Busy processors are answering what was just expired and stop after that;
+        # idle ones would wait for a next request forever.
+        for conn in list(self._connections):
+            if conn.processor is not None and not conn.busy:
+                conn.processor.cancel()
+        processors = [c.processor for c in self._connections if c.processor is not None]
+        if processors:
+            _, late = await asyncio.wait(processors, timeout=self.config.shutdown_grace)
+            for task in late:
+                task.cancel()
+        for conn in list(self._connections):
+            conn.writer.close()
+        if self._handler_tasks:
+            await asyncio.wait(list(self._handler_tasks), timeout=self.config.shutdown_grace)
+        await asyncio.gather(*self._background, return_exceptions=True)
+        self._timer.close()
+        self.log.info("broker.stopped", answered_at_shutdown=pending)
+        self._closed.set()
+
+    async def __aenter__(self) -> Broker:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- admin hooks -----------------------------------------------------------------------
+
+    def create_topic(self, name: str, partitions: int) -> bool:
+        """Create a topic led by this broker; False if it exists already.
+
+        Raises:
+            ValueError: invalid name or partition count.
+        """
+        if not isinstance(name, str) or not _TOPIC_NAME.match(name):
+            raise ValueError(f"name: invalid topic name {name!r}")
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise ValueError(f"partitions must be a positive int, got {partitions!r}")
+        if name in self.topics:
+            return False
+        now = asyncio.get_running_loop().time()
+        follower_ids = [f.id for f in self.followers]
+        for index in range(partitions):
+            tp = TopicPartition(name, index)
+            self.partitions[tp] = Partition(tp, follower_ids, self.config.min_insync_replicas, now)
+            for follower in self.followers:
+                if follower.state == "crashed" and self._server is not None:
+                    self.partitions[tp].set_crashed(follower.id, True, now)
+        self.topics[name] = partitions
+        # Parked follower fetches do not watch the new partitions: wake them so the
+        # next round includes them (otherwise the first acks=all waits a round).
+        for op in list(self._replica_ops.values()):
+            op.force_complete()
+        self.log.info("broker.topic_created", topic=name, partitions=partitions)
+        return True
+
+    def follower(self, follower_id: int) -> Follower:
+        """The follower with this node id (1, 2, ...).
+
+        Raises:
+            ValueError: no such follower.
+        """
+        for follower in self.followers:
+            if follower.id == follower_id:
+                return follower
+        raise ValueError(f"follower_id: no follower {follower_id!r}")
+
+    def stall_follower(self, follower_id: int) -> None:
+        """Stop a follower fetching; it stays in the ISR until ``replica_lag_time_max``."""
+        self.follower(follower_id).stall()
+        self.log.info("broker.follower_stalled", follower=follower_id)
+
+    def resume_follower(self, follower_id: int) -> None:
+        """Let a stalled follower fetch again."""
+        self.follower(follower_id).resume()
+        self.log.info("broker.follower_resumed", follower=follower_id)
+
+    async def crash_follower(self, follower_id: int) -> None:
+        """Kill a follower: it leaves every ISR at once (the HW may then advance)."""
+        follower = self.follower(follower_id)
+        await follower.crash()
+        now = asyncio.get_running_loop().time()
+        for tp, partition in self.partitions.items():
+            if partition.set_crashed(follower_id, True, now):
+                self._hw_advanced(tp)
+        self.log.warning("broker.follower_crashed", follower=follower_id)
+
+    def restart_follower(self, follower_id: int) -> None:
+        """Restart a crashed follower; it rejoins each ISR once caught up to the HW."""
+        follower = self.follower(follower_id)
+        now = asyncio.get_running_loop().time()
+        for partition in self.partitions.values():
+            partition.set_crashed(follower_id, False, now)
+        follower.start()
+        self.log.info("broker.follower_restarted", follower=follower_id)
+
+    def set_follower_lag(self, follower_id: int, lag: float) -> None:
+        """Change a follower's replication lag (seconds)."""
+        if isinstance(lag, bool) or not isinstance(lag, int | float) or not 0 <= lag < 3600:
+            raise ValueError(f"lag must be a number of seconds in [0, 3600), got {lag!r}")
+        self.follower(follower_id).lag = float(lag)
+
+    def statistics(self) -> dict[str, ap.PurgatoryStatistics]:
+        """Statistics of the three purgatories, by name."""
+        return {
+            p.name: p.statistics()
+            for p in (self.produce_purgatory, self.fetch_purgatory, self.replica_fetch_purgatory)
+        }
+
+    @property
+    def connection_count(self) -> int:
+        """Open client connections."""
+        return len(self._connections)
+
+    # -- purgatory triggers -------------------------------------------------------------------
+
+    def _hw_advanced(self, tp: TopicPartition) -> None:
+        self.produce_purgatory.check_and_complete(tp)
+        self.fetch_purgatory.check_and_complete(tp)
+
+    async def _replica_fetch(
+        self, follower_id: int, offsets: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, bytes]:
+        """A follower's fetch: report its LEOs, then wait for data above them."""
+        now = asyncio.get_running_loop().time()
+        targets: list[FetchTarget] = []
+        for tp, partition in self.partitions.items():
+            offset = offsets.setdefault(tp, 0)
+            in_isr = follower_id in partition.isr
+            if partition.update_follower(follower_id, offset, now):
+                self._hw_advanced(tp)
+            if not in_isr and follower_id in partition.isr:
+                self.log.info("broker.isr_expanded", partition=str(tp), follower=follower_id)
+            targets.append(FetchTarget(partition, offset))
+        if not targets:
+            await asyncio.sleep(self.config.replica_fetch_max_wait)
+            return {}
+        op = DelayedFetch(
+            self.config.replica_fetch_max_wait, targets, 1, lambda p: p.log_end_offset
+        )
+        self._replica_ops[follower_id] = op
+        try:
+            await self.replica_fetch_purgatory.watch(op, [t.partition.tp for t in targets])
+        finally:
+            self._replica_ops.pop(follower_id, None)
+        return {
+            t.partition.tp: t.partition.log.read(
+                t.fetch_offset, t.partition.log_end_offset, 1024 * 1024, min_one=True
+            )
+            for t in targets
+        }
+
+    async def _isr_checker(self) -> None:
+        lag_max = self.config.replica_lag_time_max
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(lag_max / 2)
+            now = loop.time()
+            for tp, partition in self.partitions.items():
+                dropped, hw_moved = partition.shrink_isr(now, lag_max)
+                if dropped:
+                    self.log.warning("broker.isr_shrunk", partition=str(tp), followers=dropped)
+                if hw_moved:
+                    self._hw_advanced(tp)
+
+    async def _stats_logger(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.stats_interval)
+            stats = self.statistics()
+            self.log.info(
+                "broker.purgatory_stats",
+                connections=len(self._connections),
+                **{
+                    name: {
+                        "pending": s.pending,
+                        "watched": s.watched,
+                        "completed": s.completed,
+                        "expired": s.expired,
+                        "cancelled": s.cancelled,
+                    }
+                    for name, s in stats.items()
+                },
+            )
+
+    # -- connections -------------------------------------------------------------------------
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closing:
+            writer.close()
+            return
+        task = asyncio.current_task()
+        if task is not None:
+            self._handler_tasks.add(task)
+        peer = writer.get_extra_info("peername")
+        log = self.log.bind(peer=f"{peer[0]}:{peer[1]}" if peer else "?")
+        conn = _Connection(writer, log)
+        self._connections.add(conn)
+        queue: asyncio.Queue[bytes] = asyncio.Queue(_READ_AHEAD)
+        loop = asyncio.get_running_loop()
+        conn.processor = loop.create_task(self._process(conn, queue))
+        conn.reader_task = loop.create_task(self._read_frames(conn, reader, queue))
+        try:
+            # The connection ends when either side stops: the client went away (the
+            # reader ends) or a request asked to close it (the processor ends).
+            await asyncio.wait(
+                [conn.processor, conn.reader_task], return_when=asyncio.FIRST_COMPLETED
+            )
+            if conn.reader_task.done() and not self._closing:
+                # Client gone (or bad framing): cancel whatever it was waiting for.
+                conn.processor.cancel()
+            conn.reader_task.cancel()
+            await asyncio.gather(conn.processor, conn.reader_task, return_exceptions=True)
+        finally:
+            self._connections.discard(conn)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            log.debug("broker.connection_closed", requests=conn.requests)
+            if task is not None:
+                self._handler_tasks.discard(task)
+
+    async def _read_frames(
+        self, conn: _Connection, reader: asyncio.StreamReader, queue: asyncio.Queue[bytes]
+    ) -> None:
+        limit = self.config.max_frame_bytes
+        while True:
+            try:
+                size_bytes = await reader.readexactly(4)
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial:
+                    conn.log.warning("broker.truncated_frame", got=len(exc.partial), expected=4)
+                return
+            except OSError as exc:
+                conn.log.info("broker.connection_error", error=repr(exc))
+                return
+            size = _SIZE.unpack(size_bytes)[0]
+            if size < 8 or size > limit:
+                conn.log.warning("broker.frame_rejected", size=size, max_frame_bytes=limit)
+                return
+            try:
+                frame = await reader.readexactly(size)
+            except asyncio.IncompleteReadError as exc:
+                conn.log.warning("broker.truncated_frame", got=len(exc.partial), expected=size)
+                return
+            except OSError as exc:
+                conn.log.info("broker.connection_error", error=repr(exc))
+                return
+            await queue.put(frame)
+
+    async def _process(self, conn: _Connection, queue: asyncio.Queue[bytes]) -> None:
+        while not self._closing:
+            frame = await queue.get()
+            conn.requests += 1
+            conn.busy = True
+            try:
+                response = await self._handle(conn, frame)
+            except _CloseConnection:
+                return
+            except (ap.PurgatoryClosedError, ConnectionError):
+                return
+            except Exception as exc:
+                # A bug must cost one connection, never the server.
+                conn.log.error("broker.handler_failed", error=repr(exc), exc_info=exc)
+                return
+            if response is not None:
+                conn.writer.write(response)
+                try:
+                    await conn.writer.drain()
+                except ConnectionError:
+                    return
+            conn.busy = False
+
+    # -- requests ------------------------------------------------------------------------------
+
+    async def _handle(self, conn: _Connection, frame: bytes) -> bytes | None:
+        reader = Reader(frame)
+        try:
+            header = decode_request_header(reader)
+        except DecodeError as exc:
+            conn.log.warning("broker.malformed_header", error=str(exc), size=len(frame))
+            raise _CloseConnection from exc
+        api, version = header.api_key, header.api_version
+        versions = SUPPORTED_VERSIONS.get(api)
+        if versions is None:
+            self.unknown_api_keys[api] = self.unknown_api_keys.get(api, 0) + 1
+            conn.log.warning(
+                "broker.unknown_api_key",
+                api_key=api,
+                api_version=version,
+                client_id=header.client_id,
+            )
+            raise _CloseConnection
+        if not versions[0] <= version <= versions[1]:
+            if api == ApiKey.API_VERSIONS:
+                # KIP-511: answer in v0 with the supported ranges so the client can retry.
+                writer = Writer()
+                encode_api_versions(writer, 0, ErrorCode.UNSUPPORTED_VERSION, SUPPORTED_VERSIONS)
+                return self._frame(header, writer)
+            conn.log.warning(
+                "broker.unsupported_version",
+                api=API_NAMES[api],
+                api_version=version,
+                supported=versions,
+            )
+            raise _CloseConnection
+        try:
+            if api == ApiKey.PRODUCE:
+                produce = decode_produce(reader, version)
+                check_fully_consumed(reader, "Produce")
+                return await self._produce(conn, header, produce)
+            if api == ApiKey.FETCH:
+                fetch = decode_fetch(reader, version)
+                check_fully_consumed(reader, "Fetch")
+                return await self._fetch(header, fetch)
+            writer = Writer()
+            if api == ApiKey.METADATA:
+                metadata = decode_metadata(reader, version)
+                check_fully_consumed(reader, "Metadata")
+                self._metadata(writer, version, metadata.topics, metadata.allow_auto_topic_creation)
+            elif api == ApiKey.LIST_OFFSETS:
+                list_offsets = decode_list_offsets(reader, version)
+                check_fully_consumed(reader, "ListOffsets")
+                self._list_offsets(writer, version, list_offsets.topics)
+            else:
+                decode_api_versions(reader, version)
+                check_fully_consumed(reader, "ApiVersions")
+                encode_api_versions(writer, version, ErrorCode.NONE, SUPPORTED_VERSIONS)
+            return self._frame(header, writer)
+        except DecodeError as exc:
+            conn.log.warning(
+                "broker.malformed_request",
+                api=API_NAMES[api],
+                api_version=version,
+                error=str(exc),
+            )
+            raise _CloseConnection from exc
+
+    @staticmethod
+    def _frame(header: RequestHeader, body: Writer) -> bytes:
+        head = Writer()
+        encode_response_header(head, header)
+        return _SIZE.pack(len(head.buf) + len(body.buf)) + head.buf + body.buf
+
+    def _metadata(
+        self, writer: Writer, version: int, names: list[str] | None, allow_auto_create: bool
+    ) -> None:
+        topics: list[MetadataTopic] = []
+        for name in self.topics if names is None else names:
+            if name not in self.topics:
+                if not _TOPIC_NAME.match(name):
+                    topics.append(MetadataTopic(ErrorCode.INVALID_TOPIC_EXCEPTION, name))
+                    continue
+                if not (self.config.auto_create_topics and allow_auto_create):
+                    topics.append(MetadataTopic(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name))
+                    continue
+                self.create_topic(name, self.config.default_partitions)
+            topic = MetadataTopic(ErrorCode.NONE, name)
+            for index in range(self.topics[name]):
+                partition = self.partitions[TopicPartition(name, index)]
+                topic.partitions.append(
+                    MetadataPartition(
+                        ErrorCode.NONE,
+                        index,
+                        LEADER_ID,
+                        partition.replicas,
+                        sorted(partition.isr),
+                        partition.offline_replicas,
+                    )
+                )
+            topics.append(topic)
+        encode_metadata(
+            writer,
+            version,
+            node_id=LEADER_ID,
+            host=self.advertised_host,
+            port=self.port,
+            cluster_id=_CLUSTER_ID,
+            topics=topics,
+        )
+
+    async def _produce(
+        self, conn: _Connection, header: RequestHeader, request: ProduceRequest
+    ) -> bytes | None:
+        acks = request.acks
+        results: dict[str, dict[int, ProducePartitionResult]] = {}
+        by_tp: dict[TopicPartition, ProducePartitionResult] = {}
+        waiting: dict[TopicPartition, Partition] = {}
+        required: dict[TopicPartition, int] = {}
+        failed = False
+        for topic, partitions in request.topics:
+            topic_results = results.setdefault(topic, {})
+            for index, records in partitions:
+                tp = TopicPartition(topic, index)
+                result = ProducePartitionResult()
+                topic_results[index] = by_tp[tp] = result
+                error = self._append(tp, records, acks, request.transactional_id, result)
+                if error:
+                    result.error_code = error
+                    failed = True
+                elif acks == -1:
+                    waiting[tp] = self.partitions[tp]
+                    required[tp] = self.partitions[tp].log_end_offset
+        if acks == 0:
+            if failed:
+                # acks=0 has no response: closing is the only way to tell the client.
+                conn.log.warning("broker.produce_failed_acks0", errors=_errors_of(by_tp))
+                raise _CloseConnection
+            return None
+        if required:
+            op = DelayedProduce(max(request.timeout_ms, 0) / 1000, waiting, required, by_tp)
+            outcome = await self.produce_purgatory.watch(op, list(required))
+            if outcome is ap.Outcome.CANCELLED:
+                raise _CloseConnection
+        writer = Writer()
+        encode_produce(writer, header.api_version, results)
+        return self._frame(header, writer)
+
+    def _append(
+        self,
+        tp: TopicPartition,
+        records: bytes | None,
+        acks: int,
+        transactional_id: str | None,
+        result: ProducePartitionResult,
+    ) -> int:
+        """Validate and append one partition's batches; return an error code or 0."""
+        if acks not in (-1, 0, 1):
+            return ErrorCode.INVALID_REQUIRED_ACKS
+        if transactional_id is not None:
+            return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        partition = self.partitions.get(tp)
+        if partition is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if records is None:
+            return ErrorCode.CORRUPT_MESSAGE
+        if len(records) > self.config.max_message_bytes:
+            return ErrorCode.MESSAGE_TOO_LARGE
+        if acks == -1 and not partition.enough_replicas():
+            return ErrorCode.NOT_ENOUGH_REPLICAS
+        try:
+            headers = parse_batches(records, verify_crc=self.config.verify_crc)
+        except InvalidBatchError as exc:
+            self.log.warning("broker.invalid_batch", partition=str(tp), error=str(exc))
+            if exc.corrupt:
+                return ErrorCode.CORRUPT_MESSAGE
+            return ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT
+        base, hw_moved = partition.append(records, headers)
+        result.base_offset = base
+        result.log_start_offset = partition.log.log_start_offset
+        self.replica_fetch_purgatory.check_and_complete(tp)
+        if hw_moved:
+            self._hw_advanced(tp)
+        return ErrorCode.NONE
+
+    async def _fetch(self, header: RequestHeader, request: FetchRequest) -> bytes:
+        targets: list[FetchTarget] = []
+        for topic, partitions in request.topics:
+            for fp in partitions:
+                partition = self.partitions.get(TopicPartition(topic, fp.partition))
+                if partition is not None:
+                    targets.append(FetchTarget(partition, fp.fetch_offset))
+        if targets and request.max_wait_ms > 0 and request.min_bytes > 0:
+            op = DelayedFetch(
+                request.max_wait_ms / 1000,
+                targets,
+                request.min_bytes,
+                lambda p: p.high_watermark,
+            )
+            outcome = await self.fetch_purgatory.watch(op, [t.partition.tp for t in targets])
+            if outcome is ap.Outcome.CANCELLED:
+                raise _CloseConnection
+        # Read after the wait, as Kafka's DelayedFetch.onComplete does: the answer
+        # reflects the log at completion (or expiry) time.
+        budget = request.max_bytes
+        first = True
+        topics: list[tuple[str, list[FetchResponsePartition]]] = []
+        for topic, partitions in request.topics:
+            answers: list[FetchResponsePartition] = []
+            for fp in partitions:
+                partition = self.partitions.get(TopicPartition(topic, fp.partition))
+                if partition is None:
+                    answers.append(
+                        FetchResponsePartition(
+                            fp.partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, b"", -1
+                        )
+                    )
+                    continue
+                log = partition.log
+                hw = partition.high_watermark
+                if not log.log_start_offset <= fp.fetch_offset <= log.log_end_offset:
+                    answers.append(
+                        FetchResponsePartition(
+                            fp.partition, ErrorCode.OFFSET_OUT_OF_RANGE, hw, b"", 0
+                        )
+                    )
+                    continue
+                data = log.read(
+                    fp.fetch_offset, hw, min(fp.max_bytes, max(budget, 0)), min_one=first
+                )
+                if data:
+                    first = False
+                    budget -= len(data)
+                answers.append(FetchResponsePartition(fp.partition, ErrorCode.NONE, hw, data, 0))
+            topics.append((topic, answers))
+        writer = Writer()
+        encode_fetch(writer, header.api_version, topics)
+        return self._frame(header, writer)
+
+    def _list_offsets(
+        self,
+        writer: Writer,
+        version: int,
+        request_topics: list[tuple[str, list[tuple[int, int]]]],
+    ) -> None:
+        topics: list[tuple[str, list[ListOffsetsPartitionResult]]] = []
+        for topic, partitions in request_topics:
+            answers: list[ListOffsetsPartitionResult] = []
+            for index, timestamp in partitions:
+                partition = self.partitions.get(TopicPartition(topic, index))
+                if partition is None:
+                    answers.append(
+                        ListOffsetsPartitionResult(
+                            index, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, -1
+                        )
+                    )
+                    continue
+                if timestamp == -1:  # latest: what a consumer can read up to
+                    offset, found_ts = partition.high_watermark, -1
+                elif timestamp == -2:  # earliest
+                    offset, found_ts = partition.log.log_start_offset, -1
+                else:
+                    found = partition.log.offset_for_timestamp(timestamp)
+                    if found is None or found[0] >= partition.high_watermark:
+                        offset, found_ts = -1, -1
+                    else:
+                        offset, found_ts = found
+                answers.append(ListOffsetsPartitionResult(index, ErrorCode.NONE, found_ts, offset))
+            topics.append((topic, answers))
+        encode_list_offsets(writer, version, topics)
+
+
+def _errors_of(results: dict[TopicPartition, ProducePartitionResult]) -> dict[str, int]:
+    return {str(tp): r.error_code for tp, r in results.items() if r.error_code}
