@@ -83,12 +83,18 @@ def _keys_of(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
                 f"keys must be an iterable of hashable keys, got {type(keys).__name__}"
             ) from None
         for key in iterator:
-            if not isinstance(key, Hashable):
-                raise TypeError(f"keys: unhashable key {key!r}") from None
+            try:
+                hash(key)
+            except TypeError as exc:
+                raise TypeError(f"keys: unhashable key {key!r} ({exc})") from None
         raise
     if not unique:
         raise ValueError("keys must not be empty")
     return tuple(unique)
+
+
+def _unhashable_key(key: object, exc: TypeError) -> TypeError:
+    return TypeError(f"key must be hashable, got {key!r} ({exc})")
 
 
 def log_callback_failure(op: DelayedOperation, exc: Exception, callback: str) -> None:
@@ -371,7 +377,10 @@ class Purgatory(Generic[OpT]):
         Raises:
             TypeError: ``key`` is unhashable.
         """
-        ops = self._watchers.get(key)
+        try:
+            ops = self._watchers.get(key)
+        except TypeError as exc:
+            raise _unhashable_key(key, exc) from None
         if not ops:
             return 0
         completed = 0
@@ -397,7 +406,10 @@ class Purgatory(Generic[OpT]):
             TypeError: ``key`` is unhashable.
             RuntimeError: the bound loop is closed.
         """
-        hash(key)
+        try:
+            hash(key)
+        except TypeError as exc:
+            raise _unhashable_key(key, exc) from None
         result: concurrent.futures.Future[int] = concurrent.futures.Future()
         loop = self._loop
         if loop is None:
@@ -426,7 +438,10 @@ class Purgatory(Generic[OpT]):
         Raises:
             TypeError: ``key`` is unhashable.
         """
-        ops = self._watchers.get(key)
+        try:
+            ops = self._watchers.get(key)
+        except TypeError as exc:
+            raise _unhashable_key(key, exc) from None
         if not ops:
             return []
         cancelled = [op for op in list(ops.values()) if op.cancel()]

@@ -4,17 +4,21 @@ The wheel (:mod:`aiopurgatory._wheel`) is sans-IO; this module owns the clock.
 It converts loop-time seconds to integer ticks and keeps exactly one
 ``loop.call_at`` handle armed for the earliest non-empty bucket:
 
-* A new bucket earlier than the armed one re-arms the handle; any other insert
-  touches no loop state, which is what makes ``call_later`` + ``cancel`` cheap.
-* When the last pending entry goes away the handle is cancelled: an idle timer
-  costs nothing, there is no thread and no polling.
+* New entries are *staged* and reach the wheel on the next loop iteration, from
+  one ``call_soon`` per iteration that has new entries. Timers cancelled within
+  the iteration that made them (most request timeouts) never touch the wheel, so
+  ``call_later`` + ``cancel`` is an allocation, an append and a flag. The stage is
+  compacted into the wheel when it grows large within one iteration.
+* When an earlier bucket appears the handle is re-armed; when the last pending
+  entry goes away it is cancelled: an idle timer costs nothing, there is no
+  thread and no polling.
 * Deadlines round *up* to ticks (``ceil(when / tick)``, then corrected for float
   rounding), and the clock rounds *down* (``floor(loop.time() / tick)``). A bucket
   runs only once the rounded-down clock has reached it, so nothing ever runs
   before its ``when``. This matters on uvloop, which rounds ``call_at`` to whole
   milliseconds and wakes up to ~1.4 ms early: the driver simply finds nothing due
   yet and re-arms.
-* Entries already due when scheduled (a zero or negative delay) run from a
+* Entries already due when scheduled (a zero or negative delay) run from that
   ``call_soon`` on a later loop iteration, never inside the scheduling call.
 * Callbacks run one after the other inside the driver's handle. An exception in
   one goes to the loop's exception handler and the rest still run.
@@ -25,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import enum
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from math import ceil, floor, inf
@@ -40,10 +45,19 @@ __all__ = ["Timeout", "Timer", "TimerHandle", "timeout", "timeout_at"]
 
 _Ts = TypeVarTuple("_Ts")
 
+_new_handle = object.__new__
+_copy_context = contextvars.copy_context
+
 # Timer lag (how late the driver wakes up) is logged at debug level when above
 # this, at most once per _LAG_LOG_INTERVAL seconds of loop time.
 _LAG_LOG_THRESHOLD: Final = 0.05
 _LAG_LOG_INTERVAL: Final = 10.0
+
+# The tick of an entry that is staged (scheduled, not yet in the wheel). Any int
+# does: only "is None" (not pending) is ever tested before the real tick is set.
+_STAGED: Final = -1
+# A stage this full within one loop iteration is compacted into the wheel.
+_STAGE_LIMIT: Final = 4096
 
 
 class _TimerEntry(Entry):
@@ -67,21 +81,16 @@ class TimerHandle(_TimerEntry):
 
     __slots__ = ("_args", "_callback", "_cancelled", "_context", "_timer")
 
-    def __init__(
-        self,
-        timer: Timer,
-        callback: Callable[..., object],
-        args: tuple[Any, ...],
-        context: contextvars.Context | None,
-    ) -> None:
-        self._tick = None
-        self._bucket = None
-        self._when = 0.0
-        self._timer = timer
-        self._callback: Callable[..., object] | None = callback
-        self._args: tuple[Any, ...] | None = args
-        self._context = context
-        self._cancelled = False
+    # Handles are made by Timer.call_later/call_at, which set these slots directly
+    # (object.__new__ plus stores is markedly cheaper than an __init__ call).
+    _timer: Timer
+    _callback: Callable[..., object] | None
+    _args: tuple[Any, ...] | None
+    _context: contextvars.Context | None
+    _cancelled: bool
+
+    def __init__(self) -> None:
+        raise TypeError("TimerHandle objects are created by Timer.call_later() and call_at()")
 
     def __repr__(self) -> str:
         state = "cancelled" if self._cancelled else "pending" if self._tick is not None else "done"
@@ -100,9 +109,18 @@ class TimerHandle(_TimerEntry):
         if self._cancelled:
             return
         self._cancelled = True
-        if self._tick is not None:
-            self._timer._unschedule(self)
         self._callback = self._args = self._context = None
+        if self._tick is not None:
+            # Timer._unschedule, inlined: this is half of the add+cancel hot path.
+            self._tick = None
+            bucket = self._bucket
+            if bucket is not None:
+                del bucket[id(self)]
+                self._bucket = None
+            timer = self._timer
+            timer._count = count = timer._count - 1
+            if not count:
+                timer._disarm()
 
     def _fire(self) -> None:
         callback = self._callback
@@ -150,9 +168,10 @@ class Timer:
         "_last_lag_log",
         "_logger",
         "_loop",
-        "_ready",
-        "_ready_handle",
+        "_soon_handle",
+        "_staged",
         "_tick",
+        "_time",
         "_wheel",
         "_wheel_size",
     )
@@ -168,14 +187,16 @@ class Timer:
         self._tick = tick
         self._wheel_size = wheel_size
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._time: Callable[[], float] = time.monotonic
         self._wheel = TimingWheel(wheel_size)
         self._handle: asyncio.TimerHandle | None = None
         # Tick the loop handle is armed for; inf when unarmed, -inf while the
         # driver is running callbacks (so inserts do not arm; it re-arms after).
         self._armed: float = inf
         self._count = 0
-        self._ready: list[_TimerEntry] = []
-        self._ready_handle: asyncio.Handle | None = None
+        # New entries wait here until the next loop iteration (see _schedule).
+        self._staged: list[_TimerEntry] = []
+        self._soon_handle: asyncio.Handle | None = None
         self._closed = False
         # A lazy proxy: follows structlog's configuration at log time (rare events only).
         self._logger: Any = structlog.get_logger("aiopurgatory", timer=id(self))
@@ -229,13 +250,16 @@ class Timer:
             delay = as_seconds(delay, "delay")
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
-        loop = self._loop
-        if loop is None or self._closed:
-            loop = self._bind()
-        handle = TimerHandle(
-            self, callback, args, contextvars.copy_context() if context is None else context
-        )
-        self._schedule(handle, loop.time() + delay)
+        if self._loop is None or self._closed:
+            self._bind()
+        handle = _new_handle(TimerHandle)
+        handle._timer = self
+        handle._callback = callback
+        handle._args = args
+        handle._context = _copy_context() if context is None else context
+        handle._cancelled = False
+        handle._bucket = None
+        self._schedule(handle, self._time() + delay)
         return handle
 
     def call_at(
@@ -261,9 +285,13 @@ class Timer:
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
         if self._loop is None or self._closed:
             self._bind()
-        handle = TimerHandle(
-            self, callback, args, contextvars.copy_context() if context is None else context
-        )
+        handle = _new_handle(TimerHandle)
+        handle._timer = self
+        handle._callback = callback
+        handle._args = args
+        handle._context = _copy_context() if context is None else context
+        handle._cancelled = False
+        handle._bucket = None
         self._schedule(handle, when)
         return handle
 
@@ -297,11 +325,11 @@ class Timer:
             return
         self._closed = True
         self._disarm()
-        if self._ready_handle is not None:
-            self._ready_handle.cancel()
-            self._ready_handle = None
-        entries: list[_TimerEntry] = [*self._ready, *self._wheel.clear()]  # type: ignore[list-item]
-        self._ready = []
+        if self._soon_handle is not None:
+            self._soon_handle.cancel()
+            self._soon_handle = None
+        entries: list[_TimerEntry] = [*self._staged, *self._wheel.clear()]  # type: ignore[list-item]
+        self._staged = []
         for entry in entries:
             if entry._tick is not None:
                 entry._tick = None
@@ -321,38 +349,57 @@ class Timer:
             except RuntimeError:
                 raise RuntimeError("a Timer binds to a running event loop on first use") from None
             self._loop = loop
+            # asyncio's BaseEventLoop.time() is time.monotonic() behind a Python
+            # method; calling the C function directly saves a frame per timer.
+            # Loops with their own clock (uvloop, virtual time) keep theirs.
+            self._time = (
+                time.monotonic
+                if getattr(type(loop), "time", None) is asyncio.BaseEventLoop.time
+                else loop.time
+            )
             self._wheel = TimingWheel(self._wheel_size, self._floor_tick(loop.time()))
         return loop
 
     def _floor_tick(self, now: float) -> int:
+        """The largest tick ``n`` with ``n * tick <= now``, in float arithmetic.
+
+        Both roundings use the same float product ``n * tick``: a deadline's tick
+        ``e`` satisfies ``e * tick >= when``, and the handle is armed at
+        ``e * tick``. Deciding "due" with that product (not with ``now / tick``,
+        which can land one below, e.g. ``2001 * 0.001 / 0.001``) means a wake-up at
+        exactly the armed time always finds its bucket due, and since float
+        multiplication by a positive number is monotonic, ``n >= e`` implies
+        ``now >= n * tick >= e * tick >= when``: never early.
+        """
         tick = self._tick
         n = floor(now / tick)
         if n * tick > now:
             n -= 1
+        elif (n + 1) * tick <= now:
+            n += 1
         return n
 
     def _schedule(self, entry: _TimerEntry, when: float) -> None:
-        """Put ``entry`` in the wheel for loop time ``when`` (validated, loop bound)."""
-        tick = self._tick
-        e = ceil(when / tick)
-        if e * tick < when:  # float rounding: never early
-            e += 1
+        """Schedule ``entry`` for loop time ``when`` (validated; the loop is bound).
+
+        The entry is only *staged*: the wheel gets it on the next loop iteration
+        (:meth:`_drive`, from one ``call_soon`` per iteration), or earlier if the
+        stage fills up. Most timers of a server (request timeouts, the timeouts of
+        operations that complete quickly) are cancelled within the iteration that
+        made them: those never touch the wheel, and cancelling them is a flag.
+        Nothing can be due before the next iteration anyway, so this costs no
+        accuracy; an entry already due (``when`` in the past) runs from that same
+        ``call_soon``, never inside this call.
+        """
         entry._when = when
-        entry._tick = e
-        wheel = self._wheel
-        if not self._count:
-            # The wheel's clock only moves when buckets fire; after an idle spell
-            # bring it up to now so that new entries land on the right level.
-            wheel.advance(self._floor_tick(self._loop.time()))  # type: ignore[union-attr]
+        entry._tick = _STAGED
         self._count += 1
-        if wheel.add(entry):
-            first = wheel._queue[0][0]
-            if first < self._armed:
-                self._arm(first)
-        else:
-            self._ready.append(entry)
-            if self._ready_handle is None:
-                self._ready_handle = self._loop.call_soon(self._run_ready)  # type: ignore[union-attr]
+        staged = self._staged
+        staged.append(entry)
+        if self._soon_handle is None:
+            self._soon_handle = self._loop.call_soon(self._on_soon)  # type: ignore[union-attr]
+        elif len(staged) >= _STAGE_LIMIT:
+            self._compact()
 
     def _unschedule(self, entry: _TimerEntry) -> None:
         """Withdraw a pending ``entry`` (``entry._tick`` is not None)."""
@@ -380,31 +427,69 @@ class Timer:
             self._armed = inf
 
     def _on_timer(self) -> None:
-        loop: asyncio.AbstractEventLoop = self._loop  # type: ignore[assignment]
         armed = self._armed
         self._handle = None
-        self._armed = -inf
+        self._armed = inf
+        self._drive(armed)
+
+    def _on_soon(self) -> None:
+        self._soon_handle = None
+        self._drive(None)
+
+    def _insert(self, entry: _TimerEntry) -> bool:
+        """Give a staged entry its tick and put it in the wheel; False if already due."""
+        when = entry._when
+        tick = self._tick
+        e = ceil(when / tick)
+        # Correct the division's rounding with the product the driver compares
+        # against (see _floor_tick): the least e with e * tick >= when.
+        if e * tick < when:
+            e += 1
+        elif (e - 1) * tick >= when:
+            e -= 1
+        entry._tick = e
+        return self._wheel.add(entry)
+
+    def _compact(self) -> None:
+        # The stage is full within one loop iteration: move the live entries into
+        # the wheel now so that memory stays bounded; keep the due ones staged.
+        keep: list[_TimerEntry] = []
+        for entry in self._staged:
+            if entry._tick is not None and not self._insert(entry):
+                keep.append(entry)  # noqa: PERF401 - _insert has side effects
+        self._staged = keep
+
+    def _drive(self, armed: float | None) -> None:
+        """Run everything due, bring staged entries into the wheel, re-arm.
+
+        Called from the armed ``call_at`` handle (``armed`` is the tick it was
+        armed for) and from the per-iteration ``call_soon`` (``armed`` None).
+        """
+        now = self._time()
+        wheel = self._wheel
+        # The wheel's clock only moves here; moving it to now before inserting
+        # means new entries land on the right level (no needless cascading).
+        due: list[Entry] = wheel.advance(self._floor_tick(now))
+        if armed is not None and due:
+            lag = now - armed * self._tick
+            if lag > _LAG_LOG_THRESHOLD and now - self._last_lag_log >= _LAG_LOG_INTERVAL:
+                self._last_lag_log = now
+                self._logger.debug("aiopurgatory.timer_lag", lag=lag, due=len(due))
+        staged = self._staged
+        if staged:
+            self._staged = []
+            insert = self._insert
+            for entry in staged:
+                if entry._tick is not None and not insert(entry):
+                    due.append(entry)  # noqa: PERF401 - insert has side effects
         try:
-            now = loop.time()
-            due = self._wheel.advance(self._floor_tick(now))
             if due:
-                lag = now - armed * self._tick
-                if lag > _LAG_LOG_THRESHOLD and now - self._last_lag_log >= _LAG_LOG_INTERVAL:
-                    self._last_lag_log = now
-                    self._logger.debug("aiopurgatory.timer_lag", lag=lag, due=len(due))
                 self._run(due)
         finally:
-            self._armed = inf
             if self._count and not self._closed:
-                expiration = self._wheel.next_expiration()
-                if expiration is not None:
+                expiration = wheel.next_expiration()
+                if expiration is not None and expiration < self._armed:
                     self._arm(expiration)
-
-    def _run_ready(self) -> None:
-        self._ready_handle = None
-        ready = self._ready
-        self._ready = []
-        self._run(ready)
 
     def _run(self, due: Sequence[Entry]) -> None:
         i = 0
@@ -427,12 +512,15 @@ class Timer:
                         }
                     )
         except BaseException:
-            # Do not lose the rest of the batch: run it on a later iteration.
+            # Do not lose the rest of the batch: stage it again, so that it runs
+            # from the next iteration's call_soon (it is due: it runs at once).
             rest = [e for e in due[i + 1 :] if e._tick is not None]
-            if rest:
-                self._ready.extend(rest)  # type: ignore[arg-type]
-                if self._ready_handle is None and not self._closed:
-                    self._ready_handle = self._loop.call_soon(self._run_ready)  # type: ignore[union-attr]
+            if rest and not self._closed:
+                for entry in rest:
+                    entry._tick = _STAGED
+                self._staged.extend(rest)  # type: ignore[arg-type]
+                if self._soon_handle is None:
+                    self._soon_handle = self._loop.call_soon(self._on_soon)  # type: ignore[union-attr]
             raise
         finally:
             if not self._count:

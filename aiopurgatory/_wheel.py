@@ -72,12 +72,14 @@ class Bucket:
 
 
 class _Level:
-    __slots__ = ("buckets", "current", "span", "width")
+    __slots__ = ("buckets", "current", "end", "span", "width")
 
     def __init__(self, width: int, wheel_size: int, current: int) -> None:
         self.width = width
         self.span = width * wheel_size
         self.current = current - current % width
+        # Deadlines below ``end`` fit this level (kept with ``current``: add() is hot).
+        self.end = self.current + self.span
         self.buckets = [Bucket() for _ in range(wheel_size)]
 
 
@@ -130,29 +132,34 @@ class TimingWheel:
             runs once per level, and levels grow logarithmically with the deadline.
         """
         e: int = entry._tick  # type: ignore[assignment]
-        levels = self._levels
-        level = levels[0]
-        if e <= level.current:
+        if e <= self.current:
             return False
-        n = 0
-        while e >= level.current + level.span:
-            n += 1
-            if n == len(levels):
-                # The next level's buckets are as wide as this level's span; its
-                # clock is this level's clock rounded down to that width.
-                levels.append(_Level(level.span, self.wheel_size, level.current))
-            level = levels[n]
+        for level in self._levels:
+            if e < level.end:
+                break
+        else:
+            level = self._grow(e)
         slot = e // level.width
         bucket = level.buckets[slot % self.wheel_size]
         entries = bucket.entries
         entries[id(entry)] = entry
         entry._bucket = entries
         if bucket.expiration is None:
-            expiration = slot * level.width
-            bucket.expiration = expiration
-            self._seq += 1
-            heappush(self._queue, (expiration, self._seq, bucket))
+            bucket.expiration = expiration = slot * level.width
+            self._seq = seq = self._seq + 1
+            heappush(self._queue, (expiration, seq, bucket))
         return True
+
+    def _grow(self, e: int) -> _Level:
+        # Create overflow levels until one spans ``e``. Each new level's slots are
+        # as wide as the span of the level below; its clock is that level's clock
+        # rounded down to the new width.
+        levels = self._levels
+        level = levels[-1]
+        while e >= level.end:
+            level = _Level(level.span, self.wheel_size, level.current)
+            levels.append(level)
+        return level
 
     @staticmethod
     def remove(entry: Entry) -> None:
@@ -229,6 +236,7 @@ class TimingWheel:
         self.current = tick
         for level in self._levels:
             if tick >= level.current + level.width:
-                level.current = tick - tick % level.width
+                level.current = current = tick - tick % level.width
+                level.end = current + level.span
             else:
                 break
