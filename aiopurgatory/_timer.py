@@ -499,6 +499,10 @@ class Timer:
                     continue  # cancelled after it became due
                 entry._tick = None
                 self._count -= 1
+                if self._closed:  # a callback of this batch closed the timer
+                    entry._bucket = None
+                    entry._timer_closed()  # type: ignore[attr-defined]
+                    continue
                 try:
                     entry._fire()  # type: ignore[attr-defined]
                 except (SystemExit, KeyboardInterrupt):

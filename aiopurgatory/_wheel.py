@@ -23,7 +23,8 @@ The rules, after Kafka's ``TimingWheel``:
 * When a bucket is due, the clock of every level moves to the bucket's
   expiration (each level rounding down to its own width) and every entry in it is
   re-added: those now due are returned, the rest cascade to a finer level. Buckets
-  are processed in expiration order, so entries come out ordered by tick.
+  are processed in expiration order, so entries come out ordered by tick (not
+  ordered within a tick).
 * Buckets are dicts keyed by ``id(entry)``: O(1) insert and delete, insertion
   order kept, and no reliance on the entry's own ``__hash__``/``__eq__`` (a
   delayed operation subclass may well define ``__eq__``). We measured a dict per
@@ -187,9 +188,10 @@ class TimingWheel:
     def advance(self, now: int) -> list[Entry]:
         """Move the clock to tick ``now`` and return every entry due by then.
 
-        Entries come out in tick order (ties in insertion order) and are no longer
-        in the wheel; their ``_tick`` is left as it was. A ``now`` behind the
-        clock is a no-op.
+        Entries come out in tick order and are no longer in the wheel; their
+        ``_tick`` is left as it was. Entries of the same tick come out in no
+        promised order (one that cascaded from a higher level follows one added
+        straight to level 0). A ``now`` behind the clock is a no-op.
         """
         due: list[Entry] = []
         queue = self._queue
