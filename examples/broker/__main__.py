@@ -98,7 +98,6 @@ async def run(config: BrokerConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_format, args.log_level)
     try:
         config = BrokerConfig(
             host=args.host,
@@ -118,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    configure_logging(args.log_format, args.log_level)
     if args.uvloop:
         import uvloop
 
