@@ -1,0 +1,480 @@
+"""``bench purgatory``: Kafka's ``TestPurgatoryPerformance`` workload on asyncio.
+
+Each of ``num`` requests arrives (open loop: exponential gaps at ``rate`` req/s,
+or back to back with ``rate=0``), is watched under ``keys`` keys drawn from
+``key_space_size`` with a ``timeout``, and draws a log-normal completion latency
+with median ``pct50`` and 75th percentile ``pct75`` (ms). If the latency is below
+the timeout the request is force-completed that long after it arrived, else it
+expires. Implementations, all driven by the same generator:
+
+* ``ap``: :class:`aiopurgatory.Purgatory` (``try_complete_else_watch``,
+  ``force_complete``, expiry on its timing wheel; nobody awaits the ops);
+* ``hand``: a careful hand-written asyncio purgatory: one ``loop.call_later`` and
+  one future per op, a dict of ops per key, left at once on completion;
+* ``floor``: the same bookkeeping with no expiry timer at all. Because every op
+  has the same timeout, expiries come in arrival order and a FIFO checked by the
+  generator replaces the timer. No purgatory can do less work than this.
+
+The generator itself (arrival schedule, a heap of pending completions as Kafka's
+``CompletionQueue``, the loop wake-ups) costs the same for everyone and is part of
+every figure, the floor's included.
+
+Measured per run: achieved arrival rate, CPU per request (``process_time`` from
+the first arrival until every op finished), completed/expired counts, expiry
+lateness (``loop.time()`` at expiry minus the op's deadline), peak RSS and, with
+``tracemalloc`` after the timed part, memory per pending op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import math
+import random
+import time
+import tracemalloc
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from ._common import Result, Spec, latency_summary, peak_rss_mib, rss_mib, run_on
+
+__all__ = ["IMPLS", "SCENARIOS", "run_purgatory", "run_spec"]
+
+#: Implementation key -> label used in tables and JSON.
+IMPLS = {"ap": "ap.Purgatory", "hand": "hand-written", "floor": "floor (no timer)"}
+
+#: Kafka's published scenarios: (pct75, pct50) in ms.
+SCENARIOS = {"low-timeout": (60.0, 20.0), "high-timeout": (400.0, 200.0)}
+
+DEFAULTS: dict[str, Any] = {
+    "num": 200_000,
+    "rate": 0.0,
+    "timeout": 200.0,
+    "pct75": 60.0,
+    "pct50": 20.0,
+    "keys": 3,
+    "key_space_size": 100,
+    "batch": 1000,
+    "memory_ops": 20_000,
+    "seed": 1,
+}
+
+
+# -- the three implementations ----------------------------------------------------
+#
+# Each exposes: make(timeout_s) -> op, watch(op, keys), complete(op),
+# poll(now) (expire what is due, floor only), next_due() and pending().
+
+
+class _ApImpl:
+    def __init__(self, late: list[float], clock: Callable[[], float]) -> None:
+        import aiopurgatory as ap
+
+        class BenchOp(ap.DelayedOperation):
+            __slots__ = ()
+
+            def on_expiration(self) -> None:
+                late.append(clock() - self.deadline)  # type: ignore[operator]
+
+        self.make: Callable[[float], Any] = BenchOp
+        self.purgatory: ap.Purgatory[Any] = ap.Purgatory("bench")
+        self.watch = self.purgatory.try_complete_else_watch
+
+    @staticmethod
+    def complete(op: Any) -> None:
+        op.force_complete()
+
+    def poll(self, now: float) -> None:
+        pass
+
+    def next_due(self) -> float:
+        return math.inf
+
+    def pending(self) -> int:
+        return self.purgatory.pending
+
+    def outcomes(self) -> tuple[int, int]:
+        stats = self.purgatory.statistics()
+        return stats.completed, stats.expired
+
+
+class _HandOp:
+    __slots__ = ("deadline", "future", "handle", "keys", "timeout")
+    deadline: float
+    future: asyncio.Future[bool]
+    handle: asyncio.TimerHandle
+    keys: tuple[Hashable, ...]
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+
+
+class _HandImpl:
+    """What a careful asyncio programmer writes without a library."""
+
+    def __init__(self, late: list[float], clock: Callable[[], float]) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.watchers: dict[Hashable, dict[int, _HandOp]] = {}
+        self.late = late
+        self.clock = clock
+        self.make = _HandOp
+        self.count = 0
+        self.completed = 0
+        self.expired = 0
+
+    def watch(self, op: _HandOp, keys: tuple[Hashable, ...]) -> None:
+        loop = self.loop
+        op.future = loop.create_future()
+        handle = op.handle = loop.call_later(op.timeout, self._expire, op)
+        op.deadline = handle.when()
+        op.keys = keys
+        oid = id(op)
+        watchers = self.watchers
+        for key in keys:
+            ops = watchers.get(key)
+            if ops is None:
+                watchers[key] = {oid: op}
+            else:
+                ops[oid] = op
+        self.count += 1
+
+    def _detach(self, op: _HandOp) -> None:
+        oid = id(op)
+        watchers = self.watchers
+        for key in op.keys:
+            ops = watchers[key]
+            del ops[oid]
+            if not ops:
+                del watchers[key]
+        self.count -= 1
+
+    def complete(self, op: _HandOp) -> None:
+        future = op.future
+        if future.done():
+            return
+        op.handle.cancel()
+        self._detach(op)
+        self.completed += 1
+        future.set_result(True)
+
+    def _expire(self, op: _HandOp) -> None:
+        future = op.future
+        if future.done():  # pragma: no cover - complete() cancels the handle first
+            return
+        self.late.append(self.clock() - op.deadline)
+        self._detach(op)
+        self.expired += 1
+        future.set_result(False)
+
+    def poll(self, now: float) -> None:
+        pass
+
+    def next_due(self) -> float:
+        return math.inf
+
+    def pending(self) -> int:
+        return self.count
+
+    def outcomes(self) -> tuple[int, int]:
+        return self.completed, self.expired
+
+
+class _FloorOp:
+    __slots__ = ("deadline", "done", "keys", "timeout")
+    deadline: float
+    keys: tuple[Hashable, ...]
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.done = False
+
+
+class _FloorImpl:
+    """The hand-written bookkeeping minus any timer: expiry from a FIFO."""
+
+    def __init__(self, late: list[float], clock: Callable[[], float]) -> None:
+        self.watchers: dict[Hashable, dict[int, _FloorOp]] = {}
+        self.late = late
+        self.clock = clock
+        self.make = _FloorOp
+        self.fifo: deque[_FloorOp] = deque()
+        self.count = 0
+        self.completed = 0
+        self.expired = 0
+
+    def watch(self, op: _FloorOp, keys: tuple[Hashable, ...]) -> None:
+        op.deadline = self.clock() + op.timeout
+        op.keys = keys
+        oid = id(op)
+        watchers = self.watchers
+        for key in keys:
+            ops = watchers.get(key)
+            if ops is None:
+                watchers[key] = {oid: op}
+            else:
+                ops[oid] = op
+        self.fifo.append(op)
+        self.count += 1
+
+    def _detach(self, op: _FloorOp) -> None:
+        oid = id(op)
+        watchers = self.watchers
+        for key in op.keys:
+            ops = watchers[key]
+            del ops[oid]
+            if not ops:
+                del watchers[key]
+        self.count -= 1
+
+    def complete(self, op: _FloorOp) -> None:
+        if op.done:
+            return
+        op.done = True
+        self._detach(op)
+        self.completed += 1
+
+    def poll(self, now: float) -> None:
+        fifo = self.fifo
+        while fifo and fifo[0].deadline <= now:
+            op = fifo.popleft()
+            if not op.done:
+                op.done = True
+                self.late.append(now - op.deadline)
+                self._detach(op)
+                self.expired += 1
+
+    def next_due(self) -> float:
+        fifo = self.fifo
+        while fifo and fifo[0].done:
+            fifo.popleft()
+        return fifo[0].deadline if fifo else math.inf
+
+    def pending(self) -> int:
+        return self.count
+
+    def outcomes(self) -> tuple[int, int]:
+        return self.completed, self.expired
+
+
+_IMPL_CLASSES: dict[str, Callable[[list[float], Callable[[], float]], Any]] = {
+    "ap": _ApImpl,
+    "hand": _HandImpl,
+    "floor": _FloorImpl,
+}
+
+
+# -- the workload ------------------------------------------------------------------
+
+
+def _inputs(
+    num: int,
+    rate: float,
+    pct75: float,
+    pct50: float,
+    keys: int,
+    key_space_size: int,
+    seed: int,
+) -> tuple[list[float], list[float], list[tuple[int, ...]]]:
+    """Arrival offsets (s), completion latencies (s) and key tuples, per request."""
+    rng = random.Random(seed)
+    mu = math.log(pct50)
+    sigma = (math.log(pct75) - mu) / 0.674490  # the 75th percentile of N(0, 1)
+    offsets: list[float] = []
+    t = 0.0
+    for _ in range(num):
+        if rate > 0:
+            t += rng.expovariate(rate)
+        offsets.append(t)
+    latencies = [rng.lognormvariate(mu, sigma) / 1000.0 for _ in range(num)]
+    space = range(key_space_size)
+    keysets = [tuple(rng.sample(space, keys)) for _ in range(num)]
+    return offsets, latencies, keysets
+
+
+async def _workload(
+    impl_name: str,
+    *,
+    num: int,
+    rate: float,
+    timeout: float,  # noqa: ASYNC109 - the ops' timeout in ms, not a deadline for this call
+    pct75: float,
+    pct50: float,
+    keys: int,
+    key_space_size: int,
+    batch: int,
+    memory_ops: int,
+    seed: int,
+) -> Result:
+    loop = asyncio.get_running_loop()
+    clock = loop.time
+    offsets, latencies, keysets = _inputs(num, rate, pct75, pct50, keys, key_space_size, seed)
+    timeout_s = timeout / 1000.0
+    late: list[float] = []
+    impl = _IMPL_CLASSES[impl_name](late, clock)
+    make, watch, complete, poll = impl.make, impl.watch, impl.complete, impl.poll
+    completions: list[tuple[float, int, Any]] = []
+    push, pop = heapq.heappush, heapq.heappop
+    rss_before = rss_mib()
+
+    cpu0 = time.process_time()
+    start = first = last = clock()
+    arrived = False
+    i = 0
+    while True:
+        now = clock()
+        # Arrivals due by now (all of them when rate == 0), at most a batch per
+        # wake-up so that expiries and completions get their turn.
+        stop = min(num, i + batch)
+        while i < stop and start + offsets[i] <= now:
+            op = make(timeout_s)
+            watch(op, keysets[i])
+            latency = latencies[i]
+            if latency < timeout_s:
+                push(completions, (now + latency, i, op))
+            i += 1
+        if i == num and not arrived:
+            arrived = True
+            last = clock()
+        while completions and completions[0][0] <= now:
+            complete(pop(completions)[2])
+        poll(now)
+        if i == num and not completions and not impl.pending():
+            break
+        wake = min(
+            start + offsets[i] if i < num else math.inf,
+            completions[0][0] if completions else math.inf,
+            impl.next_due(),
+        )
+        if wake == math.inf:
+            # Only timer-driven expiries remain: look again a tick from now.
+            wake = clock() + 0.001
+        delay = wake - clock()
+        await asyncio.sleep(delay if delay > 0 else 0)
+    cpu = time.process_time() - cpu0
+    end = clock()
+    completed, expired = impl.outcomes()
+    arrivals_s = last - first
+    peak = peak_rss_mib()
+
+    memory = await _memory_per_pending(impl_name, memory_ops, timeout_s, keysets)
+    return {
+        "num": num,
+        "target_rate": rate,
+        "achieved_rate": num / arrivals_s if arrivals_s > 0 else math.inf,
+        "cpu_s": cpu,
+        # CPU-bound capacity: what one core could sustain, immune to stolen time.
+        "requests_per_cpu_s": num / cpu if cpu > 0 else math.inf,
+        "cpu_us_per_request": cpu / num * 1e6 if num else 0.0,
+        "wall_s": end - first,
+        "completed": completed,
+        "expired": expired,
+        "expiry_lateness": latency_summary(late),
+        "rss_before_mib": rss_before,
+        "peak_rss_mib": peak,
+        "memory_per_pending_op_bytes": memory,
+    }
+
+
+async def _memory_per_pending(
+    impl_name: str, count: int, timeout_s: float, keysets: list[tuple[int, ...]]
+) -> float:
+    """Bytes traced per pending op, ``count`` ops pending on a fresh implementation.
+
+    The ops get a long timeout so that none expires while we look; key tuples are
+    shared inputs, allocated before tracing starts.
+    """
+    if count <= 0 or not keysets:
+        return math.nan
+    clock = asyncio.get_running_loop().time
+    impl = _IMPL_CLASSES[impl_name]([], clock)
+    keysets = [keysets[i % len(keysets)] for i in range(count)]
+    long_timeout = max(timeout_s, 3600.0)
+    make, watch = impl.make, impl.watch
+    # Warm up: the first op binds the purgatory to the loop and its timer creates its wheel.
+    watch(make(long_timeout), keysets[0])
+    ops: list[Any] = [None] * count
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(count):
+            op = ops[i] = make(long_timeout)
+            watch(op, keysets[i])
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    # The op list was allocated before tracing; what was traced is per-op state.
+    return (after - before) / count
+
+
+def run_purgatory(
+    impl: str,
+    loop: str = "asyncio",
+    *,
+    num: int = DEFAULTS["num"],
+    rate: float = DEFAULTS["rate"],
+    timeout: float = DEFAULTS["timeout"],
+    pct75: float = DEFAULTS["pct75"],
+    pct50: float = DEFAULTS["pct50"],
+    keys: int = DEFAULTS["keys"],
+    key_space_size: int = DEFAULTS["key_space_size"],
+    batch: int = DEFAULTS["batch"],
+    memory_ops: int = DEFAULTS["memory_ops"],
+    seed: int = DEFAULTS["seed"],
+) -> Result:
+    """Run the purgatory workload once, in this process, and return its measurements.
+
+    Args:
+        impl: ``"ap"``, ``"hand"`` or ``"floor"``.
+        loop: ``"asyncio"``, ``"uvloop"`` or ``"virtual"``.
+        num: number of requests.
+        rate: target arrival rate in requests per second; 0 for back to back.
+        timeout: op timeout in ms.
+        pct75: 75th percentile of the completion latency in ms.
+        pct50: median of the completion latency in ms.
+        keys: watch keys per request.
+        key_space_size: number of distinct keys.
+        batch: most arrivals issued per loop wake-up.
+        memory_ops: ops pending while memory is traced (0: skip).
+        seed: random seed of arrivals, latencies and keys.
+
+    Raises:
+        ValueError: an unknown name or an out-of-range number.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    if num < 1:
+        raise ValueError(f"num must be at least 1, got {num}")
+    if rate < 0 or not math.isfinite(rate):
+        raise ValueError(f"rate must be finite and >= 0, got {rate}")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    if not 0 < pct50 < pct75:
+        raise ValueError(f"need 0 < pct50 < pct75, got pct50={pct50}, pct75={pct75}")
+    if not 1 <= keys <= key_space_size:
+        raise ValueError(f"need 1 <= keys <= key_space_size, got {keys} and {key_space_size}")
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, got {batch}")
+    result = run_on(
+        loop,
+        _workload(
+            impl,
+            num=num,
+            rate=rate,
+            timeout=timeout,
+            pct75=pct75,
+            pct50=pct50,
+            keys=keys,
+            key_space_size=key_space_size,
+            batch=batch,
+            memory_ops=memory_ops,
+            seed=seed,
+        ),
+    )
+    result.update(impl=IMPLS[impl], loop=loop)
+    return result
+
+
+def run_spec(spec: Spec) -> Result:
+    """Run a ``{"bench": "purgatory", "impl", "loop", "params"}`` spec."""
+    return run_purgatory(spec["impl"], spec["loop"], **spec.get("params", {}))

@@ -1,0 +1,156 @@
+"""``bench timer``: many timers, most of them cancelled right after being added.
+
+The workload Kafka's ``SystemTimer`` was measured on (see KAFKA.md): ``n`` timers
+with delays uniform in [0, 1) s; a fixed 90% (``cancel_fraction``) are cancelled
+right after being added, the rest fire. Implementations:
+
+* ``ap``: ``ap.Timer().call_later`` (a timing wheel, one loop handle);
+* ``loop``: the loop's own ``loop.call_later`` (a heap of handles on asyncio, C on uvloop).
+
+Timers are added in batches of ``batch`` with a loop iteration in between, as a
+server would between requests; adding a million timers in one callback would
+stall the loop for a second and turn "lateness" into a measure of that stall.
+
+Measured per run: CPU seconds (``time.process_time`` from the first add until the
+last timer fired: adds, cancels, the loop's own timer housekeeping and firing),
+add+cancel wall time per timer (only inside the batches), fired and early counts
+(early: ``loop.time()`` in the callback is before the handle's ``when()``),
+lateness (``loop.time()`` in the callback minus ``when()``), peak RSS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+from ._common import Result, Spec, latency_summary, peak_rss_mib, rss_mib, run_on
+
+__all__ = ["IMPLS", "run_spec", "run_timer"]
+
+#: Implementation key -> label used in tables and JSON.
+IMPLS = {"ap": "ap.Timer", "loop": "loop.call_later"}
+
+DEFAULTS: dict[str, Any] = {"n": 1_000_000, "cancel_fraction": 0.9, "batch": 1000, "seed": 1}
+
+
+async def _workload(impl: str, n: int, cancel_fraction: float, batch: int, seed: int) -> Result:
+    loop = asyncio.get_running_loop()
+    rng = random.Random(seed)
+    # Inputs are drawn before any measurement; both implementations get the same ones.
+    delays = [rng.random() for _ in range(n)]
+    keep = [rng.random() >= cancel_fraction for _ in range(n)]
+    kept_total = sum(keep)
+    fired_at = [0.0] * kept_total
+    handles: list[Any] = []
+    # Due instants of kept timers by our own reckoning (loop.time() at add + delay),
+    # used only where a handle has no when(): uvloop turns delays it rounds to 0 ms
+    # into plain call_soon handles.
+    added_due: list[float] = []
+    rss_before = rss_mib()
+
+    clock = loop.time
+    remaining = [kept_total]
+    all_fired = loop.create_future()
+
+    def fired(j: int) -> None:
+        fired_at[j] = clock()
+        remaining[0] -= 1
+        if not remaining[0]:
+            all_fired.set_result(None)
+
+    if impl == "ap":
+        import aiopurgatory as ap
+
+        timer = ap.Timer()
+        call_later: Any = timer.call_later
+    elif impl == "loop":
+        call_later = loop.call_later
+    else:
+        raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+
+    append = handles.append
+    due_append = added_due.append
+    perf = time.perf_counter
+    add_wall = 0.0
+    j = 0
+    cpu0 = time.process_time()
+    wall0 = perf()
+    for start in range(0, n, batch):
+        t0 = perf()
+        for i in range(start, min(start + batch, n)):
+            if keep[i]:
+                append(call_later(delays[i], fired, j))
+                due_append(clock() + delays[i])
+                j += 1
+            else:
+                call_later(delays[i], fired, -1).cancel()
+        add_wall += perf() - t0
+        await asyncio.sleep(0)
+    if kept_total:
+        await all_fired
+    cpu = time.process_time() - cpu0
+    wall = perf() - wall0
+
+    early = 0
+    lateness: list[float] = []
+    for handle, at, due in zip(handles, fired_at, added_due, strict=True):
+        when = getattr(handle, "when", None)
+        late = at - (when() if when is not None else due)
+        if late < 0:
+            early += 1
+        lateness.append(late)
+    return {
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "add_cancel_ns_per_op": add_wall / n * 1e9 if n else 0.0,
+        "n": n,
+        "cancelled": n - kept_total,
+        "fired": kept_total - remaining[0],
+        "early": early,
+        "lateness": latency_summary(lateness),
+        "rss_before_mib": rss_before,
+        "peak_rss_mib": peak_rss_mib(),
+    }
+
+
+def run_timer(
+    impl: str,
+    loop: str = "asyncio",
+    *,
+    n: int = DEFAULTS["n"],
+    cancel_fraction: float = DEFAULTS["cancel_fraction"],
+    batch: int = DEFAULTS["batch"],
+    seed: int = DEFAULTS["seed"],
+) -> Result:
+    """Run the timer workload once, in this process, and return its measurements.
+
+    Args:
+        impl: ``"ap"`` (``ap.Timer``) or ``"loop"`` (``loop.call_later``).
+        loop: ``"asyncio"``, ``"uvloop"`` or ``"virtual"``.
+        n: number of timers.
+        cancel_fraction: share of timers cancelled right after being added.
+        batch: timers added per loop iteration.
+        seed: random seed of delays and cancellations.
+
+    Raises:
+        ValueError: unknown ``impl``/``loop``, ``n < 0``, ``batch < 1`` or a
+            ``cancel_fraction`` outside [0, 1].
+    """
+    if n < 0:
+        raise ValueError(f"n must not be negative, got {n}")
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, got {batch}")
+    if not 0.0 <= cancel_fraction <= 1.0:
+        raise ValueError(f"cancel_fraction must be in [0, 1], got {cancel_fraction}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    result = run_on(loop, _workload(impl, n, cancel_fraction, batch, seed))
+    result.update(impl=IMPLS[impl], loop=loop)
+    return result
+
+
+def run_spec(spec: Spec) -> Result:
+    """Run a ``{"bench": "timer", "impl", "loop", "params"}`` spec (see :mod:`._common`)."""
+    return run_timer(spec["impl"], spec["loop"], **spec.get("params", {}))
