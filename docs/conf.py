@@ -37,8 +37,8 @@ myst_heading_anchors = 3
 # -- autodoc + napoleon (Google-style docstrings) -------------------------------------
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
-autodoc_preserve_defaults = True
-autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_preserve_defaults = False
+autodoc_default_options = {"members": True}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False

@@ -114,7 +114,9 @@ def test_api_reference_documents_every_public_name(module_name: str) -> None:
     for line in api.splitlines():
         if m := re.match(r"\.\. (?:currentmodule|automodule):: ([\w.]+)", line):
             current = m[1]
-        elif m := re.match(r"\.\. auto(?:class|function|exception|data):: ([\w.]+)", line):
+        elif m := re.match(
+            r"\.\. (?:autoclass|autofunction|autoexception|autodata|py:data):: ([\w.]+)", line
+        ):
             documented.add((current, m[1]))
     module = importlib.import_module(module_name)
     submodules = {

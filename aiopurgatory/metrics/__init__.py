@@ -13,26 +13,21 @@ counted twice: the purgatory's own integer counters are the source of truth.
 Importing this package imports neither client library; each submodule imports
 its own on first import, and names the extra to install if it is missing.
 
-Metrics (Prometheus name / OpenTelemetry name), labelled by purgatory name:
+Metrics, each labelled with the purgatory's name (label/attribute ``purgatory``),
+as Prometheus name / OpenTelemetry name:
 
-==============================================  =====================================
-``aiopurgatory_purgatory_size``                 ``aiopurgatory.purgatory.size``:
-                                                entries in all watch lists
-                                                (``watched``, Kafka ``PurgatorySize``)
-``aiopurgatory_delayed_operations``             ``aiopurgatory.delayed_operations``:
-                                                operations pending in the timer
-                                                (``delayed``, Kafka
-                                                ``NumDelayedOperations``)
-``aiopurgatory_pending_operations``             ``aiopurgatory.pending_operations``:
-                                                operations watched and not finished
-                                                (what ``max_pending`` limits)
-``aiopurgatory_watch_keys``                     ``aiopurgatory.watch_keys``: keys
-                                                with a non-empty watch list
-``aiopurgatory_operations_total{outcome=...}``  ``aiopurgatory.operations``: running
-                                                totals of finished operations by
-                                                outcome (``completed``, ``expired``,
-                                                ``cancelled``, ``failed``)
-==============================================  =====================================
+* ``aiopurgatory_purgatory_size`` / ``aiopurgatory.purgatory.size`` (gauge):
+  entries in all watch lists (``watched``, Kafka's ``PurgatorySize``).
+* ``aiopurgatory_delayed_operations`` / ``aiopurgatory.delayed_operations``
+  (gauge): operations pending in the timer (``delayed``, Kafka's
+  ``NumDelayedOperations``).
+* ``aiopurgatory_pending_operations`` / ``aiopurgatory.pending_operations``
+  (gauge): operations watched and not finished (what ``max_pending`` limits).
+* ``aiopurgatory_watch_keys`` / ``aiopurgatory.watch_keys`` (gauge): keys with
+  a non-empty watch list.
+* ``aiopurgatory_operations_total`` / ``aiopurgatory.operations`` (counter, extra
+  label ``outcome``): running totals of finished operations by outcome
+  (``completed``, ``expired``, ``cancelled``, ``failed``).
 """
 
 from __future__ import annotations

@@ -26,8 +26,9 @@ Instruments (attribute ``purgatory`` = the purgatory's name):
 * ``aiopurgatory.operations`` (ObservableCounter, ``{operation}``, extra
   attribute ``outcome``): running totals of finished operations.
 
-Exported through OpenTelemetry's Prometheus exporter these become the same names
-as :mod:`aiopurgatory.metrics.prometheus` produces.
+The names follow the Prometheus names of :mod:`aiopurgatory.metrics.prometheus`
+(dots for underscores, no ``_total``), so that exporters translating OpenTelemetry
+to Prometheus land on the same or closely related names.
 
 Needs the ``otel`` extra: ``pip install 'aiopurgatory[otel]'``.
 """
