@@ -6,6 +6,7 @@ import asyncio
 import json
 import signal
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,12 @@ from examples.broker.__main__ import main
 pytestmark = pytest.mark.realtime
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body: bytes = response.read()
+    return body.decode()
 
 
 async def _next_event(stream: asyncio.StreamReader, name: str, seen: list[dict[str, Any]]) -> Any:
@@ -44,6 +51,10 @@ async def test_program_serves_a_client_and_stops_on_sigterm() -> None:
         "0.2",
         "--topic",
         "demo:2",
+        "--admin-port",
+        "0",
+        "--metrics-port",
+        "0",
         cwd=ROOT,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -64,6 +75,21 @@ async def test_program_serves_a_client_and_stops_on_sigterm() -> None:
         stats = await _next_event(proc.stderr, "broker.purgatory_stats", seen)
         assert stats["produce"]["pending"] == 0
         assert stats["level"] == "info"
+
+        admin_port = next(e["port"] for e in seen if e["event"] == "broker.admin_listening")
+        reader, writer = await asyncio.open_connection("127.0.0.1", admin_port)
+        writer.write(b"crash 2\nstate\nbogus\n")
+        assert await reader.readline() == b"ok crash 2\n"
+        state = json.loads((await reader.readline()).decode().removeprefix("ok "))
+        assert state["followers"] == {"1": "running", "2": "crashed"}
+        assert state["partitions"]["demo-1"]["isr"] == [0, 1]
+        assert (await reader.readline()).startswith(b"error unknown command")
+        writer.close()
+
+        metrics_port = next(e["port"] for e in seen if e["event"] == "broker.metrics_listening")
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        text = await asyncio.to_thread(_get, url)
+        assert 'aiopurgatory_operations_total{outcome="completed",purgatory="produce"} 1.0' in text
         proc.send_signal(signal.SIGTERM)
         await _next_event(proc.stderr, "broker.stopped", seen)
         async with asyncio.timeout(20):

@@ -13,9 +13,11 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import Any
 
 import structlog
 
+from .admin import start_admin_server
 from .server import Broker, BrokerConfig
 
 
@@ -49,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats-interval", type=float, default=d.stats_interval, help="seconds")
     p.add_argument("--log-format", choices=["json", "console"], default=None)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--admin-port", type=int, default=None, help="line-based admin commands (0 = free port)"
+    )
+    p.add_argument(
+        "--metrics-port", type=int, default=None, help="Prometheus /metrics (0 = free port)"
+    )
     p.add_argument("--uvloop", action="store_true", help="run on uvloop")
     return p
 
@@ -78,20 +86,56 @@ def configure_logging(fmt: str | None, level: str) -> None:
     )
 
 
-async def run(config: BrokerConfig) -> None:
-    """Run a broker until SIGINT/SIGTERM, then close it gracefully."""
+def _start_metrics(broker: Broker, host: str, port: int) -> Any:
+    """Serve the purgatories' statistics for Prometheus; return the HTTP server."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from aiopurgatory.metrics.prometheus import PurgatoryCollector
+
+    registry = CollectorRegistry()
+    PurgatoryCollector(
+        [broker.produce_purgatory, broker.fetch_purgatory, broker.replica_fetch_purgatory],
+        registry=registry,
+    )
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    broker.log.info("broker.metrics_listening", host=host, port=server.server_port)
+    return server
+
+
+async def run(
+    config: BrokerConfig, *, admin_port: int | None = None, metrics_port: int | None = None
+) -> None:
+    """Run a broker until SIGINT/SIGTERM, then close it gracefully.
+
+    Args:
+        config: broker settings.
+        admin_port: also listen for admin commands (see :mod:`examples.broker.admin`).
+        metrics_port: also serve Prometheus metrics of the purgatories over HTTP.
+    """
     broker = Broker(config)
     await broker.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    admin: asyncio.Server | None = None
+    metrics: Any = None
     try:
+        if admin_port is not None:
+            admin = await start_admin_server(broker, config.host, admin_port)
+            bound = admin.sockets[0].getsockname()[1]
+            broker.log.info("broker.admin_listening", host=config.host, port=bound)
+        if metrics_port is not None:
+            metrics = _start_metrics(broker, config.host, metrics_port)
         await stop.wait()
         broker.log.info("broker.signal_received")
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        if admin is not None:
+            admin.close()
+        if metrics is not None:
+            await asyncio.to_thread(metrics.shutdown)
         await broker.close()
 
 
@@ -118,13 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     configure_logging(args.log_format, args.log_level)
+    coro = run(config, admin_port=args.admin_port, metrics_port=args.metrics_port)
     if args.uvloop:
         import uvloop
 
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(run(config))
+            runner.run(coro)
     else:
-        asyncio.run(run(config))
+        asyncio.run(coro)
     return 0
 
 

@@ -1,0 +1,97 @@
+"""A tiny line-based admin port: break followers from a terminal while clients run.
+
+``python -m examples.broker --admin-port 9093``, then ``nc 127.0.0.1 9093``::
+
+    stall 1          follower 1 stops fetching (stays in the ISR until replica_lag_time_max)
+    resume 1
+    crash 2          follower 2 dies: out of every ISR at once
+    restart 2        rejoins each ISR once caught up to the high watermark
+    lag 1 0.25       follower 1 takes 0.25 s to replicate each fetch
+    state            ISR / HW / LEO of every partition, follower states
+    stats            purgatory statistics
+
+Every command gets one line back, starting with ``ok`` or ``error``. Loopback
+only by default: there is no authentication.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from .server import Broker
+
+__all__ = ["execute", "start_admin_server"]
+
+_MAX_LINE = 1024
+
+
+async def execute(broker: Broker, line: str) -> str:
+    """Run one admin command; return the reply line (without newline)."""
+    words = line.split()
+    if not words:
+        return "error empty command"
+    command, args = words[0].lower(), words[1:]
+    try:
+        if command in ("stall", "resume", "crash", "restart") and len(args) == 1:
+            follower_id = int(args[0])
+            if command == "stall":
+                broker.stall_follower(follower_id)
+            elif command == "resume":
+                broker.resume_follower(follower_id)
+            elif command == "crash":
+                await broker.crash_follower(follower_id)
+            else:
+                broker.restart_follower(follower_id)
+            return f"ok {command} {follower_id}"
+        if command == "lag" and len(args) == 2:
+            broker.set_follower_lag(int(args[0]), float(args[1]))
+            return f"ok lag {args[0]} {float(args[1])}"
+        if command == "state" and not args:
+            state = {
+                "followers": {f.id: f.state for f in broker.followers},
+                "partitions": {
+                    str(tp): {
+                        "isr": sorted(p.isr),
+                        "high_watermark": p.high_watermark,
+                        "log_end_offset": p.log_end_offset,
+                    }
+                    for tp, p in broker.partitions.items()
+                },
+            }
+            return "ok " + json.dumps(state)
+        if command == "stats" and not args:
+            stats = {
+                name: {
+                    "pending": s.pending,
+                    "completed": s.completed,
+                    "expired": s.expired,
+                    "cancelled": s.cancelled,
+                }
+                for name, s in broker.statistics().items()
+            }
+            return "ok " + json.dumps(stats)
+    except ValueError as exc:
+        return f"error {exc}"
+    return f"error unknown command {line.strip()[:80]!r}"
+
+
+async def start_admin_server(broker: Broker, host: str, port: int) -> asyncio.Server:
+    """Listen for admin commands on ``host:port`` (0 picks a free port)."""
+
+    async def session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                if len(line) > _MAX_LINE:
+                    writer.write(b"error line too long\n")
+                    break
+                reply = await execute(broker, line.decode(errors="replace"))
+                writer.write(reply.encode() + b"\n")
+                await writer.drain()
+        except (ConnectionError, ValueError):
+            # ValueError: a line longer than the StreamReader limit.
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(session, host, port, limit=_MAX_LINE * 4)
