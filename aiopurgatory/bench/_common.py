@@ -66,10 +66,15 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
     raise ValueError(f"loop must be one of {', '.join(LOOP_NAMES)}, got {name!r}")
 
 
-def run_on(loop_name: str, main: Coroutine[Any, Any, T]) -> T:
-    """Run ``main`` to completion on a new loop of the given kind."""
-    with asyncio.Runner(loop_factory=loop_factory(loop_name)) as runner:
-        return runner.run(main)
+def run_on(loop_name: str, main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run ``main()`` to completion on a new loop of the given kind.
+
+    Raises:
+        ValueError: unknown loop name (before ``main`` is called).
+    """
+    factory = loop_factory(loop_name)
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main())
 
 
 # -- statistics -------------------------------------------------------------------
@@ -99,7 +104,7 @@ HIST_EDGES: list[float] = [10 ** (e / 10) for e in range(-60, 11)]
 
 
 def latency_summary(samples: list[float]) -> dict[str, Any]:
-    """p50/p99/max (seconds) and a log histogram of latency samples.
+    """Count, early count (< 0), min/p50/p99/max (seconds) and a log histogram.
 
     Samples at or below zero (on time to the clock's resolution) are counted in
     ``hist.zero``; those above the last edge in the last bin.
@@ -118,6 +123,8 @@ def latency_summary(samples: list[float]) -> dict[str, Any]:
         counts[j] += 1
     return {
         "count": len(samples),
+        "early": sum(1 for v in samples if v < 0.0),
+        "min": samples[0] if samples else math.nan,
         "p50": percentile(samples, 0.50),
         "p99": percentile(samples, 0.99),
         "max": samples[-1] if samples else math.nan,

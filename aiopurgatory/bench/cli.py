@@ -727,6 +727,12 @@ def _parser() -> argparse.ArgumentParser:
         default=timer_bench.DEFAULTS["cancel_fraction"],
         help="share cancelled right after being added (default 0.9)",
     )
+    p.add_argument(
+        "--max-delay",
+        type=_positive_float,
+        default=timer_bench.DEFAULTS["max_delay"],
+        help="delays are uniform in [0, MAX_DELAY) s (default 1, as Kafka's run)",
+    )
     p.add_argument("--batch", type=_positive_int, default=timer_bench.DEFAULTS["batch"])
 
     p = sub.add_parser(
@@ -889,7 +895,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict[str, Any] = {"schema": SCHEMA, "command": args.command, "machine": _machine()}
     try:
         if args.command == "timer":
-            params = {"n": args.n, "cancel_fraction": args.cancel_fraction, "batch": args.batch}
+            params = {
+                "n": args.n,
+                "cancel_fraction": args.cancel_fraction,
+                "max_delay": args.max_delay,
+                "batch": args.batch,
+            }
             report["timer"] = run_timer_suite(
                 loops, dict(params, seed=args.seed), args.repeat, runner
             )
@@ -934,7 +945,7 @@ def _run_all(
     scale_down = 10 if args.quick else 1
     report["timer"] = run_timer_suite(
         loops,
-        {"n": 1_000_000 // scale_down, "cancel_fraction": 0.9, "batch": 1000, "seed": args.seed},
+        dict(timer_bench.DEFAULTS, n=1_000_000 // scale_down, seed=args.seed),
         args.repeat,
         runner,
     )

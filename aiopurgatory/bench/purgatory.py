@@ -457,7 +457,7 @@ def run_purgatory(
         raise ValueError(f"batch must be at least 1, got {batch}")
     result = run_on(
         loop,
-        _workload(
+        lambda: _workload(
             impl,
             num=num,
             rate=rate,

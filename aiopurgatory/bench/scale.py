@@ -141,7 +141,9 @@ def run_scale(
         raise ValueError(
             f"prefill_min must be above 1 s (the short delays' range), got {prefill_min}"
         )
-    result = run_on(loop, _workload(impl, pending, ops, batch, prefill_min, trace_memory, seed))
+    result = run_on(
+        loop, lambda: _workload(impl, pending, ops, batch, prefill_min, trace_memory, seed)
+    )
     result.update(impl=IMPLS[impl], loop=loop)
     return result
 

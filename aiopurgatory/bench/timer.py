@@ -1,7 +1,7 @@
 """``bench timer``: many timers, most of them cancelled right after being added.
 
 The workload Kafka's ``SystemTimer`` was measured on (see KAFKA.md): ``n`` timers
-with delays uniform in [0, 1) s; a fixed 90% (``cancel_fraction``) are cancelled
+with delays uniform in [0, 1) s (``max_delay``); a fixed 90% (``cancel_fraction``) are cancelled
 right after being added, the rest fire. Implementations:
 
 * ``ap``: ``ap.Timer().call_later`` (a timing wheel, one loop handle);
@@ -32,14 +32,22 @@ __all__ = ["IMPLS", "run_spec", "run_timer"]
 #: Implementation key -> label used in tables and JSON.
 IMPLS = {"ap": "ap.Timer", "loop": "loop.call_later"}
 
-DEFAULTS: dict[str, Any] = {"n": 1_000_000, "cancel_fraction": 0.9, "batch": 1000, "seed": 1}
+DEFAULTS: dict[str, Any] = {
+    "n": 1_000_000,
+    "cancel_fraction": 0.9,
+    "max_delay": 1.0,
+    "batch": 1000,
+    "seed": 1,
+}
 
 
-async def _workload(impl: str, n: int, cancel_fraction: float, batch: int, seed: int) -> Result:
+async def _workload(
+    impl: str, n: int, cancel_fraction: float, max_delay: float, batch: int, seed: int
+) -> Result:
     loop = asyncio.get_running_loop()
     rng = random.Random(seed)
     # Inputs are drawn before any measurement; both implementations get the same ones.
-    delays = [rng.random() for _ in range(n)]
+    delays = [rng.random() * max_delay for _ in range(n)]
     keep = [rng.random() >= cancel_fraction for _ in range(n)]
     kept_total = sum(keep)
     fired_at = [0.0] * kept_total
@@ -121,6 +129,7 @@ def run_timer(
     *,
     n: int = DEFAULTS["n"],
     cancel_fraction: float = DEFAULTS["cancel_fraction"],
+    max_delay: float = DEFAULTS["max_delay"],
     batch: int = DEFAULTS["batch"],
     seed: int = DEFAULTS["seed"],
 ) -> Result:
@@ -131,6 +140,7 @@ def run_timer(
         loop: ``"asyncio"``, ``"uvloop"`` or ``"virtual"``.
         n: number of timers.
         cancel_fraction: share of timers cancelled right after being added.
+        max_delay: delays are uniform in [0, max_delay) seconds (Kafka's run: 1).
         batch: timers added per loop iteration.
         seed: random seed of delays and cancellations.
 
@@ -144,9 +154,11 @@ def run_timer(
         raise ValueError(f"batch must be at least 1, got {batch}")
     if not 0.0 <= cancel_fraction <= 1.0:
         raise ValueError(f"cancel_fraction must be in [0, 1], got {cancel_fraction}")
+    if not 0.0 < max_delay < 3600.0:
+        raise ValueError(f"max_delay must be in (0, 3600) seconds, got {max_delay}")
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
-    result = run_on(loop, _workload(impl, n, cancel_fraction, batch, seed))
+    result = run_on(loop, lambda: _workload(impl, n, cancel_fraction, max_delay, batch, seed))
     result.update(impl=IMPLS[impl], loop=loop)
     return result
 

@@ -1,0 +1,274 @@
+"""The benchmark suite, run with tiny workloads so it cannot rot.
+
+Only structure and invariants are asserted (counts, early fires, JSON keys);
+never timings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from aiopurgatory import cli as top_cli
+from aiopurgatory.bench import cli as bench_cli
+from aiopurgatory.bench._common import HIST_EDGES, latency_summary, median, percentile
+from aiopurgatory.bench.purgatory import run_purgatory
+from aiopurgatory.bench.scale import run_scale
+from aiopurgatory.bench.timer import run_timer
+
+LOOPS = ["asyncio", "uvloop", "virtual"]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("impl", ["ap", "loop"])
+def test_timer_counts_and_never_early(impl: str, loop: str) -> None:
+    r = run_timer(impl, loop, n=2000, batch=500, max_delay=0.05)
+    assert r["n"] == 2000
+    assert 0 < r["cancelled"] < 2000
+    assert r["fired"] == r["n"] - r["cancelled"]
+    assert r["lateness"]["count"] == r["fired"]
+    assert sum(r["lateness"]["hist"]["counts"]) + r["lateness"]["hist"]["zero"] == r["fired"]
+    if impl == "ap" or loop != "uvloop":
+        # ap.Timer promises never early everywhere; asyncio's own heap is not early
+        # either. uvloop's own timers may be (they round to whole ms): not asserted.
+        assert r["early"] == 0
+    assert r["cpu_s"] > 0
+    assert r["peak_rss_mib"] > 0
+
+
+def test_timer_same_inputs_for_both_impls() -> None:
+    a = run_timer("ap", "virtual", n=1000, seed=7)
+    b = run_timer("loop", "virtual", n=1000, seed=7)
+    assert a["cancelled"] == b["cancelled"]
+    c = run_timer("ap", "virtual", n=1000, seed=8)
+    assert c["cancelled"] != a["cancelled"] or c["lateness"] != a["lateness"]
+
+
+def test_timer_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="impl"):
+        run_timer("heap", "virtual", n=10)
+    with pytest.raises(ValueError, match="cancel_fraction"):
+        run_timer("ap", "virtual", n=10, cancel_fraction=1.5)
+    with pytest.raises(ValueError, match="max_delay"):
+        run_timer("ap", "virtual", n=10, max_delay=0)
+    with pytest.raises(ValueError, match="loop"):
+        run_timer("ap", "trio", n=10)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "virtual"])
+@pytest.mark.parametrize("impl", ["ap", "hand", "floor"])
+def test_purgatory_every_request_finishes_once(impl: str, loop: str) -> None:
+    r = run_purgatory(impl, loop, num=1500, pct75=400, pct50=200, memory_ops=200)
+    assert r["completed"] + r["expired"] == 1500
+    # High-timeout scenario: about half the latencies exceed the timeout.
+    assert 300 < r["expired"] < 1200
+    assert r["expiry_lateness"]["count"] == r["expired"]
+    assert r["memory_per_pending_op_bytes"] > 0
+    assert r["requests_per_cpu_s"] > 0
+    if impl == "ap":
+        # The purgatory's expiry is never before the op's deadline on loop.time().
+        assert r["expiry_lateness"]["early"] == 0
+        assert r["expiry_lateness"]["min"] >= 0
+
+
+def test_purgatory_open_loop_rate_on_virtual_time() -> None:
+    # On virtual time the generator is exact: arrivals follow their schedule.
+    r = run_purgatory("ap", "virtual", num=2000, rate=10_000, memory_ops=0)
+    assert r["completed"] + r["expired"] == 2000
+    assert r["achieved_rate"] == pytest.approx(10_000, rel=0.1)
+    assert math.isnan(r["memory_per_pending_op_bytes"])
+
+
+def test_purgatory_ap_expiry_never_early_on_virtual_time() -> None:
+    r = run_purgatory("ap", "virtual", num=1000, rate=5000, pct75=400, pct50=200, memory_ops=0)
+    assert r["expired"] > 0
+    hist = r["expiry_lateness"]["hist"]
+    assert hist["zero"] + sum(hist["counts"]) == r["expired"]
+    assert r["expiry_lateness"]["min"] >= 0
+
+
+def test_purgatory_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="pct50"):
+        run_purgatory("ap", "virtual", num=10, pct75=10, pct50=20)
+    with pytest.raises(ValueError, match="keys"):
+        run_purgatory("ap", "virtual", num=10, keys=5, key_space_size=3)
+    with pytest.raises(ValueError, match="rate"):
+        run_purgatory("ap", "virtual", num=10, rate=-1)
+
+
+@pytest.mark.parametrize("impl", ["ap", "loop"])
+def test_scale_reports_cost_and_memory(impl: str) -> None:
+    r = run_scale(impl, "asyncio", pending=500, ops=2000, trace_memory=True)
+    assert r["pending"] == 500
+    assert r["ops"] == 2000
+    assert r["cpu_ns_per_op"] > 0
+    assert r["traced_per_pending_bytes"] > 0
+    assert r["rss_per_pending_bytes"] is None  # tracemalloc would skew it
+    with pytest.raises(ValueError, match="prefill_min"):
+        run_scale(impl, "asyncio", prefill_min=0.5)
+
+
+def test_latency_summary_and_median() -> None:
+    s = latency_summary([0.0, -1e-9, 0.001, 0.002, 20.0])
+    assert s["count"] == 5
+    assert s["hist"]["zero"] == 2
+    assert sum(s["hist"]["counts"]) == 3
+    assert s["hist"]["counts"][-1] == 1  # 20 s lands in the last bin
+    assert s["max"] == 20.0
+    assert s["min"] == -1e-9
+    assert s["early"] == 1
+    assert s["p50"] == 0.001
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.99) == 4.0
+    assert len(s["hist"]["edges"]) == len(HIST_EDGES)
+    assert median([3.0, 1.0, math.nan, 2.0]) == 2.0
+    assert math.isnan(median([]))
+
+
+def _load(path: Path) -> dict:  # type: ignore[type-arg]
+    data = json.loads(path.read_text())
+    assert data["schema"] == 1
+    assert {"python", "cpus", "uvloop"} <= set(data["machine"])
+    return data  # type: ignore[no-any-return]
+
+
+def test_cli_timer_json_through_console_script(tmp_path: Path) -> None:
+    out = tmp_path / "timer.json"
+    plot = tmp_path / "timer.png"
+    status = top_cli.main(
+        [
+            "bench",
+            "timer",
+            "-n",
+            "2000",
+            "--max-delay",
+            "0.05",
+            "--loop",
+            "asyncio",
+            "--repeat",
+            "2",
+            "--json",
+            str(out),
+            "--plot",
+            str(plot),
+            "--no-progress",
+            "--quiet",
+        ]
+    )
+    assert status == 0
+    data = _load(out)
+    t = data["timer"]
+    assert {c["impl"] for c in t["cells"]} == {"ap.Timer", "loop.call_later"}
+    assert {c["loop"] for c in t["cells"]} == {"asyncio"}
+    assert len(t["runs"]) == 2 * 2
+    # Interleaved: the second round starts with the other implementation.
+    assert [r["impl"] for r in t["runs"]] == [
+        "ap.Timer",
+        "loop.call_later",
+        "loop.call_later",
+        "ap.Timer",
+    ]
+    assert all(r["isolated"] for r in t["runs"])  # each run in its own process
+    for r in t["runs"]:
+        assert r["fired"] == 2000 - r["cancelled"]
+        if r["impl"] == "ap.Timer":
+            assert r["early"] == 0
+    names = [x["name"] for x in t["targets"]]
+    assert "timer CPU vs loop.call_later on asyncio" in names
+    assert {"loop", "what", "value"} <= set(t["ratios"][0])
+    assert plot.stat().st_size > 1000
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_purgatory_with_sweep_in_process(tmp_path: Path) -> None:
+    out = tmp_path / "purgatory.json"
+    status = bench_cli.main(
+        [
+            "purgatory",
+            "--num",
+            "800",
+            "--loop",
+            "virtual",
+            "--repeat",
+            "1",
+            "--scenario",
+            "both",
+            "--memory-ops",
+            "100",
+            "--sweep",
+            "2000,4000",
+            "--sweep-num",
+            "400",
+            "--no-isolate",
+            "--no-progress",
+            "--quiet",
+            "--json",
+            str(out),
+        ]
+    )
+    assert status == 0
+    p = _load(out)["purgatory"]
+    assert {c["scenario"] for c in p["cells"]} == {"low-timeout", "high-timeout"}
+    assert len(p["cells"]) == 2 * 3
+    for c in p["cells"]:
+        m = c["median"]
+        assert m["completed"] + m["expired"] == 800
+        assert {"achieved_rate", "cpu_us_per_request", "peak_rss_mib"} <= set(m)
+        assert m["memory_per_pending_op_bytes"] > 0
+    assert {"cpu_hand_over_ap", "cpu_ap_over_floor", "memory_ap_over_hand"} <= set(p["ratios"][0])
+    sat = p["sweep"]["saturation"]
+    assert {s["impl"] for s in sat} == {"ap.Purgatory", "hand-written", "floor (no timer)"}
+    # Virtual time never falls behind: every implementation keeps up with every rate.
+    assert all(s["kept_up_with_all"] for s in sat)
+
+
+def test_cli_scale_and_printing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "scale.json"
+    plot = tmp_path / "scale.png"
+    status = bench_cli.main(
+        [
+            "scale",
+            "--pending",
+            "100,1000",
+            "--ops",
+            "1000",
+            "--loop",
+            "asyncio",
+            "--repeat",
+            "1",
+            "--memory-pending",
+            "200",
+            "--no-isolate",
+            "--no-progress",
+            "--json",
+            str(out),
+            "--plot",
+            str(plot),
+        ]
+    )
+    assert status == 0
+    s = _load(out)["scale"]
+    assert sorted({c["pending"] for c in s["cells"]}) == [100, 1000]
+    assert len(s["memory"]) == 2
+    assert all(row["traced_per_pending_bytes"] > 0 for row in s["memory"])
+    assert {r["impl"] for r in s["ratios"]} == {"ap.Timer", "loop.call_later"}
+    printed = capsys.readouterr().out
+    assert "bench scale" in printed
+    assert "targets" in printed
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_cli.main(["timer", "-n", "0"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit):
+        bench_cli.main(["purgatory", "--pct75", "10", "--pct50", "20"])
+    with pytest.raises(SystemExit):
+        bench_cli.main(["purgatory", "--pct75", "10"])
+    with pytest.raises(SystemExit):
+        bench_cli.main(["purgatory", "--rate", "-5"])
+    err = capsys.readouterr().err
+    assert "--pct50" in err
