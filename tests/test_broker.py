@@ -141,6 +141,25 @@ async def test_acks_all_produce_then_consume_in_order() -> None:
             assert got[p] == expected
 
 
+async def test_negotiated_versions_and_compressed_batches() -> None:
+    async with running_broker() as broker:
+        async with producer(broker, acks="all", compression_type="gzip") as prod:
+            for i in range(5):
+                await prod.send("zipped", b"value-%d" % i, partition=0)
+            await prod.flush()
+        async with consumer(broker) as cons:
+            tp = KafkaTopicPartition("zipped", 0)
+            cons.assign([tp])
+            await cons.seek_to_beginning(tp)
+            batch = await cons.getmany(timeout_ms=2000)
+        assert [m.value for m in batch[tp]] == [b"value-%d" % i for i in range(5)]
+        assert broker.topics == {"zipped": 3}  # auto-created with default_partitions
+        used = set(broker.request_counts)
+        assert {("Produce", 7), ("Fetch", 11), ("Metadata", 5), ("ApiVersions", 0)} <= used
+        assert ("ListOffsets", 3) in used
+        assert broker.unknown_api_keys == {}
+
+
 async def test_acks_1_and_0_do_not_wait_for_followers() -> None:
     async with running_broker(topics={"t": 1}) as broker:
         broker.stall_follower(1)

@@ -75,7 +75,8 @@ async def run_load(
         seconds: how long to keep producing.
         window: concurrent ``send_and_wait`` calls per producer.
         topic: topic to produce to (created with ``partitions`` if in-process).
-        partitions: partitions of the topic (messages go round robin).
+        partitions: partitions of the topic (messages go round robin); with
+            ``bootstrap``, the topic's actual partition count is used instead.
         message_bytes: value size.
         follower_lag: follower lag of the in-process broker, seconds.
 
@@ -134,6 +135,19 @@ async def run_load(
             AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all") for _ in range(producers)
         ]
         await asyncio.gather(*(c.start() for c in clients))
+        if broker is None:
+            # An external broker decides the partition count (or auto-creates the topic).
+            partitions = len(await clients[0].partitions_for(topic))
+        # Only this run's messages are checked: read back from the current end offsets.
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        tps = [KafkaTopicPartition(topic, p) for p in range(partitions)]
+        try:
+            first_offsets = await consumer.end_offsets(tps)
+        except BaseException:
+            await consumer.stop()
+            await asyncio.gather(*(c.stop() for c in clients))
+            raise
         started = time.perf_counter()
         deadline = started + seconds
         try:
@@ -144,16 +158,14 @@ async def run_load(
             elapsed = time.perf_counter() - started
             await asyncio.gather(*(c.stop() for c in clients))
 
-        # Read everything back and compare with what was acknowledged.
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-        await consumer.start()
+        # Read this run's range back and compare with what was acknowledged.
         seen: dict[bytes, list[tuple[int, int]]] = {}
         try:
-            tps = [KafkaTopicPartition(topic, p) for p in range(partitions)]
             consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
+            for tp in tps:
+                consumer.seek(tp, first_offsets[tp])
             ends = await consumer.end_offsets(tps)
-            remaining = sum(ends.values())
+            remaining = sum(ends[tp] - first_offsets[tp] for tp in tps)
             while remaining > 0:
                 batch = await consumer.getmany(timeout_ms=1000)
                 if not batch:

@@ -220,6 +220,9 @@ class Broker:
         self._closing = False
         self._closed = asyncio.Event()
         self.port = 0
+        #: Requests handled, by (API name, version): what the clients negotiated.
+        self.request_counts: dict[tuple[str, int], int] = {}
+        #: Requests with an unknown API key, by key (they close the connection).
         self.unknown_api_keys: dict[int, int] = {}
 
     # -- life cycle -------------------------------------------------------------------------
@@ -591,6 +594,8 @@ class Broker:
                 supported=versions,
             )
             raise _CloseConnection
+        name = API_NAMES[api]
+        self.request_counts[name, version] = self.request_counts.get((name, version), 0) + 1
         try:
             if api == ApiKey.PRODUCE:
                 produce = decode_produce(reader, version)
