@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
 
-import structlog
-
 from ._errors import OperationStateError, PurgatoryClosedError, PurgatoryFullError
+from ._logging import LazyLogger
 from ._operation import COMPLETED, DelayedOperation, Outcome
 from ._timer import Timer
 
@@ -38,9 +37,8 @@ OpT = TypeVar("OpT", bound=DelayedOperation)
 _DEFAULT_TICK = 0.001
 _DEFAULT_WHEEL_SIZE = 20
 
-# A lazy proxy: it picks up structlog's configuration at log time, so applications
-# may configure structlog after creating purgatories. Only rare events are logged.
-_log = structlog.get_logger("aiopurgatory")
+# Only rare events are logged; structlog is imported on the first of them.
+_log = LazyLogger()
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +177,7 @@ class Purgatory(Generic[OpT]):
         self._failed = 0
         self._recorder: Callable[[DelayedOperation], None] | None = None
         if logger is None:
-            self._logger: Any = structlog.get_logger("aiopurgatory", purgatory=name)
+            self._logger: Any = LazyLogger(purgatory=name)
         else:
             self._logger = logger.bind(purgatory=name)
 

@@ -36,9 +36,8 @@ from math import ceil, floor, inf
 from types import TracebackType
 from typing import Any, Final, TypeVarTuple, Unpack
 
-import structlog
-
 from ._errors import PurgatoryClosedError, as_seconds
+from ._logging import LazyLogger
 from ._wheel import Entry, TimingWheel
 
 __all__ = ["Timeout", "Timer", "TimerHandle", "timeout", "timeout_at"]
@@ -198,8 +197,7 @@ class Timer:
         self._staged: list[_TimerEntry] = []
         self._soon_handle: asyncio.Handle | None = None
         self._closed = False
-        # A lazy proxy: follows structlog's configuration at log time (rare events only).
-        self._logger: Any = structlog.get_logger("aiopurgatory", timer=id(self))
+        self._logger = LazyLogger(timer=id(self))
         self._last_lag_log = -inf
 
     @property

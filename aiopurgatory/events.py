@@ -38,8 +38,6 @@ import time
 from collections.abc import Callable
 from typing import IO, Any, Final, TextIO, cast
 
-import structlog
-
 from ._operation import DelayedOperation
 from ._purgatory import Purgatory
 
@@ -86,6 +84,8 @@ class EventRecorder:
 
     @staticmethod
     def _json_logger(file: IO[str]) -> Any:
+        import structlog  # here, not at import: it is slow to import (see _logging)
+
         return structlog.wrap_logger(
             structlog.WriteLogger(cast("TextIO", file)),
             processors=[structlog.processors.JSONRenderer(sort_keys=False)],

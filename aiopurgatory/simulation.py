@@ -77,10 +77,16 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """
 
     def __init__(self, start: float = 0.0) -> None:
-        now = as_seconds(start, "start")
         selector = _VirtualSelector()
         super().__init__(selector)
-        self._virtual_now = now
+        self._virtual_now = 0.0
+        try:
+            self._virtual_now = as_seconds(start, "start")
+        except (TypeError, ValueError):
+            # Checked after the base initialisation, so that the half-made loop
+            # can be closed cleanly (BaseEventLoop.__del__ expects a whole one).
+            self.close()
+            raise
         selector.loop = self
 
     def time(self) -> float:

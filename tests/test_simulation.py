@@ -280,13 +280,6 @@ def test_bad_start_is_rejected_and_main_is_closed(start: Any, error: type[Except
     assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: VirtualTimeLoop.__init__ validates start before calling "
-    "SelectorEventLoop.__init__, so the half-built loop's BaseEventLoop.__del__ raises "
-    "AttributeError('_closed') at garbage collection (an unraisable exception; an "
-    "error under filterwarnings=error)",
-)
 @pytest.mark.parametrize(("start", "error"), [(nan, ValueError), ("0", TypeError)])
 def test_new_event_loop_rejects_bad_start_cleanly(start: Any, error: type[Exception]) -> None:
     with pytest.raises(error, match="start") as info:
