@@ -1316,18 +1316,18 @@ async def test_real_loop_zero_timeout_is_not_synchronous() -> None:
 
 
 @virtual_time
-@pytest.mark.parametrize("timeout", [2.001, 2.005, 16.002, 257.234])
-async def test_expiry_on_a_tick_whose_float_product_rounds_down(timeout: float) -> None:
+@pytest.mark.parametrize("seconds", [2.001, 2.005, 16.002, 257.234])
+async def test_expiry_on_a_tick_whose_float_product_rounds_down(seconds: float) -> None:
     # 2001 * 0.001 / 0.001 == 2000.9999999999998: a driver that rounded the clock
     # down with floor() alone never saw such a bucket as due and re-armed for the
     # same instant forever (a hang on virtual time, a spin on real loops).
     p: ap.Purgatory[Op] = ap.Purgatory()
-    op = Op(timeout)
+    op = Op(seconds)
     p.try_complete_else_watch(op, ["k"])
     try:
-        await asyncio.sleep(timeout)
+        await asyncio.sleep(seconds)
         await settle()  # if the driver spins, the clock cannot move: give it turns
         assert op.outcome is EXPIRED
-        assert op.expired_at == [timeout]
+        assert op.expired_at == [seconds]
     finally:
         p.timer.close()  # stops a spinning driver, so the loop can shut down
