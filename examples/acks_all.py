@@ -577,6 +577,8 @@ class AcksAllResult:
     latencies: list[float]
     #: Outcome per request, in request id order.
     request_outcomes: list[str]
+    #: Error code(s) per request (:attr:`ProduceResponse.error_label`), in request id order.
+    request_errors: list[str]
     isr_changes: list[IsrChange]
     #: (time, broker, "crash" | "restart").
     follower_events: list[tuple[float, int, str]]
@@ -711,6 +713,7 @@ async def simulate(config: Config, *, events: TextIO | None = None) -> AcksAllRe
         by_outcome_error=Counter((r.outcome.value, r.error_label) for r in responses),
         latencies=[r.latency for r in responses],
         request_outcomes=[r.outcome.value for r in responses],
+        request_errors=[r.error_label for r in responses],
         isr_changes=leader.isr_changes,
         follower_events=lifecycle,
         statistics=statistics,
