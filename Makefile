@@ -30,7 +30,7 @@ bench: install
 	$(BIN)/aiopurgatory bench all
 
 docs: install
-	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
+	$(BIN)/sphinx-build -E -W --keep-going -b html docs docs/_build/html
 
 pipeline: install
 	$(PY) -m aiopurgatory.pipeline.demo
