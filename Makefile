@@ -24,7 +24,7 @@ lint: install
 	$(BIN)/mypy
 
 demo: install
-	$(PY) examples/timer_demo.py
+	$(PY) -m examples.acks_all --scenario follower-crash
 
 bench: install
 	$(BIN)/aiopurgatory bench all
