@@ -131,6 +131,7 @@ class Rebalance:
     op_type: str
     #: ``completed`` (every known member joined) or ``expired`` (the timeout passed).
     outcome: str
+    #: Seconds from the start of the run.
     started: float
     finished: float
     members: tuple[str, ...]
@@ -194,8 +195,10 @@ class InitialDelayedJoin(DelayedJoin):
 class GroupCoordinator:
     """One consumer group's coordinator: members, generations, and the join purgatory."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, origin: float = 0.0) -> None:
         self.config = config
+        # Loop time of the run's start: rebalance times are reported relative to it.
+        self.origin = origin
         self.key = ("group", config.group_id)
         self.purgatory: ap.Purgatory[DelayedJoin] = ap.Purgatory("rebalance")
         self.state = "Empty"
@@ -247,7 +250,7 @@ class GroupCoordinator:
 
     def _prepare_rebalance(self) -> None:
         loop = asyncio.get_running_loop()
-        self._join_started = loop.time()
+        self._join_started = loop.time() - self.origin
         op: DelayedJoin
         if self.state == "Empty":
             delay = min(self.config.initial_rebalance_delay, self.config.rebalance_timeout)
@@ -277,7 +280,7 @@ class GroupCoordinator:
                 self._first_op_type,
                 op.outcome.value,
                 self._join_started,
-                loop.time(),
+                loop.time() - self.origin,
                 joined,
                 removed,
             )
@@ -320,7 +323,7 @@ async def simulate(config: Config) -> GroupResult:
     """Run the group's members and coordinator on the running loop; return what happened."""
     loop = asyncio.get_running_loop()
     start = loop.time()
-    coordinator = GroupCoordinator(config)
+    coordinator = GroupCoordinator(config, origin=start)
     join_errors: Counter[str] = Counter()
     sent = 0
 
