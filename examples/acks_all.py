@@ -223,7 +223,7 @@ class _FollowerState:
 
 @dataclass(frozen=True)
 class IsrChange:
-    """One ISR shrink or expansion of one partition."""
+    """One ISR shrink or expansion of one partition (time: seconds from the start)."""
 
     time: float
     partition: str
@@ -433,6 +433,8 @@ class Leader:
     def __init__(self, config: Config, timer: ap.Timer, now: float) -> None:
         self.config = config
         self.timer = timer
+        # Loop time of the run's start: ISR change times are reported relative to it.
+        self.origin = now
         replicas = list(range(config.replication_factor))
         self.partitions = {
             tp: Partition(tp, replicas, config.min_insync_replicas, now)
@@ -511,7 +513,9 @@ class Leader:
         self, now: float, partition: Partition, kind: str, before: tuple[int, ...]
     ) -> None:
         self.isr_changes.append(
-            IsrChange(now, str(partition.tp), kind, before, tuple(sorted(partition.isr)))
+            IsrChange(
+                now - self.origin, str(partition.tp), kind, before, tuple(sorted(partition.isr))
+            )
         )
 
 
