@@ -38,13 +38,13 @@ __all__ = ["DelayedOperation", "Outcome"]
 class Outcome(enum.Enum):
     """How a delayed operation finished."""
 
-    #: Its condition was met: ``force_complete()`` (usually from ``try_complete()``).
+    #: The condition was met and ``force_complete()`` ran (usually from ``try_complete()``).
     COMPLETED = "completed"
     #: Its timeout passed first.
     EXPIRED = "expired"
-    #: Withdrawn: ``cancel()``, ``cancel_for_key()``, ``close()`` or a cancelled ``watch()``.
+    #: Withdrawn by ``cancel()``, ``cancel_for_key()``, ``close()`` or a cancelled ``watch()``.
     CANCELLED = "cancelled"
-    #: Its own ``try_complete()`` raised: the condition could not be evaluated.
+    #: The op's own ``try_complete()`` raised, so the condition could not be evaluated.
     FAILED = "failed"
 
 

@@ -333,7 +333,8 @@ class Purgatory(Generic[OpT]):
 
         The caller owns the operation: if the awaiting task is cancelled (asyncio,
         or an anyio cancel scope on the asyncio backend) the operation is cancelled
-        and ``CancelledError`` propagates.
+        and ``CancelledError`` propagates. Raises everything that
+        :meth:`try_complete_else_watch` raises, and also what is listed below.
 
         Returns:
             ``Outcome.COMPLETED`` or ``Outcome.EXPIRED``; ``Outcome.CANCELLED`` if
@@ -342,7 +343,6 @@ class Purgatory(Generic[OpT]):
         Raises:
             RuntimeError: awaited on another loop than the one the purgatory is bound to.
             Exception: whatever a callback of ``op`` raised (the op is finished).
-            Everything :meth:`try_complete_else_watch` raises.
         """
         loop = asyncio.get_running_loop()
         if self._loop is not None and loop is not self._loop:
@@ -468,7 +468,8 @@ class Purgatory(Generic[OpT]):
                 op.cancel()
         if self._owns_timer:
             self._timer.close()
-        self._logger.info(
+        # Debug: closing is routine, and an unconfigured structlog prints info.
+        self._logger.debug(
             "aiopurgatory.purgatory_closed",
             finished=len(pending),
             how="expired" if expire_pending else "cancelled",

@@ -6,24 +6,24 @@ one attribute test per finished operation, unless a recorder is attached.
 
 Schema 1 (every event has every field; see ``docs/events.md``):
 
-=============  ===========================================================
-``schema``     1
-``event``      ``"aiopurgatory.op_finished"``
-``ts``         when the event was written, seconds since the epoch (or the
-               recorder's ``clock``)
-``purgatory``  the purgatory's name
-``op_id``      the op's ``op_id`` attribute if it has one, else a counter
-               unique within this recorder
-``op_type``    the op's class name
-``keys``       its watch keys, as strings (empty if it completed at once)
-``timeout``    seconds
-``watched_at`` loop time it was watched (``deadline - timeout``), or
-               ``finished_at`` if it finished before being scheduled
-``finished_at`` loop time it finished
-``outcome``    ``completed``, ``expired``, ``cancelled`` or ``failed``
-``wait``       ``finished_at - watched_at``, seconds
-``lateness``   for expiries ``finished_at - deadline`` (>= 0), else null
-=============  ===========================================================
+===============  ===========================================================
+``schema``       1
+``event``        ``"aiopurgatory.op_finished"``
+``ts``           when the event was written, seconds since the epoch (or the
+                 recorder's ``clock``)
+``purgatory``    the purgatory's name
+``op_id``        the op's ``op_id`` attribute if it has one, else a counter
+                 unique within this recorder
+``op_type``      the op's class name
+``keys``         its watch keys, as strings (empty if it completed at once)
+``timeout``      seconds
+``watched_at``   loop time it was watched (``deadline - timeout``), or
+                 ``finished_at`` if it finished before being scheduled
+``finished_at``  loop time it finished
+``outcome``      ``completed``, ``expired``, ``cancelled`` or ``failed``
+``wait``         ``finished_at - watched_at``, seconds
+``lateness``     for expiries ``finished_at - deadline`` (>= 0), else null
+===============  ===========================================================
 
 Events go through structlog's JSON renderer on a logger of the recorder's own;
 structlog's global configuration is neither used nor changed. A structlog logger

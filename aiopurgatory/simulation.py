@@ -7,7 +7,7 @@ of sleeping. ``await asyncio.sleep(3600)`` therefore returns at once with
 ``loop.time()`` advanced by exactly 3600, and the same program gives the same times
 and results on every run.
 
-How: the loop is a :class:`asyncio.SelectorEventLoop` whose selector, asked to
+How: the loop is an :class:`asyncio.SelectorEventLoop` whose selector, asked to
 wait for I/O with a positive timeout, polls the real selector once without
 blocking (so ``call_soon_threadsafe`` from other threads still works) and, if
 nothing is ready, moves the virtual clock to the earliest scheduled handle.

@@ -8,9 +8,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
+import structlog
 
 from aiopurgatory import simulation
 
@@ -26,6 +27,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "virtual_time: run this async test on the virtual-time loop only"
     )
+
+
+@pytest.fixture(autouse=True)
+def _structlog_isolation() -> Iterator[None]:
+    # Applications under test (examples, the broker, CLIs) configure structlog
+    # globally; give every test structlog's defaults back afterwards.
+    yield
+    structlog.reset_defaults()
 
 
 def pytest_asyncio_loop_factories(
