@@ -354,6 +354,33 @@ async def test_check_and_complete_checks_in_watch_order() -> None:
     assert order == ["0", "2", "3", "4"]
 
 
+class EqualToEverything(Op):
+    """An op class with its own equality (and so no hash): watch lists must not care."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@virtual_time
+async def test_ops_with_their_own_equality_are_kept_apart() -> None:
+    p: ap.Purgatory[Op] = ap.Purgatory()
+    a, b, c = (EqualToEverything(1.0, name=n) for n in "abc")
+    for op in (a, b, c):
+        assert p.try_complete_else_watch(op, ["k"]) is False
+    assert (p.watched, p.delayed) == (3, 3)
+    b.completable = True
+    assert p.check_and_complete("k") == 1
+    assert outcome(a) is None
+    assert b.outcome is COMPLETED
+    # Compared by name: these ops' own == would call any two lists equal.
+    assert [op.name for op in p.cancel_for_key("k")] == ["a", "c"]
+    assert a.outcome is CANCELLED
+    assert c.outcome is CANCELLED
+    assert_clean(p)
+
+
 @virtual_time
 async def test_keys_may_be_any_hashable_and_any_iterable() -> None:
     p: ap.Purgatory[Op] = ap.Purgatory()
@@ -437,6 +464,21 @@ async def test_cancelling_the_watching_task_cancels_the_op() -> None:
     assert await observer is CANCELLED  # observers are released with the outcome
     await asyncio.sleep(2)  # the old deadline passes: nothing fires
     assert op.callbacks() == []
+
+
+@virtual_time
+async def test_task_cancelled_after_the_op_finished_keeps_the_outcome() -> None:
+    p: ap.Purgatory[Op] = ap.Purgatory()
+    op = Op(1.0)
+    task = asyncio.create_task(p.watch(op, ["k"]))
+    await settle()
+    assert op.force_complete() is True  # wakes the task...
+    task.cancel()  # ...which is cancelled before it runs again
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert op.outcome is COMPLETED
+    assert op.callbacks() == ["on_complete"]
+    assert p.statistics().cancelled == 0
 
 
 @virtual_time
