@@ -1,0 +1,237 @@
+"""Spark side of the pipeline: analytics against pure Python, malformed lines,
+Spark replay equal to the single-process replay, CLIs end to end.
+
+All tests share one ``local[2]`` session (see conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from aiopurgatory.events import EVENT
+from aiopurgatory.pipeline import analyze, replay, trace
+from aiopurgatory.pipeline.replay_core import ReplayParams, replay_trace
+from aiopurgatory.pipeline.trace import TraceSpec, generate_trace, write_trace
+
+pytestmark = pytest.mark.spark
+
+
+def _nearest_rank(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p * len(ordered)) - 1)]
+
+
+def _events(n: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    events = []
+    for i in range(n):
+        outcome = rng.choices(["completed", "expired", "cancelled", "failed"], [80, 15, 4, 1])[0]
+        timeout = 0.1
+        watched = rng.uniform(0, 5)
+        late = rng.uniform(0, 0.002)
+        wait = timeout + late if outcome == "expired" else rng.uniform(0, timeout)
+        lateness = late if outcome == "expired" else None
+        events.append(
+            {
+                "event": EVENT,
+                "schema": 1,
+                "ts": 1.7e9 + watched,
+                "purgatory": rng.choice(["produce", "fetch"]),
+                "op_id": i if i % 3 else f"op-{i}",
+                "op_type": "DelayedProduce",
+                "keys": rng.sample([f"t-{k}" for k in range(6)], rng.randint(1, 2)),
+                "timeout": timeout,
+                "watched_at": watched,
+                "finished_at": watched + wait,
+                "outcome": outcome,
+                "wait": wait,
+                "lateness": lateness,
+            }
+        )
+    return events
+
+
+#: (line text, expected problem prefix or None for "other event").
+BAD_LINES = [
+    ("not json at all", "not JSON"),
+    ('{"event": "aiopurgatory.op_finished", "schema": 1, "wait": "slow"}', "not JSON"),
+    ('{"event": "aiopurgatory.op_finished", "schema": 1, "outcome": "completed"}', "missing field"),
+    ('{"event": "aiopurgatory.op_finished", "schema": 2, "purgatory": "p"}', "unsupported schema"),
+    ('{"schema": 1, "purgatory": "p"}', "missing field: event"),
+    ('{"event": "aiopurgatory.purgatory_closed", "purgatory": "p"}', None),
+]
+
+
+@pytest.fixture(scope="module")
+def event_logs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, list[dict[str, Any]], dict[tuple[str, int], str]]:
+    """Two log files (one in a subdirectory) with bad lines at known places."""
+    root = tmp_path_factory.mktemp("events")
+    events = _events(3000, seed=11)
+    expected_bad: dict[tuple[str, int], str] = {}
+    (root / "sub").mkdir()
+    files = [root / "a.jsonl", root / "sub" / "b.jsonl"]
+    chunks = [events[:1700], events[1700:]]
+    rng = random.Random(4)
+    for path, chunk in zip(files, chunks, strict=True):
+        lines = [json.dumps(e) for e in chunk]
+        for text, _ in BAD_LINES:
+            at = rng.randrange(len(lines) + 1)
+            lines.insert(at, text)
+        lines.insert(rng.randrange(len(lines)), "")  # blank: ignored, still counts as a line
+        with path.open("w") as file:
+            file.write("\n".join(lines) + "\n")
+        for number, text in enumerate(lines, start=1):
+            for bad, problem in BAD_LINES:
+                if text == bad and problem is not None:
+                    expected_bad[(path.resolve().as_uri(), number)] = problem
+    return root, events, expected_bad
+
+
+def test_analyze_matches_pure_python(
+    spark: Any,
+    event_logs: tuple[Path, list[dict[str, Any]], dict[tuple[str, int], str]],
+    tmp_path: Path,
+) -> None:
+    root, events, expected_bad = event_logs
+    # Small splits, so that line numbers must be stitched across several splits per file.
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "65536")
+    try:
+        quality = analyze.read_events(spark, [str(root)], tmp_path / "facts")
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    assert quality.events == len(events)
+    assert quality.malformed == len(expected_bad) == 10
+    assert quality.other == 2
+    assert quality.lines == len(events) + 2 * len(BAD_LINES)
+    located = {
+        (e["source"].replace("file:///", "file:/"), e["line"]): e["problem"]
+        for e in quality.examples
+    }
+    expected = {(k[0].replace("file:///", "file:/"), k[1]): v for k, v in expected_bad.items()}
+    assert located.keys() == expected.keys()
+    for key, problem in expected.items():
+        assert located[key].startswith(problem), (key, located[key])
+
+    facts = spark.read.parquet(str(tmp_path / "facts"))
+    interval = 0.5
+    rollups = analyze.rollups(facts, interval).toPandas()
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        groups[(e["purgatory"], math.floor(e["finished_at"] / interval) * interval)].append(e)
+    assert len(rollups) == len(groups)
+    for row in rollups.to_dict("records"):
+        group = groups[(row["purgatory"], row["interval_start"])]
+        counts = Counter(e["outcome"] for e in group)
+        waits = [e["wait"] for e in group]
+        late = [e["lateness"] for e in group if e["lateness"] is not None]
+        assert row["ops"] == len(group)
+        for outcome in ("completed", "expired", "cancelled", "failed"):
+            assert row[outcome] == counts[outcome]
+        assert row["expiry_rate"] == counts["expired"] / len(group)
+        for p in (50, 95, 99):
+            assert row[f"wait_p{p}"] == _nearest_rank(waits, p / 100)
+        assert row["wait_max"] == max(waits)
+        if late:
+            assert row["lateness_p99"] == _nearest_rank(late, 0.99)
+            assert row["lateness_max"] == max(late)
+        else:
+            assert pd.isna(row["lateness_max"])
+
+    summary = analyze.summary(facts).toPandas().set_index("purgatory")
+    assert summary.loc["(all)", "ops"] == len(events)
+    assert summary.loc["(all)", "expired"] == sum(e["outcome"] == "expired" for e in events)
+    assert summary.loc["(all)", "wait_p99"] == _nearest_rank([e["wait"] for e in events], 0.99)
+
+    hot = analyze.hot_keys(facts, top=3).toPandas()
+    per_key: Counter[tuple[str, str]] = Counter()
+    expired_key: Counter[tuple[str, str]] = Counter()
+    for e in events:
+        for key in e["keys"]:
+            per_key[(e["purgatory"], key)] += 1
+            expired_key[(e["purgatory"], key)] += e["outcome"] == "expired"
+    top_ops = sorted(per_key, key=lambda k: (-per_key[k], k))[:3]
+    got = hot.sort_values("rank_by_ops").head(3)
+    assert list(zip(got["purgatory"], got["key"], strict=True)) == top_ops
+    assert list(got["ops"]) == [per_key[k] for k in top_ops]
+    top_expired = sorted(expired_key, key=lambda k: (-expired_key[k], k))[:3]
+    got_e = hot[hot["rank_by_expired"] <= 3].sort_values("rank_by_expired")
+    assert list(zip(got_e["purgatory"], got_e["key"], strict=True)) == top_expired
+
+
+def test_spark_replay_equals_single_process_replay(spark: Any, tmp_path: Path) -> None:
+    data = generate_trace(TraceSpec(requests=4000, brokers=3, seed=9, failed_replicas=0.05))
+    path = write_trace(data, tmp_path / "trace.parquet")
+    sweep = [ReplayParams(timeout=0.02, min_insync=2), ReplayParams(timeout=1.0, min_insync=3)]
+    frame = replay.read_trace(spark, str(path))
+    got = replay.replay_spark(spark, frame, sweep, source="x").toPandas()
+    want = replay_trace(trace.read_trace_pandas(path), sweep, source="x")
+    order = ["scenario", "purgatory", "op_id"]
+    got = got.sort_values(order).reset_index(drop=True)
+    want = want.sort_values(order).reset_index(drop=True)
+    got["keys"] = got["keys"].map(list)
+    want["keys"] = want["keys"].map(list)
+    pd.testing.assert_frame_equal(got, want, check_exact=True, check_dtype=False)
+    assert len(got) == 2 * 4000
+    assert set(got["outcome"]) == {"completed", "expired"}
+
+
+def test_spark_reads_csv_trace_like_parquet(spark: Any, tmp_path: Path) -> None:
+    data = generate_trace(TraceSpec(requests=200, brokers=2, seed=1, failed_replicas=0.3))
+    csv = replay.read_trace(spark, str(write_trace(data, tmp_path / "t.csv"))).toPandas()
+    parquet = replay.read_trace(spark, str(write_trace(data, tmp_path / "t.parquet"))).toPandas()
+    for frame in (csv, parquet):
+        frame["replica_delays"] = frame["replica_delays"].map(
+            lambda row: [None if d is None or d != d else float(d) for d in row]
+        )
+    pd.testing.assert_frame_equal(csv, parquet, check_exact=True)
+    assert any(None in row for row in csv["replica_delays"])
+
+
+def test_cli_end_to_end(spark: Any, tmp_path: Path) -> None:
+    from aiopurgatory.cli import main as cli
+    from aiopurgatory.pipeline.demo import write_sample_event_log
+
+    trace_path = tmp_path / "trace.parquet"
+    assert cli(["gen-trace", "--out", str(trace_path), "--requests", "1500", "--seed", "2"]) == 0
+    out = tmp_path / "replay"
+    status = cli(
+        [
+            "replay",
+            str(trace_path),
+            "--out",
+            str(out),
+            "--timeout",
+            "0.01,1",
+            "--master",
+            "local[2]",
+        ]
+    )
+    assert status == 0
+    facts = pd.read_parquet(out / "facts")
+    assert len(facts) == 2 * 1500
+    report = (out / "report.md").read_text()
+    assert "timeout=0.01 min_insync=2 tick=0.001" in report
+    assert (out / "wait_by_outcome.png").stat().st_size > 0
+    assert len(pd.read_parquet(out / "scenarios")) == 2
+
+    events = tmp_path / "events.jsonl"
+    count = write_sample_event_log(events, ops=400)
+    out = tmp_path / "analysis"
+    assert cli(["analyze", str(events), "--out", str(out), "--master", "local[2]"]) == 0
+    quality = json.loads((out / "quality.json").read_text())
+    assert quality["events"] == count == 400
+    assert quality["malformed"] == 2
+    assert {e["line"] for e in quality["examples"]} == {401, 402}
+    assert "**malformed: 2**" in (out / "report.md").read_text()
+    assert len(pd.read_parquet(out / "malformed")) == 2
+    assert cli(["analyze", str(events), "--out", str(out), "--interval", "0"]) == 2

@@ -1,0 +1,169 @@
+"""The replay core and the trace generator, without Spark (fast)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from aiopurgatory.pipeline.replay_core import (
+    ReplayParams,
+    parse_sweep,
+    replay_requests,
+    replay_trace,
+)
+from aiopurgatory.pipeline.schema import FACT_COLUMNS
+from aiopurgatory.pipeline.trace import (
+    TraceSpec,
+    generate_trace,
+    main,
+    read_trace_pandas,
+    write_trace,
+)
+
+
+def _trace(rows: list[tuple[int, float, int, list[float | None]]]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "request_id": [r[0] for r in rows],
+            "broker": [0] * len(rows),
+            "topic": ["t"] * len(rows),
+            "partition": [r[0] % 2 for r in rows],
+            "arrival": [r[1] for r in rows],
+            "acks": [r[2] for r in rows],
+            "replica_delays": [r[3] for r in rows],
+        }
+    )
+
+
+HAND = _trace(
+    [
+        (0, 0.0, -1, [0.2, None]),  # one follower acks at 0.2
+        (1, 0.5, -1, [None, math.inf]),  # nobody acks: expires at 1.5
+        (2, 0.25, 1, [5.0, 5.0]),  # acks=1: completes at once
+        (3, 0.3, -1, [2.0, 0.5]),  # fastest follower at 0.8
+    ]
+)
+
+
+def _by_id(facts: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    return {row["op_id"]: row for row in facts.to_dict("records")}
+
+
+def test_hand_trace_min_insync_2() -> None:
+    facts = replay_requests(HAND, ReplayParams(timeout=1.0, min_insync=2), purgatory="b0")
+    assert list(facts.columns) == list(FACT_COLUMNS)
+    rows = _by_id(facts)
+    assert {k: r["outcome"] for k, r in rows.items()} == {
+        "0": "completed",
+        "1": "expired",
+        "2": "completed",
+        "3": "completed",
+    }
+    assert rows["0"]["finished_at"] == 0.2
+    assert rows["0"]["wait"] == 0.2
+    assert list(rows["0"]["keys"]) == ["t-0"]
+    assert rows["2"]["wait"] == 0.0
+    assert list(rows["2"]["keys"]) == []
+    assert rows["3"]["finished_at"] == pytest.approx(0.8, abs=1e-12)
+    assert rows["1"]["finished_at"] == 1.5
+    assert rows["1"]["lateness"] == 0.0
+    assert math.isnan(rows["0"]["lateness"])
+    assert set(facts["purgatory"]) == {"b0"}
+    assert set(facts["scenario"]) == {"timeout=1 min_insync=2 tick=0.001"}
+
+
+def test_hand_trace_min_insync_3_and_tick_rounding() -> None:
+    facts = replay_requests(HAND, ReplayParams(timeout=1.0, min_insync=3, tick=0.4))
+    rows = _by_id(facts)
+    # 0: one follower only -> never 3 replicas; 3: second follower at 2.3 > deadline 1.3.
+    assert rows["0"]["outcome"] == "expired"
+    assert rows["3"]["outcome"] == "expired"
+    assert rows["2"]["outcome"] == "completed"
+    # Deadlines round up to the 0.4 s tick: 1.0 -> 1.2, 1.3 -> 1.6, 1.5 -> 1.6.
+    assert rows["0"]["finished_at"] == pytest.approx(1.2)
+    assert rows["3"]["finished_at"] == pytest.approx(1.6)
+    assert rows["1"]["finished_at"] == pytest.approx(1.6)
+    for op_id in ("0", "1", "3"):
+        assert 0 <= rows[op_id]["lateness"] < 0.4
+
+
+def test_fast_path_equals_loop_path_and_row_order_is_irrelevant() -> None:
+    trace = generate_trace(TraceSpec(requests=3000, brokers=1, seed=3, rate=2000.0))
+    params = ReplayParams(timeout=0.05, min_insync=2)
+    fast = replay_requests(trace, params)
+    slow = replay_requests(trace, params, fast=False)
+    shuffled = replay_requests(trace.sample(frac=1.0, random_state=1), params)
+    pd.testing.assert_frame_equal(fast, slow, check_exact=True)
+    pd.testing.assert_frame_equal(fast, shuffled, check_exact=True)
+    assert set(fast["outcome"]) == {"completed", "expired"}
+    assert len(fast) == 3000
+
+
+def test_replay_trace_covers_brokers_and_scenarios() -> None:
+    trace = generate_trace(TraceSpec(requests=600, brokers=3, seed=5))
+    sweep = parse_sweep("0.01,1", "2", "0.001")
+    facts = replay_trace(trace, sweep, source="t.parquet")
+    assert len(facts) == 2 * 600
+    assert set(facts["purgatory"]) == {"broker-0", "broker-1", "broker-2"}
+    assert set(facts["source"]) == {"t.parquet"}
+    expired = facts.groupby("scenario")["outcome"].apply(lambda s: (s == "expired").sum())
+    # A longer timeout can only save requests.
+    assert (
+        expired["timeout=0.01 min_insync=2 tick=0.001"]
+        >= expired["timeout=1 min_insync=2 tick=0.001"]
+    )
+
+
+def test_params_and_sweep_validation() -> None:
+    assert len(parse_sweep("0.5,1,30", "2,3", "0.001")) == 6
+    with pytest.raises(ValueError, match="timeout"):
+        ReplayParams(timeout=-1)
+    with pytest.raises(ValueError, match="tick"):
+        ReplayParams(tick=0)
+    with pytest.raises(TypeError, match="min_insync"):
+        ReplayParams(min_insync=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="min_insync"):
+        ReplayParams(min_insync=0)
+    with pytest.raises(ValueError, match="timeout"):
+        parse_sweep("fast", "2", "0.001")
+    with pytest.raises(TypeError, match="params"):
+        replay_requests(HAND, {"timeout": 1})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="missing columns"):
+        replay_requests(HAND.drop(columns=["acks"]), ReplayParams())
+
+
+def test_generate_trace_is_deterministic_and_shaped() -> None:
+    spec = TraceSpec(requests=2000, brokers=4, replication=3, seed=7, failed_replicas=0.2)
+    a, b = generate_trace(spec), generate_trace(spec)
+    pd.testing.assert_frame_equal(a, b)
+    other = generate_trace(TraceSpec(requests=2000, brokers=4, seed=8))
+    assert not a["arrival"].equals(other["arrival"])
+    assert a["arrival"].is_monotonic_increasing
+    assert set(a["acks"]) <= {-1, 1}
+    assert {len(d) for d in a["replica_delays"]} == {2}
+    flat = [d for row in a["replica_delays"] for d in row]
+    assert any(d is None for d in flat)  # failed replicas and the outage
+    assert all(d is None or d > 0 for d in flat)
+    with pytest.raises(ValueError, match="acks_all"):
+        TraceSpec(acks_all=1.5)
+    with pytest.raises(TypeError, match="requests"):
+        TraceSpec(requests=1.0)  # type: ignore[arg-type]
+
+
+def test_csv_and_parquet_traces_replay_the_same(tmp_path: Path) -> None:
+    trace = generate_trace(TraceSpec(requests=500, brokers=2, seed=2, failed_replicas=0.3))
+    csv = read_trace_pandas(write_trace(trace, tmp_path / "t.csv"))
+    parquet = read_trace_pandas(write_trace(trace, tmp_path / "t.parquet"))
+    params = [ReplayParams(timeout=0.05)]
+    pd.testing.assert_frame_equal(replay_trace(csv, params), replay_trace(parquet, params))
+
+
+def test_gen_trace_cli(tmp_path: Path) -> None:
+    out = tmp_path / "trace.parquet"
+    assert main(["--out", str(out), "--requests", "300", "--brokers", "2", "--seed", "1"]) == 0
+    assert len(read_trace_pandas(out)) == 300
+    assert main(["--out", str(out), "--requests", "0"]) == 2
