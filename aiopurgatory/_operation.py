@@ -201,7 +201,15 @@ class DelayedOperation(_TimerEntry):
         if self._outcome is None:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._add_waiter(future)
-            yield from future.__await__()
+            try:
+                yield from future.__await__()
+            except asyncio.CancelledError:
+                # An observer gave up (wait_for polling, say): forget its future now
+                # rather than when the operation finishes.
+                waiters = self._waiters
+                if waiters is not None and future in waiters:
+                    waiters.remove(future)
+                raise
         return self._result()
 
     # -- internals ---------------------------------------------------------------------

@@ -540,6 +540,10 @@ class Purgatory(Generic[OpT]):
                 del ops[oid]
                 if not ops:
                     del watchers[key]
+            if not watchers:
+                # A dict never shrinks its table on deletion: after a burst of many
+                # distinct keys, start afresh rather than keep the peak's table.
+                self._watchers = {}
             self._watched -= len(keys)
             self._pending -= 1
         if op._when is not None:

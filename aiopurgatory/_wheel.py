@@ -183,6 +183,9 @@ class TimingWheel:
             heappop(queue)
             if bucket.expiration == expiration:
                 bucket.expiration = _NOT_QUEUED
+                # Emptied by removals: let go of the dict's table (dicts never
+                # shrink on deletion) now that the bucket is out of the queue.
+                bucket.entries = {}
         return None
 
     def advance(self, now: int) -> list[Entry]:
@@ -201,9 +204,9 @@ class TimingWheel:
                 continue  # a stale heap item for a bucket since requeued
             bucket.expiration = _NOT_QUEUED
             entries = bucket.entries
+            bucket.entries = {}
             if not entries:
                 continue
-            bucket.entries = {}
             self._set_clock(expiration)
             add = self.add
             for entry in entries.values():

@@ -86,9 +86,14 @@ class EventRecorder:
     def _json_logger(file: IO[str]) -> Any:
         import structlog  # here, not at import: it is slow to import (see _logging)
 
+        # Everything explicit, so that nothing of the application's global
+        # configuration (a level filter, say) can drop or reshape events.
         return structlog.wrap_logger(
             structlog.WriteLogger(cast("TextIO", file)),
             processors=[structlog.processors.JSONRenderer(sort_keys=False)],
+            wrapper_class=structlog.make_filtering_bound_logger(0),
+            context_class=dict,
+            cache_logger_on_first_use=True,
         )
 
     def attach(self, purgatory: Purgatory[Any]) -> None:

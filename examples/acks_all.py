@@ -32,9 +32,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any, TextIO
-
-import structlog
+from typing import IO, TextIO
 
 if __name__ == "__main__" and not __package__:
     # Run as a script (python examples/acks_all.py): make the examples package importable.
@@ -612,20 +610,6 @@ class AcksAllResult:
         }
 
 
-def _json_lines(file: TextIO) -> Any:
-    """A structlog logger writing JSON lines to ``file`` whatever the global configuration.
-
-    EventRecorder(file) builds the same logger but lets structlog's global
-    ``wrapper_class`` apply, so an application filtering at WARNING (as this one
-    does) would silently get an empty event log; this wrapper never filters.
-    """
-    return structlog.wrap_logger(
-        structlog.WriteLogger(file),
-        processors=[structlog.processors.JSONRenderer(sort_keys=False)],
-        wrapper_class=structlog.make_filtering_bound_logger(0),
-    )
-
-
 async def simulate(config: Config, *, events: TextIO | None = None) -> AcksAllResult:
     """Run the scenario of ``config`` on the running loop and return what happened.
 
@@ -644,7 +628,7 @@ async def simulate(config: Config, *, events: TextIO | None = None) -> AcksAllRe
     recorder: EventRecorder | None = None
     if events is not None:
         # Event timestamps follow the loop's clock, so virtual-time logs are reproducible.
-        recorder = EventRecorder(_json_lines(events), clock=loop.time)
+        recorder = EventRecorder(events, clock=loop.time)
         recorder.attach(leader.produce_purgatory)
 
     lifecycle: list[tuple[float, int, str]] = []

@@ -413,10 +413,6 @@ def test_group_join_cli_and_determinism(capsys: pytest.CaptureFixture[str]) -> N
 # -- core issue found while writing the examples ----------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: EventRecorder(file) lets structlog's global wrapper_class filter its events",
-)
 @pytest.mark.virtual_time
 async def test_event_recorder_file_ignores_global_structlog_level() -> None:
     # An application that filters its own logs at WARNING must still get its event log.

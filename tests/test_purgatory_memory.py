@@ -151,14 +151,6 @@ class Observed(ap.DelayedOperation):
 
 
 @pytest.mark.virtual_time
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="core bug (_operation.py): DelayedOperation.__await__ appends a future to "
-    "op._waiters and never removes it when the observing task is cancelled, so a "
-    "pending op polled with asyncio.wait_for(op, t) retains one cancelled future "
-    "(~150 B) per poll until it finishes",
-)
 async def test_cancelled_observers_are_not_retained() -> None:
     p: ap.Purgatory[Observed] = ap.Purgatory()
     op = Observed(3600.0)
@@ -202,15 +194,6 @@ async def _watch_many(p: ap.Purgatory[Op], keys: list[list[Hashable]], finish: s
 
 
 @pytest.mark.virtual_time
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="core bug (_purgatory.py): Purgatory._watchers, the dict of watch lists, keeps "
-    "the hash table of its high-water mark of distinct keys after they are all deleted "
-    "(CPython dicts never shrink on deletion): 20k expired ops under distinct keys leave "
-    "~0.65 MB behind, 1M would leave tens of MB. Fix: swap in a new dict when it empties "
-    "(or rebuild it when it falls far below its peak)",
-)
 async def test_memory_returns_to_baseline_after_many_distinct_keys() -> None:
     p: ap.Purgatory[Op] = ap.Purgatory("keys")
     await p.watch(Op(0.001), ["warm-up"])
@@ -221,15 +204,6 @@ async def test_memory_returns_to_baseline_after_many_distinct_keys() -> None:
 
 
 @pytest.mark.virtual_time
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="core bug (_wheel.py): a bucket emptied by removals keeps its dict's hash table "
-    "after the wheel passes it (advance() skips an empty bucket and next_expiration() "
-    "drops it lazily without resetting bucket.entries), so 20k ops cancelled from one "
-    "bucket leave ~0.65 MB behind until that slot fills and fires again. SPEC allows "
-    "bucket storage only until the wheel passes it. Fix: reset bucket.entries = {} there",
-)
 async def test_memory_returns_to_baseline_after_cancelling_a_full_bucket() -> None:
     p: ap.Purgatory[Op] = ap.Purgatory("bucket")
     await p.watch(Op(0.001), ["warm-up"])
