@@ -72,7 +72,8 @@ class DelayedOperation(_TimerEntry):
     __slots__ = ("_exception", "_keys", "_outcome", "_purgatory", "_timeout", "_waiters")
 
     def __init__(self, timeout: float) -> None:
-        timeout = as_seconds(timeout, "timeout")
+        if type(timeout) is not float or timeout - timeout:
+            timeout = as_seconds(timeout, "timeout")
         if timeout < 0:
             raise ValueError(f"timeout must not be negative, got {timeout!r}")
         self._tick = None
@@ -167,7 +168,11 @@ class DelayedOperation(_TimerEntry):
             except Exception as exc:
                 self._callback_failed(exc, "on_complete")
         finally:
-            self._finished()
+            # Most completed operations have no awaiter and no recorder.
+            if self._waiters is not None or (
+                purgatory is not None and purgatory._recorder is not None
+            ):
+                self._finished()
         return True
 
     def cancel(self) -> bool:

@@ -66,6 +66,19 @@ class PurgatoryStatistics:
 
 
 def _keys_of(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
+    cls = type(keys)
+    if cls is tuple or cls is list:
+        # The common case first (a str/bytes is neither): dict.fromkeys both
+        # removes duplicates and rejects unhashable keys.
+        try:
+            unique = dict.fromkeys(keys)
+        except TypeError:
+            pass  # the slow path below names the unhashable key
+        else:
+            if unique:
+                if cls is tuple and len(unique) == len(keys):  # type: ignore[arg-type]
+                    return keys  # type: ignore[return-value]  # immutable: safe to share
+                return tuple(unique)
     if isinstance(keys, str | bytes | bytearray | memoryview):
         raise TypeError(
             f"keys must be an iterable of keys, not a single {type(keys).__name__}: "
@@ -299,8 +312,9 @@ class Purgatory(Generic[OpT]):
         except Exception as exc:
             op._try_complete_failed(exc)
             raise
-        if op.done():  # (a method, so that type checkers see try_complete() may change it)
-            return op._outcome is COMPLETED
+        outcome = op._outcome
+        if outcome is not None:
+            return outcome is COMPLETED
 
         oid = id(op)
         watchers = self._watchers
@@ -321,10 +335,11 @@ class Purgatory(Generic[OpT]):
         except Exception as exc:
             op._try_complete_failed(exc)
             raise
-        if op.done():
-            return op._outcome is COMPLETED
+        outcome = op._outcome
+        if outcome is not None:
+            return outcome is COMPLETED
 
-        timer._schedule(op, loop.time() + op._timeout)
+        timer._schedule(op, timer._time() + op._timeout)
         self._delayed += 1
         return False
 
