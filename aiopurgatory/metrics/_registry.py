@@ -17,11 +17,66 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
+from .._operation import Outcome
 from .._purgatory import Purgatory, PurgatoryStatistics
 
-__all__ = ["PurgatorySet"]
+__all__ = ["GAUGES", "Gauge", "PurgatorySet", "gauge_value", "outcome_values"]
+
+
+class Gauge(NamedTuple):
+    """One gauge both adapters export: its names, unit, help text and source field."""
+
+    prometheus_name: str
+    otel_name: str
+    unit: str
+    description: str
+    field: str  # the PurgatoryStatistics attribute it reports
+
+
+GAUGES = (
+    Gauge(
+        "aiopurgatory_purgatory_size",
+        "aiopurgatory.purgatory.size",
+        "{entry}",
+        "Entries in all watch lists of pending operations (Kafka PurgatorySize).",
+        "watched",
+    ),
+    Gauge(
+        "aiopurgatory_delayed_operations",
+        "aiopurgatory.delayed_operations",
+        "{operation}",
+        "Operations pending in the timer (Kafka NumDelayedOperations).",
+        "delayed",
+    ),
+    Gauge(
+        "aiopurgatory_pending_operations",
+        "aiopurgatory.pending_operations",
+        "{operation}",
+        "Operations watched and not yet finished (what max_pending limits).",
+        "pending",
+    ),
+    Gauge(
+        "aiopurgatory_watch_keys",
+        "aiopurgatory.watch_keys",
+        "{key}",
+        "Keys with a non-empty watch list.",
+        "keys",
+    ),
+)
+
+
+def gauge_value(stats: PurgatoryStatistics, gauge: Gauge) -> int:
+    """The value ``gauge`` reports for one purgatory."""
+    value: int = getattr(stats, gauge.field)
+    return value
+
+
+def outcome_values(stats: PurgatoryStatistics) -> list[tuple[str, int]]:
+    """``(outcome, running total)`` of one purgatory, in :class:`Outcome` order."""
+    # The statistics fields are named after the outcome values.
+    return [(outcome.value, getattr(stats, outcome.value)) for outcome in Outcome]
 
 
 class PurgatorySet:

@@ -45,42 +45,13 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
         "aiopurgatory.metrics.otel needs opentelemetry-api: pip install 'aiopurgatory[otel]'"
     ) from exc
 
-from .._operation import Outcome
 from .._purgatory import Purgatory
-from ._registry import PurgatorySet
+from ._registry import GAUGES, Gauge, PurgatorySet, gauge_value, outcome_values
 
 __all__ = ["METER_NAME", "PurgatoryInstruments"]
 
 #: The instrumentation scope (meter) name the instruments are created under.
 METER_NAME = "aiopurgatory"
-
-# (instrument name, unit, description, statistics field) of each gauge.
-_GAUGES = (
-    (
-        "aiopurgatory.purgatory.size",
-        "{entry}",
-        "Entries in all watch lists of pending operations (Kafka PurgatorySize).",
-        "watched",
-    ),
-    (
-        "aiopurgatory.delayed_operations",
-        "{operation}",
-        "Operations pending in the timer (Kafka NumDelayedOperations).",
-        "delayed",
-    ),
-    (
-        "aiopurgatory.pending_operations",
-        "{operation}",
-        "Operations watched and not yet finished (what max_pending limits).",
-        "pending",
-    ),
-    (
-        "aiopurgatory.watch_keys",
-        "{key}",
-        "Keys with a non-empty watch list.",
-        "keys",
-    ),
-)
 
 
 class PurgatoryInstruments:
@@ -117,9 +88,12 @@ class PurgatoryInstruments:
 
         self._purgatories = PurgatorySet(purgatories)
         meter = get_meter(METER_NAME, __version__, meter_provider=meter_provider)
-        for name, unit, description, field in _GAUGES:
+        for gauge in GAUGES:
             meter.create_observable_gauge(
-                name, callbacks=[self._observer(field)], unit=unit, description=description
+                gauge.otel_name,
+                callbacks=[self._observer(gauge)],
+                unit=gauge.unit,
+                description=gauge.description,
             )
         meter.create_observable_counter(
             "aiopurgatory.operations",
@@ -153,10 +127,10 @@ class PurgatoryInstruments:
         """The live registered purgatories, sorted by name."""
         return self._purgatories.purgatories()
 
-    def _observer(self, field: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def _observer(self, gauge: Gauge) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
             return [
-                Observation(getattr(stats, field), {"purgatory": stats.name})
+                Observation(gauge_value(stats, gauge), {"purgatory": stats.name})
                 for stats in self._purgatories.snapshot()
             ]
 
@@ -164,10 +138,7 @@ class PurgatoryInstruments:
 
     def _observe_operations(self, options: CallbackOptions) -> Iterable[Observation]:
         return [
-            # The statistics fields are named after the outcome values.
-            Observation(
-                getattr(stats, outcome.value), {"purgatory": stats.name, "outcome": outcome.value}
-            )
+            Observation(count, {"purgatory": stats.name, "outcome": outcome})
             for stats in self._purgatories.snapshot()
-            for outcome in Outcome
+            for outcome, count in outcome_values(stats)
         ]

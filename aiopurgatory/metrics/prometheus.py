@@ -43,35 +43,11 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
         "pip install 'aiopurgatory[prometheus]'"
     ) from exc
 
-from .._operation import Outcome
 from .._purgatory import Purgatory, PurgatoryStatistics
-from ._registry import PurgatorySet
+from ._registry import GAUGES, PurgatorySet, gauge_value, outcome_values
 
 __all__ = ["PurgatoryCollector"]
 
-# (family name, help, statistics field) of each gauge.
-_GAUGES = (
-    (
-        "aiopurgatory_purgatory_size",
-        "Entries in all watch lists of pending operations (Kafka PurgatorySize).",
-        "watched",
-    ),
-    (
-        "aiopurgatory_delayed_operations",
-        "Operations pending in the timer (Kafka NumDelayedOperations).",
-        "delayed",
-    ),
-    (
-        "aiopurgatory_pending_operations",
-        "Operations watched and not yet finished (what max_pending limits).",
-        "pending",
-    ),
-    (
-        "aiopurgatory_watch_keys",
-        "Keys with a non-empty watch list.",
-        "keys",
-    ),
-)
 # prometheus_client appends the _total suffix to counter samples.
 _COUNTER = "aiopurgatory_operations"
 _COUNTER_HELP = "Operations finished, by outcome (running total since the purgatory was created)."
@@ -153,14 +129,16 @@ class PurgatoryCollector(Collector):
     @staticmethod
     def _families(snapshot: Iterable[PurgatoryStatistics]) -> list[Metric]:
         gauges = [
-            (GaugeMetricFamily(name, help_text, labels=["purgatory"]), field)
-            for name, help_text, field in _GAUGES
+            (
+                GaugeMetricFamily(gauge.prometheus_name, gauge.description, labels=["purgatory"]),
+                gauge,
+            )
+            for gauge in GAUGES
         ]
         counter = CounterMetricFamily(_COUNTER, _COUNTER_HELP, labels=["purgatory", "outcome"])
         for stats in snapshot:
-            for family, field in gauges:
-                family.add_metric([stats.name], getattr(stats, field))
-            for outcome in Outcome:
-                # The statistics fields are named after the outcome values.
-                counter.add_metric([stats.name, outcome.value], getattr(stats, outcome.value))
+            for family, gauge in gauges:
+                family.add_metric([stats.name], gauge_value(stats, gauge))
+            for outcome, count in outcome_values(stats):
+                counter.add_metric([stats.name, outcome], count)
         return [*(family for family, _ in gauges), counter]
