@@ -7,91 +7,19 @@ only as "never early" lower bounds with generous upper bounds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import NotEnoughReplicasError, RequestTimedOutError
 
 import aiopurgatory as ap
-from examples.broker import Broker, BrokerConfig, TopicPartition
+from examples.broker import TopicPartition
 from examples.broker.loadtest import run_load
+from tests.broker_helpers import consumer, eventually, producer, running_broker
 
 pytestmark = pytest.mark.realtime
-
-
-class RecordingLogger:
-    """A structlog-compatible logger that keeps (level, event, fields) in memory."""
-
-    def __init__(self, events: list[tuple[str, str, dict[str, Any]]] | None = None, **ctx: Any):
-        self.events = [] if events is None else events
-        self._ctx = ctx
-
-    def bind(self, **kw: Any) -> RecordingLogger:
-        return RecordingLogger(self.events, **{**self._ctx, **kw})
-
-    def _log(self, level: str, event: str, **kw: Any) -> None:
-        self.events.append((level, event, {**self._ctx, **kw}))
-
-    def debug(self, event: str, **kw: Any) -> None:
-        self._log("debug", event, **kw)
-
-    def info(self, event: str, **kw: Any) -> None:
-        self._log("info", event, **kw)
-
-    def warning(self, event: str, **kw: Any) -> None:
-        self._log("warning", event, **kw)
-
-    def error(self, event: str, **kw: Any) -> None:
-        self._log("error", event, **kw)
-
-    def names(self) -> list[str]:
-        return [event for _, event, _ in self.events]
-
-
-@contextlib.asynccontextmanager
-async def running_broker(**settings: Any) -> AsyncIterator[Broker]:
-    settings.setdefault("port", 0)
-    settings.setdefault("stats_interval", 0)
-    broker = Broker(BrokerConfig(**settings), logger=RecordingLogger())
-    await broker.start()
-    try:
-        yield broker
-    finally:
-        await broker.close()
-
-
-@contextlib.asynccontextmanager
-async def producer(broker: Broker, **settings: Any) -> AsyncIterator[AIOKafkaProducer]:
-    client = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{broker.port}", **settings)
-    await client.start()
-    try:
-        yield client
-    finally:
-        await client.stop()
-
-
-@contextlib.asynccontextmanager
-async def consumer(broker: Broker, **settings: Any) -> AsyncIterator[AIOKafkaConsumer]:
-    client = AIOKafkaConsumer(
-        bootstrap_servers=f"127.0.0.1:{broker.port}", enable_auto_commit=False, **settings
-    )
-    await client.start()
-    try:
-        yield client
-    finally:
-        await client.stop()
-
-
-async def eventually(condition: Any, within: float = 5.0) -> None:
-    """Wait until ``condition()`` is true (polling), or fail."""
-    async with asyncio.timeout(within):
-        while not condition():  # noqa: ASYNC110 - the conditions are plain attributes
-            await asyncio.sleep(0.01)
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ from examples.broker.messages import SUPPORTED_VERSIONS, ApiKey, ErrorCode
 from examples.broker.partition import PartitionLog
 from examples.broker.rawclient import RawConnection, build_fetch_v4, build_produce_v3
 from examples.broker.records import InvalidBatchError, crc32c, parse_batches
-from tests.test_broker import RecordingLogger, eventually, producer
+from tests.broker_helpers import RecordingLogger, eventually, producer, running_broker
 
 # -- helpers ---------------------------------------------------------------------------------
 
@@ -40,18 +40,6 @@ def make_batch(values: list[bytes], *, base_offset: int = 0) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def running_broker(**settings: Any) -> AsyncIterator[Broker]:
-    settings.setdefault("port", 0)
-    settings.setdefault("stats_interval", 0)
-    broker = Broker(BrokerConfig(**settings), logger=RecordingLogger())
-    await broker.start()
-    try:
-        yield broker
-    finally:
-        await broker.close()
-
-
-@contextlib.asynccontextmanager
 async def raw(broker: Broker) -> AsyncIterator[RawConnection]:
     conn = await RawConnection.open("127.0.0.1", broker.port)
     try:
@@ -64,13 +52,18 @@ def frame(body: bytes) -> bytes:
     return struct.pack(">i", len(body)) + body
 
 
+def _single_partition(body: Reader) -> int:
+    """Skip the one-topic, one-partition header of a response; return its error code."""
+    assert body.int32() == 1  # topics
+    body.string()
+    assert body.int32() == 1  # partitions
+    body.int32()  # partition index
+    return body.int16()
+
+
 def produce_result(body: Reader) -> tuple[int, int]:
     """(error_code, base_offset) of the single partition of a Produce v3 response."""
-    assert body.int32() == 1
-    body.string()
-    assert body.int32() == 1
-    body.int32()
-    error, offset = body.int16(), body.int64()
+    error, offset = _single_partition(body), body.int64()
     body.int64()  # log_append_time
     assert body.int32() == 0  # throttle_time_ms
     assert body.remaining == 0
@@ -80,11 +73,7 @@ def produce_result(body: Reader) -> tuple[int, int]:
 def fetch_result(body: Reader) -> tuple[int, int, bytes]:
     """(error_code, high_watermark, records) of the single partition of a Fetch v4 response."""
     body.int32()  # throttle
-    assert body.int32() == 1
-    body.string()
-    assert body.int32() == 1
-    body.int32()
-    error, hw = body.int16(), body.int64()
+    error, hw = _single_partition(body), body.int64()
     body.int64()  # last_stable_offset
     assert body.int32() == 0  # aborted_transactions
     records = body.nullable_bytes() or b""
