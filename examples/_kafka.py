@@ -14,9 +14,10 @@ import enum
 import math
 import random
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+import time
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import structlog
 
@@ -25,17 +26,22 @@ from aiopurgatory import simulation
 __all__ = [
     "Errors",
     "LogNormal",
+    "Runner",
     "TopicPartition",
     "add_runtime_arguments",
+    "cancel_and_wait",
+    "checked_config",
     "configure_logging",
     "non_negative_float",
     "percentile",
     "positive_float",
     "positive_int",
     "run_main",
+    "run_timed",
 ]
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 # z-score of the 99th percentile of the standard normal distribution.
 _Z99 = 2.3263478740408408
@@ -113,6 +119,13 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
+async def cancel_and_wait(tasks: Collection[asyncio.Future[Any]]) -> None:
+    """Cancel ``tasks`` and wait until all have finished, ignoring their outcomes."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 # -- command line --------------------------------------------------------------------
 
 
@@ -170,6 +183,39 @@ def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="show aiopurgatory's info logs on stderr"
     )
+
+
+def checked_config(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, make: Callable[[], T]
+) -> T:
+    """``make()`` (an example's config) after checking the runtime options in ``args``.
+
+    A bad ``--loop`` combination or a ValueError from ``make`` exits with a usage error.
+    """
+    if args.loop != "asyncio" and not args.real_time:
+        parser.error("--loop applies to --real-time only (virtual time has its own loop)")
+    try:
+        return make()
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+class Runner(Protocol[T_co]):
+    """An example's run, bound to its config: ``functools.partial(run, config)``."""
+
+    def __call__(self, *, real_time: bool, loop: str) -> T_co: ...
+
+
+def run_timed(args: argparse.Namespace, run: Runner[T]) -> tuple[T, float]:
+    """Configure logging from ``args``, then run on the clock and loop it names.
+
+    Returns:
+        The run's result and the wall-clock seconds it took.
+    """
+    configure_logging(args.verbose)
+    started = time.perf_counter()
+    result = run(real_time=args.real_time, loop=args.loop)
+    return result, time.perf_counter() - started
 
 
 def configure_logging(verbose: bool) -> None:

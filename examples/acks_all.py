@@ -24,10 +24,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import itertools
 import random
 import sys
-import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -45,12 +45,14 @@ from examples._kafka import (
     LogNormal,
     TopicPartition,
     add_runtime_arguments,
-    configure_logging,
+    cancel_and_wait,
+    checked_config,
     non_negative_float,
     percentile,
     positive_float,
     positive_int,
     run_main,
+    run_timed,
 )
 
 __all__ = [
@@ -674,12 +676,8 @@ async def simulate(config: Config, *, events: TextIO | None = None) -> AcksAllRe
             while requests:
                 await asyncio.gather(*list(requests))
     finally:
-        for task in background:
-            task.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
-        for request in requests:
-            request.cancel()
-        await asyncio.gather(*requests, return_exceptions=True)
+        await cancel_and_wait(background)
+        await cancel_and_wait(requests)
         statistics = leader.produce_purgatory.statistics()
         fetch_statistics = leader.fetch_purgatory.statistics()
         await leader.produce_purgatory.close()
@@ -882,29 +880,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--replica-lag-time-max", type=positive_float, default=defaults.replica_lag_time_max
     )
-    parser.add_argument(
-        "--fetch-p50",
-        type=positive_float,
-        default=defaults.fetch_latency.p50,
-        help="follower fetch round trip median, seconds",
+    _add_latency_arguments(
+        parser, "fetch", defaults.fetch_latency, "follower fetch round trip", median_note=""
     )
-    parser.add_argument(
-        "--fetch-p99",
-        type=positive_float,
-        default=defaults.fetch_latency.p99,
-        help="follower fetch round trip 99th percentile, seconds",
-    )
-    parser.add_argument(
-        "--slow-p50",
-        type=positive_float,
-        default=defaults.slow_latency.p50,
-        help="slow follower's fetch round trip median, seconds (--scenario slow-follower)",
-    )
-    parser.add_argument(
-        "--slow-p99",
-        type=positive_float,
-        default=defaults.slow_latency.p99,
-        help="slow follower's fetch round trip 99th percentile, seconds",
+    _add_latency_arguments(
+        parser,
+        "slow",
+        defaults.slow_latency,
+        "slow follower's fetch round trip",
+        median_note=" (--scenario slow-follower)",
     )
     parser.add_argument("--plot", metavar="FILE", help="write a latency histogram PNG")
     parser.add_argument("--events", metavar="FILE", help="write the op event log (JSON lines)")
@@ -912,16 +896,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_latency_arguments(
+    parser: argparse.ArgumentParser,
+    name: str,
+    default: LogNormal,
+    what: str,
+    *,
+    median_note: str,
+) -> None:
+    # --NAME-p50 and --NAME-p99: the two percentiles that give a LogNormal.
+    parser.add_argument(
+        f"--{name}-p50",
+        type=positive_float,
+        default=default.p50,
+        help=f"{what} median, seconds{median_note}",
+    )
+    parser.add_argument(
+        f"--{name}-p99",
+        type=positive_float,
+        default=default.p99,
+        help=f"{what} 99th percentile, seconds",
+    )
+
+
 def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Config:
     """Build a :class:`Config` from parsed arguments; bad combinations are usage errors."""
-    if args.fetch_p99 < args.fetch_p50:
-        parser.error("--fetch-p99 must be >= --fetch-p50")
-    if args.slow_p99 < args.slow_p50:
-        parser.error("--slow-p99 must be >= --slow-p50")
-    if args.loop != "asyncio" and not args.real_time:
-        parser.error("--loop applies to --real-time only (virtual time has its own loop)")
-    try:
-        return Config(
+    for name in ("fetch", "slow"):
+        if getattr(args, f"{name}_p99") < getattr(args, f"{name}_p50"):
+            parser.error(f"--{name}-p99 must be >= --{name}-p50")
+    return checked_config(
+        parser,
+        args,
+        lambda: Config(
             scenario=args.scenario,
             partitions=args.partitions,
             replication_factor=args.replication_factor,
@@ -934,9 +940,8 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             fetch_latency=LogNormal(args.fetch_p50, args.fetch_p99),
             slow_latency=LogNormal(args.slow_p50, args.slow_p99),
             seed=args.seed,
-        )
-    except ValueError as exc:
-        parser.error(str(exc))
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -944,10 +949,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     config = config_from_args(args, parser)
-    configure_logging(args.verbose)
-    started = time.perf_counter()
-    result = run(config, events=args.events, real_time=args.real_time, loop=args.loop)
-    wall = time.perf_counter() - started
+    result, wall = run_timed(args, functools.partial(run, config, events=args.events))
     print_summary(result, wall)
     if args.plot:
         write_plot(result, args.plot)

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import math
 import random
 import sys
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,11 +40,13 @@ from examples._kafka import (
     Errors,
     LogNormal,
     add_runtime_arguments,
-    configure_logging,
+    cancel_and_wait,
+    checked_config,
     non_negative_float,
     positive_float,
     positive_int,
     run_main,
+    run_timed,
 )
 
 __all__ = [
@@ -369,9 +371,7 @@ async def simulate(config: Config) -> GroupResult:
     try:
         await asyncio.sleep(config.duration)
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
         statistics = coordinator.purgatory.statistics()
         await coordinator.purgatory.close()
     return GroupResult(
@@ -444,23 +444,20 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.loop != "asyncio" and not args.real_time:
-        parser.error("--loop applies to --real-time only (virtual time has its own loop)")
-    try:
-        config = Config(
+    config = checked_config(
+        parser,
+        args,
+        lambda: Config(
             members=args.members,
             late=args.late,
             new_member_at=None if args.no_new_member else args.new_member_at,
             rebalance_timeout=args.rebalance_timeout,
             duration=args.duration,
             seed=args.seed,
-        )
-    except ValueError as exc:
-        parser.error(str(exc))
-    configure_logging(args.verbose)
-    started = time.perf_counter()
-    result = run(config, real_time=args.real_time, loop=args.loop)
-    print(format_summary(result, time.perf_counter() - started))
+        ),
+    )
+    result, wall = run_timed(args, functools.partial(run, config))
+    print(format_summary(result, wall))
     return 0
 
 

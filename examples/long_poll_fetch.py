@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import math
 import random
 import sys
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +33,14 @@ import aiopurgatory as ap
 from examples._kafka import (
     TopicPartition,
     add_runtime_arguments,
-    configure_logging,
+    cancel_and_wait,
+    checked_config,
     non_negative_float,
     percentile,
     positive_float,
     positive_int,
     run_main,
+    run_timed,
 )
 
 __all__ = ["Config", "DelayedFetch", "FetchResult", "PartitionLog", "main", "run", "simulate"]
@@ -282,9 +284,7 @@ async def simulate(config: Config) -> FetchResult:
         async with asyncio.timeout(config.duration + 10 * config.fetch_max_wait + 60.0):
             await asyncio.gather(*tasks)
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
         statistics = purgatory.statistics()
         await purgatory.close()
 
@@ -373,10 +373,10 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.loop != "asyncio" and not args.real_time:
-        parser.error("--loop applies to --real-time only (virtual time has its own loop)")
-    try:
-        config = Config(
+    config = checked_config(
+        parser,
+        args,
+        lambda: Config(
             partitions=args.partitions,
             consumers=args.consumers,
             rate=args.rate,
@@ -385,13 +385,10 @@ def main(argv: list[str] | None = None) -> int:
             fetch_max_bytes=args.fetch_max_bytes,
             duration=args.duration,
             seed=args.seed,
-        )
-    except ValueError as exc:
-        parser.error(str(exc))
-    configure_logging(args.verbose)
-    started = time.perf_counter()
-    result = run(config, real_time=args.real_time, loop=args.loop)
-    print(format_summary(result, time.perf_counter() - started))
+        ),
+    )
+    result, wall = run_timed(args, functools.partial(run, config))
+    print(format_summary(result, wall))
     ok = (
         all(n == 1 for n in result.answers.values()) and result.duplicates == 0 and result.gaps == 0
     )
