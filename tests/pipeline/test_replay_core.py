@@ -50,7 +50,9 @@ HAND = _trace(
 
 
 def _by_id(facts: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    return {row["op_id"]: row for row in facts.to_dict("records")}
+    return {
+        str(row["op_id"]): {str(k): v for k, v in row.items()} for row in facts.to_dict("records")
+    }
 
 
 def test_hand_trace_min_insync_2() -> None:
@@ -91,13 +93,15 @@ def test_hand_trace_min_insync_3_and_tick_rounding() -> None:
         assert 0 <= rows[op_id]["lateness"] < 0.4
 
 
-def test_fast_path_equals_loop_path_and_row_order_is_irrelevant() -> None:
+def test_fast_path_lean_recorder_and_row_order_change_nothing() -> None:
     trace = generate_trace(TraceSpec(requests=3000, brokers=1, seed=3, rate=2000.0))
     params = ReplayParams(timeout=0.05, min_insync=2)
     fast = replay_requests(trace, params)
     slow = replay_requests(trace, params, fast=False)
     shuffled = replay_requests(trace.sample(frac=1.0, random_state=1), params)
+    via_events = replay_requests(trace, params, use_event_recorder=True)
     pd.testing.assert_frame_equal(fast, slow, check_exact=True)
+    pd.testing.assert_frame_equal(fast, via_events, check_exact=True)
     pd.testing.assert_frame_equal(fast, shuffled, check_exact=True)
     assert set(fast["outcome"]) == {"completed", "expired"}
     assert len(fast) == 3000

@@ -1,0 +1,134 @@
+"""Pipeline benchmarks (not tests): analyze N events and replay M requests on Spark.
+
+``python -m aiopurgatory.pipeline.benchmark --events 1000000 --requests 100000
+--master local[2] --dir /tmp/aiopurgatory-bench`` prints one JSON object with the
+times (wall seconds) and rows per second of each step, plus the load average
+(the machine may be shared), and the single-process replay rate in CPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "write_synthetic_events"]
+
+
+def write_synthetic_events(path: Path, n: int, *, seed: int = 0, files: int = 4) -> int:
+    """Write ``n`` schema-1 op events spread over ``files`` JSON-lines files; return bytes."""
+    from ..events import EVENT, SCHEMA_VERSION
+
+    rng = random.Random(seed)
+    path.mkdir(parents=True, exist_ok=True)
+    total = 0
+    per_file = -(-n // files)
+    op_id = 0
+    for f in range(files):
+        with (path / f"events-{f}.jsonl").open("w", encoding="utf-8") as out:
+            lines = []
+            for _ in range(min(per_file, n - op_id)):
+                watched = op_id / 50_000.0
+                expired = rng.random() < 0.05
+                lateness = rng.random() * 0.001 if expired else None
+                wait = 0.2 + (lateness or 0.0) if expired else rng.lognormvariate(-5, 1)
+                event = {
+                    "event": EVENT,
+                    "schema": SCHEMA_VERSION,
+                    "ts": 1.7e9 + watched,
+                    "purgatory": "produce" if op_id % 4 else "fetch",
+                    "op_id": op_id,
+                    "op_type": "DelayedProduce",
+                    "keys": [f"topic-{op_id % 7}-{rng.randrange(32)}"],
+                    "timeout": 0.2,
+                    "watched_at": watched,
+                    "finished_at": watched + wait,
+                    "outcome": "expired" if expired else "completed",
+                    "wait": wait,
+                    "lateness": lateness,
+                }
+                lines.append(json.dumps(event))
+                op_id += 1
+            text = "\n".join(lines) + "\n"
+            out.write(text)
+            total += len(text)
+    return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmarks; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m aiopurgatory.pipeline.benchmark")
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--requests", type=int, default=100_000)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--dir", default="/tmp/aiopurgatory-bench")
+    parser.add_argument("--skip-analyze", action="store_true")
+    parser.add_argument("--skip-replay", action="store_true")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+
+    from .analyze import analyze_facts, read_events
+    from .replay import read_trace, replay_spark
+    from .replay_core import ReplayParams, replay_trace
+    from .session import get_spark
+    from .trace import TraceSpec, generate_trace, write_trace
+
+    root = Path(args.dir)
+    result: dict[str, Any] = {"master": args.master, "cpus": os.cpu_count()}
+    started = time.perf_counter()
+    spark = get_spark(args.master, app_name="aiopurgatory-benchmark")
+    result["session_s"] = time.perf_counter() - started
+
+    if not args.skip_analyze:
+        events_dir = root / f"events-{args.events}"
+        if not events_dir.exists():
+            result["events_bytes"] = write_synthetic_events(events_dir, args.events)
+        started = time.perf_counter()
+        quality = read_events(spark, [str(events_dir)], root / "analysis" / "facts")
+        read_s = time.perf_counter() - started
+        assert quality.events == args.events, quality
+        started = time.perf_counter()
+        analysis = analyze_facts(
+            spark, root / "analysis" / "facts", root / "analysis", interval=1.0, report=False
+        )
+        tables_s = time.perf_counter() - started
+        result["analyze"] = {
+            "events": args.events,
+            "read_parse_write_facts_s": round(read_s, 2),
+            "rollups_hotkeys_summary_s": round(tables_s, 2),
+            "steps_s": {k: round(v, 2) for k, v in analysis.seconds.items()},
+            "events_per_s": round(args.events / (read_s + tables_s)),
+        }
+
+    if not args.skip_replay:
+        trace_path = root / f"trace-{args.requests}.parquet"
+        spec = TraceSpec(requests=args.requests, brokers=4, rate=20_000.0, seed=1)
+        trace_pd = generate_trace(spec)
+        write_trace(trace_pd, trace_path)
+        params = [ReplayParams(timeout=0.2, min_insync=2)]
+        started = time.perf_counter()
+        facts = replay_spark(spark, read_trace(spark, str(trace_path)), params)
+        facts.write.mode("overwrite").parquet(str(root / "replay-facts"))
+        spark_s = time.perf_counter() - started
+        cpu = time.process_time()
+        wall = time.perf_counter()
+        replay_trace(trace_pd, params)
+        result["replay"] = {
+            "requests": args.requests,
+            "brokers": spec.brokers,
+            "spark_s": round(spark_s, 2),
+            "spark_requests_per_s": round(args.requests / spark_s),
+            "single_process_wall_s": round(time.perf_counter() - wall, 2),
+            "single_process_requests_per_cpu_s": round(args.requests / (time.process_time() - cpu)),
+        }
+    result["loadavg"] = os.getloadavg()
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
