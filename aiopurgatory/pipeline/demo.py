@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m aiopurgatory.pipeline.demo")
     parser.add_argument("--out", default="pipeline-demo", help="output directory")
-    parser.add_argument("--requests", type=int, default=200_000, help="trace size")
+    parser.add_argument("--requests", type=int, default=100_000, help="trace size")
     parser.add_argument("--master", default="local[*]")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 

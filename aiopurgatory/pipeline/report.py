@@ -94,8 +94,10 @@ def _plot_histograms(
             if binned.empty:
                 ax.plot([], [], label=label)
                 continue
-            edges = [10 ** (b / BINS_PER_DECADE) for b in binned.index]
-            ax.step(edges, binned.to_numpy(), where="post", label=label)
+            first, last = int(binned.index.min()), int(binned.index.max())
+            counts = binned.reindex(range(first, last + 1), fill_value=0)
+            edges = [10 ** (b / BINS_PER_DECADE) for b in range(first, last + 2)]
+            ax.stairs(counts.to_numpy(), edges, label=label)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(str(scenario), fontsize=9)
