@@ -48,6 +48,22 @@ async def raw(broker: Broker) -> AsyncIterator[RawConnection]:
         await conn.close()
 
 
+async def send_parking_fetch_and_produce(broker: Broker) -> tuple[RawConnection, RawConnection]:
+    """Stall both followers, then send on two new connections requests that will park.
+
+    Returns:
+        The connections of a long-poll Fetch of ``t-0`` (60 s max wait) and of an
+        acks=all Produce of one record to ``t-0``.
+    """
+    broker.stall_follower(1)
+    broker.stall_follower(2)
+    fetcher = await RawConnection.open("127.0.0.1", broker.port)
+    fetcher.send(ApiKey.FETCH, 4, build_fetch_v4("t", 0, 0, max_wait_ms=60_000))
+    producer_conn = await RawConnection.open("127.0.0.1", broker.port)
+    producer_conn.send(ApiKey.PRODUCE, 3, build_produce_v3("t", 0, make_batch([b"x"])))
+    return fetcher, producer_conn
+
+
 def frame(body: bytes) -> bytes:
     return struct.pack(">i", len(body)) + body
 
@@ -311,12 +327,7 @@ async def test_fetch_out_of_range_and_data() -> None:
 
 async def test_disconnect_mid_wait_cancels_delayed_ops() -> None:
     async with running_broker(topics={"t": 1}) as broker:
-        broker.stall_follower(1)
-        broker.stall_follower(2)
-        fetcher = await RawConnection.open("127.0.0.1", broker.port)
-        fetcher.send(ApiKey.FETCH, 4, build_fetch_v4("t", 0, 0, max_wait_ms=60_000))
-        producer_conn = await RawConnection.open("127.0.0.1", broker.port)
-        producer_conn.send(ApiKey.PRODUCE, 3, build_produce_v3("t", 0, make_batch([b"x"])))
+        fetcher, producer_conn = await send_parking_fetch_and_produce(broker)
         await eventually(
             lambda: broker.produce_purgatory.pending == 1 and broker.fetch_purgatory.pending == 1
         )
@@ -385,12 +396,7 @@ async def test_bad_input_closes_only_that_connection() -> None:
 async def test_close_answers_parked_requests_and_closes_sockets() -> None:
     broker = Broker(BrokerConfig(port=0, stats_interval=0, topics={"t": 1}))
     await broker.start()
-    broker.stall_follower(1)
-    broker.stall_follower(2)
-    fetcher = await RawConnection.open("127.0.0.1", broker.port)
-    fetcher.send(ApiKey.FETCH, 4, build_fetch_v4("t", 0, 0, max_wait_ms=60_000))
-    producer_conn = await RawConnection.open("127.0.0.1", broker.port)
-    producer_conn.send(ApiKey.PRODUCE, 3, build_produce_v3("t", 0, make_batch([b"x"])))
+    fetcher, producer_conn = await send_parking_fetch_and_produce(broker)
     idle = await RawConnection.open("127.0.0.1", broker.port)
     await eventually(
         lambda: broker.produce_purgatory.pending == 1 and broker.fetch_purgatory.pending == 1
