@@ -22,7 +22,7 @@ import json
 import math
 import platform
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from . import purgatory as purgatory_bench
@@ -107,8 +107,12 @@ def _interleaved(
     for r in range(repeat):
         k = r % len(cells)
         for loop, impl in cells[k:] + cells[:k]:
-            specs.append({"bench": bench, "impl": impl, "loop": loop, "params": dict(params)})
+            specs.append(_spec(bench, impl, loop, dict(params)))
     return specs
+
+
+def _spec(bench: str, impl: str, loop: str, params: dict[str, Any]) -> Spec:
+    return {"bench": bench, "impl": impl, "loop": loop, "params": params}
 
 
 def _get(result: Result, path: str) -> float:
@@ -145,6 +149,16 @@ def _group(
     for r in results:
         groups.setdefault(key(r), []).append(r)
     return groups
+
+
+def _cells(
+    results: list[Result], keys: tuple[str, ...], metrics: Sequence[str], **extra: Any
+) -> list[dict[str, Any]]:
+    """One cell per distinct value of ``keys`` in ``results``: ``extra``, the keys, the medians."""
+    return [
+        {**extra, **dict(zip(keys, key, strict=True)), "median": _aggregate(runs, metrics)}
+        for key, runs in _group(results, lambda r: tuple(r[k] for k in keys)).items()
+    ]
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -187,14 +201,12 @@ def run_timer_suite(
     """Run ``bench timer`` for every loop and both implementations; aggregate."""
     specs = _interleaved("timer", list(timer_bench.IMPLS), loops, params, repeat)
     results = [runner.run(s) for s in specs]
-    cells = []
-    for (loop, impl), runs in _group(results, lambda r: (r["loop"], r["impl"])).items():
-        cells.append({"loop": loop, "impl": impl, "median": _aggregate(runs, _TIMER_METRICS)})
+    cells = _cells(results, ("loop", "impl"), _TIMER_METRICS)
     ratios = []
     targets = []
     for loop in loops:
-        ap_cell = _cell(cells, loop, timer_bench.IMPLS["ap"])
-        base = _cell(cells, loop, timer_bench.IMPLS["loop"])
+        ap_cell = _cell(cells, loop=loop, impl=timer_bench.IMPLS["ap"])
+        base = _cell(cells, loop=loop, impl=timer_bench.IMPLS["loop"])
         cpu = _ratio(base["cpu_s"], ap_cell["cpu_s"])
         ratios.append(
             {
@@ -274,19 +286,11 @@ def run_purgatory_suite(
         specs = _interleaved("purgatory", impls, loops, params, repeat)
         results = [runner.run(s) for s in specs]
         all_runs += [dict(r, scenario=scenario) for r in results]
-        for (loop, impl), runs in _group(results, lambda r: (r["loop"], r["impl"])).items():
-            cells.append(
-                {
-                    "scenario": scenario,
-                    "loop": loop,
-                    "impl": impl,
-                    "median": _aggregate(runs, _PURGATORY_METRICS),
-                }
-            )
+        cells += _cells(results, ("loop", "impl"), _PURGATORY_METRICS, scenario=scenario)
         for loop in loops:
-            ap_cell = _cell(cells, loop, purgatory_bench.IMPLS["ap"], scenario)
-            hand = _cell(cells, loop, purgatory_bench.IMPLS["hand"], scenario)
-            floor = _cell(cells, loop, purgatory_bench.IMPLS["floor"], scenario)
+            ap_cell = _cell(cells, loop=loop, impl=purgatory_bench.IMPLS["ap"], scenario=scenario)
+            hand = _cell(cells, loop=loop, impl=purgatory_bench.IMPLS["hand"], scenario=scenario)
+            floor = _cell(cells, loop=loop, impl=purgatory_bench.IMPLS["floor"], scenario=scenario)
             vs_hand = _ratio(hand["cpu_s"], ap_cell["cpu_s"])
             vs_floor = _ratio(ap_cell["cpu_s"], floor["cpu_s"])
             memory = _ratio(
@@ -365,12 +369,7 @@ def _sweep(
             best = math.nan
             best_any = 0.0
             for rate in sorted(rates):
-                spec = {
-                    "bench": "purgatory",
-                    "impl": impl,
-                    "loop": loop,
-                    "params": dict(params, rate=rate, memory_ops=0),
-                }
+                spec = _spec("purgatory", impl, loop, dict(params, rate=rate, memory_ops=0))
                 result = runner.run(spec)
                 kept_up = result["achieved_rate"] >= 0.95 * rate
                 points.append(
@@ -427,32 +426,21 @@ def run_scale_suite(
     timers (0: skip) for the bytes per pending timer.
     """
     impls = list(scale_bench.IMPLS)
-    cells = []
     results: list[Result] = []
     for pending in pendings:
         specs = _interleaved("scale", impls, loops, dict(params, pending=pending), repeat)
         results += [runner.run(s) for s in specs]
-    for (loop, impl, pending), runs in _group(
-        results, lambda r: (r["loop"], r["impl"], r["pending"])
-    ).items():
-        cells.append(
-            {
-                "loop": loop,
-                "impl": impl,
-                "pending": pending,
-                "median": _aggregate(runs, _SCALE_METRICS),
-            }
-        )
+    cells = _cells(results, ("loop", "impl", "pending"), _SCALE_METRICS)
     memory = []
     if memory_pending:
         for loop in loops:
             for impl in impls:
-                spec = {
-                    "bench": "scale",
-                    "impl": impl,
-                    "loop": loop,
-                    "params": dict(params, pending=memory_pending, ops=1, trace_memory=True),
-                }
+                spec = _spec(
+                    "scale",
+                    impl,
+                    loop,
+                    dict(params, pending=memory_pending, ops=1, trace_memory=True),
+                )
                 r = runner.run(spec)
                 memory.append(
                     {
@@ -467,8 +455,8 @@ def run_scale_suite(
     low, high = min(pendings), max(pendings)
     for loop in loops:
         for impl in scale_bench.IMPLS.values():
-            a = _scale_cell(cells, loop, impl, low)
-            b = _scale_cell(cells, loop, impl, high)
+            a = _cell(cells, loop=loop, impl=impl, pending=low)
+            b = _cell(cells, loop=loop, impl=impl, pending=high)
             growth = _ratio(b["cpu_ns_per_op"], a["cpu_ns_per_op"])
             ratios.append(
                 {"loop": loop, "impl": impl, "from": low, "to": high, "cpu_growth": growth}
@@ -494,22 +482,13 @@ def run_scale_suite(
     }
 
 
-def _cell(
-    cells: list[dict[str, Any]], loop: str, impl: str, scenario: str | None = None
-) -> dict[str, Any]:
+def _cell(cells: list[dict[str, Any]], **match: Any) -> dict[str, Any]:
+    """The medians of the first cell whose fields equal ``match`` (a missing field is None)."""
     for c in cells:
-        if c["loop"] == loop and c["impl"] == impl and c.get("scenario") == scenario:
+        if all(c.get(k) == v for k, v in match.items()):
             median_: dict[str, Any] = c["median"]
             return median_
-    raise KeyError((loop, impl, scenario))
-
-
-def _scale_cell(cells: list[dict[str, Any]], loop: str, impl: str, pending: int) -> dict[str, Any]:
-    for c in cells:
-        if c["loop"] == loop and c["impl"] == impl and c["pending"] == pending:
-            median_: dict[str, Any] = c["median"]
-            return median_
-    raise KeyError((loop, impl, pending))
+    raise KeyError(tuple(match.values()))
 
 
 # -- printing -------------------------------------------------------------------------
@@ -540,101 +519,121 @@ def _print_report(report: dict[str, Any]) -> None:
     console = Console()
     if not console.is_terminal:
         console = Console(width=180)  # files and pipes: no wrapping of wide tables
+
+    def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+        table = Table(title=title)
+        for col in columns:
+            table.add_column(col)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+
     if "timer" in report:
         t = report["timer"]
-        table = Table(title=f"bench timer (n={t['params']['n']:,}, median of {t['repeat']})")
-        for col in (
-            "loop",
-            "impl",
-            "CPU s",
-            "add+cancel ns/op",
-            "fired",
-            "early",
-            "late p50 ms",
-            "p99 ms",
-            "max ms",
-            "peak RSS MiB",
-        ):
-            table.add_column(col)
+        rows: list[tuple[str, ...]] = []
         for c in t["cells"]:
             m = c["median"]
-            table.add_row(
-                c["loop"],
-                c["impl"],
-                _fmt(m["cpu_s"]),
-                _fmt(m["add_cancel_ns_per_op"]),
-                _fmt(m["fired"]),
-                str(m.get("early_total", "-")),
-                _ms(m["lateness.p50"]),
-                _ms(m["lateness.p99"]),
-                _ms(m["lateness.max"]),
-                _fmt(m["peak_rss_mib"]),
+            rows.append(
+                (
+                    c["loop"],
+                    c["impl"],
+                    _fmt(m["cpu_s"]),
+                    _fmt(m["add_cancel_ns_per_op"]),
+                    _fmt(m["fired"]),
+                    str(m.get("early_total", "-")),
+                    _ms(m["lateness.p50"]),
+                    _ms(m["lateness.p99"]),
+                    _ms(m["lateness.max"]),
+                    _fmt(m["peak_rss_mib"]),
+                )
             )
-        console.print(table)
+        print_table(
+            f"bench timer (n={t['params']['n']:,}, median of {t['repeat']})",
+            (
+                "loop",
+                "impl",
+                "CPU s",
+                "add+cancel ns/op",
+                "fired",
+                "early",
+                "late p50 ms",
+                "p99 ms",
+                "max ms",
+                "peak RSS MiB",
+            ),
+            rows,
+        )
     if "purgatory" in report:
         p = report["purgatory"]
-        table = Table(title=f"bench purgatory (median of {p['repeat']})")
-        for col in (
-            "scenario",
-            "loop",
-            "impl",
-            "target req/s",
-            "achieved req/s",
-            "req per CPU s",
-            "CPU us/req",
-            "completed",
-            "expired",
-            "expiry late p50 ms",
-            "p99 ms",
-            "peak RSS MiB",
-            "B/pending op",
-        ):
-            table.add_column(col)
+        rows = []
         for c in p["cells"]:
             m = c["median"]
-            table.add_row(
-                c["scenario"],
-                c["loop"],
-                c["impl"],
-                "max" if m["target_rate"] == 0 else _fmt(m["target_rate"]),
-                _fmt(m["achieved_rate"]),
-                _fmt(m["requests_per_cpu_s"]),
-                _fmt(m["cpu_us_per_request"]),
-                _fmt(m["completed"]),
-                _fmt(m["expired"]),
-                _ms(m["expiry_lateness.p50"]),
-                _ms(m["expiry_lateness.p99"]),
-                _fmt(m["peak_rss_mib"]),
-                _fmt(m["memory_per_pending_op_bytes"]),
-            )
-        console.print(table)
-        if "sweep" in p:
-            table = Table(title="rate sweep: saturation (highest rate kept within 5%)")
-            for col in ("loop", "impl", "saturation req/s", "best achieved req/s"):
-                table.add_column(col)
-            for row in p["sweep"]["saturation"]:
-                table.add_row(
-                    row["loop"],
-                    row["impl"],
-                    _fmt(row["saturation_rate"]),
-                    _fmt(row["best_achieved_rate"]),
+            rows.append(
+                (
+                    c["scenario"],
+                    c["loop"],
+                    c["impl"],
+                    "max" if m["target_rate"] == 0 else _fmt(m["target_rate"]),
+                    _fmt(m["achieved_rate"]),
+                    _fmt(m["requests_per_cpu_s"]),
+                    _fmt(m["cpu_us_per_request"]),
+                    _fmt(m["completed"]),
+                    _fmt(m["expired"]),
+                    _ms(m["expiry_lateness.p50"]),
+                    _ms(m["expiry_lateness.p99"]),
+                    _fmt(m["peak_rss_mib"]),
+                    _fmt(m["memory_per_pending_op_bytes"]),
                 )
-            console.print(table)
+            )
+        print_table(
+            f"bench purgatory (median of {p['repeat']})",
+            (
+                "scenario",
+                "loop",
+                "impl",
+                "target req/s",
+                "achieved req/s",
+                "req per CPU s",
+                "CPU us/req",
+                "completed",
+                "expired",
+                "expiry late p50 ms",
+                "p99 ms",
+                "peak RSS MiB",
+                "B/pending op",
+            ),
+            rows,
+        )
+        if "sweep" in p:
+            print_table(
+                "rate sweep: saturation (highest rate kept within 5%)",
+                ("loop", "impl", "saturation req/s", "best achieved req/s"),
+                (
+                    (
+                        row["loop"],
+                        row["impl"],
+                        _fmt(row["saturation_rate"]),
+                        _fmt(row["best_achieved_rate"]),
+                    )
+                    for row in p["sweep"]["saturation"]
+                ),
+            )
     if "scale" in report:
         s = report["scale"]
-        table = Table(title=f"bench scale (ops={s['params']['ops']:,}, median of {s['repeat']})")
-        for col in ("loop", "impl", "pending", "CPU ns/op", "RSS B/pending"):
-            table.add_column(col)
-        for c in s["cells"]:
-            m = c["median"]
-            table.add_row(
-                c["loop"],
-                c["impl"],
-                f"{c['pending']:,}",
-                _fmt(m["cpu_ns_per_op"]),
-                _fmt(m["rss_per_pending_bytes"]),
-            )
-        console.print(table)
+        print_table(
+            f"bench scale (ops={s['params']['ops']:,}, median of {s['repeat']})",
+            ("loop", "impl", "pending", "CPU ns/op", "RSS B/pending"),
+            (
+                (
+                    c["loop"],
+                    c["impl"],
+                    f"{c['pending']:,}",
+                    _fmt(c["median"]["cpu_ns_per_op"]),
+                    _fmt(c["median"]["rss_per_pending_bytes"]),
+                )
+                for c in s["cells"]
+            ),
+        )
         for row in s["memory"]:
             console.print(
                 f"tracemalloc: {row['impl']} on {row['loop']}: "
@@ -645,13 +644,19 @@ def _print_report(report: dict[str, Any]) -> None:
         t for part in report.values() if isinstance(part, dict) for t in part.get("targets", [])
     ]
     if targets:
-        table = Table(title="targets (issue 4)")
-        for col in ("target", "measured", "goal", "met"):
-            table.add_column(col)
-        for t in targets:
-            goal = (">= " if t["higher_is_better"] else "<= ") + _fmt(t["target"])
-            table.add_row(t["name"], _fmt(t["value"]), goal, "yes" if t["met"] else "NO")
-        console.print(table)
+        print_table(
+            "targets (issue 4)",
+            ("target", "measured", "goal", "met"),
+            (
+                (
+                    t["name"],
+                    _fmt(t["value"]),
+                    (">= " if t["higher_is_better"] else "<= ") + _fmt(t["target"]),
+                    "yes" if t["met"] else "NO",
+                )
+                for t in targets
+            ),
+        )
 
 
 # -- argument parsing ---------------------------------------------------------------

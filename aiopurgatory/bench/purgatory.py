@@ -35,7 +35,7 @@ import time
 import tracemalloc
 from collections import deque
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from ._common import Result, Spec, latency_summary, peak_rss_mib, rss_mib, run_on
 
@@ -99,6 +99,45 @@ class _ApImpl:
         return stats.completed, stats.expired
 
 
+class _KeyedOp(Protocol):
+    keys: tuple[Hashable, ...]
+
+
+_OpT = TypeVar("_OpT", bound=_KeyedOp)
+
+
+class _WatchLists(Generic[_OpT]):
+    """The bookkeeping the hand-written and floor implementations share.
+
+    Both insert into ``watchers`` inline in their ``watch`` (a call per op there
+    would add to the very cost being measured).
+    """
+
+    def __init__(self, late: list[float], clock: Callable[[], float]) -> None:
+        self.watchers: dict[Hashable, dict[int, _OpT]] = {}
+        self.late = late
+        self.clock = clock
+        self.count = 0
+        self.completed = 0
+        self.expired = 0
+
+    def _detach(self, op: _OpT) -> None:
+        oid = id(op)
+        watchers = self.watchers
+        for key in op.keys:
+            ops = watchers[key]
+            del ops[oid]
+            if not ops:
+                del watchers[key]
+        self.count -= 1
+
+    def pending(self) -> int:
+        return self.count
+
+    def outcomes(self) -> tuple[int, int]:
+        return self.completed, self.expired
+
+
 class _HandOp:
     __slots__ = ("deadline", "future", "handle", "keys", "timeout")
     deadline: float
@@ -110,18 +149,13 @@ class _HandOp:
         self.timeout = timeout
 
 
-class _HandImpl:
+class _HandImpl(_WatchLists[_HandOp]):
     """What a careful asyncio programmer writes without a library."""
 
     def __init__(self, late: list[float], clock: Callable[[], float]) -> None:
+        super().__init__(late, clock)
         self.loop = asyncio.get_running_loop()
-        self.watchers: dict[Hashable, dict[int, _HandOp]] = {}
-        self.late = late
-        self.clock = clock
         self.make = _HandOp
-        self.count = 0
-        self.completed = 0
-        self.expired = 0
 
     def watch(self, op: _HandOp, keys: tuple[Hashable, ...]) -> None:
         loop = self.loop
@@ -138,16 +172,6 @@ class _HandImpl:
             else:
                 ops[oid] = op
         self.count += 1
-
-    def _detach(self, op: _HandOp) -> None:
-        oid = id(op)
-        watchers = self.watchers
-        for key in op.keys:
-            ops = watchers[key]
-            del ops[oid]
-            if not ops:
-                del watchers[key]
-        self.count -= 1
 
     def complete(self, op: _HandOp) -> None:
         future = op.future
@@ -173,12 +197,6 @@ class _HandImpl:
     def next_due(self) -> float:
         return math.inf
 
-    def pending(self) -> int:
-        return self.count
-
-    def outcomes(self) -> tuple[int, int]:
-        return self.completed, self.expired
-
 
 class _FloorOp:
     __slots__ = ("deadline", "done", "keys", "timeout")
@@ -190,18 +208,13 @@ class _FloorOp:
         self.done = False
 
 
-class _FloorImpl:
+class _FloorImpl(_WatchLists[_FloorOp]):
     """The hand-written bookkeeping minus any timer: expiry from a FIFO."""
 
     def __init__(self, late: list[float], clock: Callable[[], float]) -> None:
-        self.watchers: dict[Hashable, dict[int, _FloorOp]] = {}
-        self.late = late
-        self.clock = clock
+        super().__init__(late, clock)
         self.make = _FloorOp
         self.fifo: deque[_FloorOp] = deque()
-        self.count = 0
-        self.completed = 0
-        self.expired = 0
 
     def watch(self, op: _FloorOp, keys: tuple[Hashable, ...]) -> None:
         op.deadline = self.clock() + op.timeout
@@ -216,16 +229,6 @@ class _FloorImpl:
                 ops[oid] = op
         self.fifo.append(op)
         self.count += 1
-
-    def _detach(self, op: _FloorOp) -> None:
-        oid = id(op)
-        watchers = self.watchers
-        for key in op.keys:
-            ops = watchers[key]
-            del ops[oid]
-            if not ops:
-                del watchers[key]
-        self.count -= 1
 
     def complete(self, op: _FloorOp) -> None:
         if op.done:
@@ -249,12 +252,6 @@ class _FloorImpl:
         while fifo and fifo[0].done:
             fifo.popleft()
         return fifo[0].deadline if fifo else math.inf
-
-    def pending(self) -> int:
-        return self.count
-
-    def outcomes(self) -> tuple[int, int]:
-        return self.completed, self.expired
 
 
 _IMPL_CLASSES: dict[str, Callable[[list[float], Callable[[], float]], Any]] = {
