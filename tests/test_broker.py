@@ -156,7 +156,10 @@ async def test_stalled_followers_produce_times_out() -> None:
             broker.resume_follower(2)
             md = await prod.send_and_wait("slow", b"later")
         # The timed-out batch stayed in the log (as in Kafka): "later" comes after it.
-        assert md.offset == 2
+        # When the broker's REQUEST_TIMED_OUT reaches aiokafka before its own 400 ms
+        # wait ends, aiokafka retries the batch (the error is retriable) and it is
+        # appended a second time; which side wins is a race on the client.
+        assert md.offset in (2, 3)
         await eventually(lambda: broker.statistics()["produce"].pending == 0)
 
 
