@@ -13,18 +13,27 @@ The rules, after Kafka's ``TimingWheel``:
   first time a deadline does not fit in the levels below (lazily, so a wheel that
   only ever sees short deadlines never has more than one level).
 * An entry with deadline ``e`` goes to the lowest level ``n`` where
-  ``e < current_n + span_n``, in bucket ``(e // width_n) % wheel_size``, whose
-  expiration is ``(e // width_n) * width_n``. ``e <= current_0`` means the entry is
-  already due: it is not inserted and ``add`` returns False.
-* Only *buckets* go into the priority queue (a heap), and only when a bucket's
-  expiration changes from "not queued" to a value. So the heap holds at most
-  ``levels * wheel_size`` live items however many entries there are, and add and
-  remove are O(1).
-* When a bucket is due, the clock of every level moves to the bucket's
-  expiration (each level rounding down to its own width) and every entry in it is
-  re-added: those now due are returned, the rest cascade to a finer level. Buckets
-  are processed in expiration order, so entries come out ordered by tick (not
-  ordered within a tick).
+  ``e < current_n + span_n``, in bucket ``(e // width_n) % wheel_size``.
+  ``e <= current_0`` means the entry is already due: it is not inserted and
+  ``add`` returns False.
+* Only *buckets* go into the priority queue (a heap), never entries. Unlike
+  Kafka, a bucket is keyed by the earliest tick added to it since it was queued
+  (``first``), not by its nominal expiration: a bucket ``[400, 800)`` holding one
+  entry at 733 is due at 733, not at 400. Sparse timers then cost one wake-up
+  each instead of one per level they cascade through, which is what makes hours
+  of virtual time cheap. An add below a bucket's ``first`` pushes the bucket again
+  with the smaller key (the old heap item goes stale); that happens at most once
+  per distinct tick of the bucket, so the heap stays bounded by ticks, not
+  entries, and add and remove stay O(1) amortised.
+* When a bucket is due (``first <= now``), the clock moves to its ``first``
+  (each level rounding down to its own width) and every entry in it is re-added:
+  those now due are returned, the rest cascade to a finer level. Buckets are
+  processed in key order, so no unprocessed bucket has a key below the clock,
+  and a bucket's key is below the end of its slot: no level's clock ever passes
+  a slot that still holds entries, so slots never wrap onto them. Entries come
+  out ordered by tick (not ordered within a tick). After removals ``first`` may
+  be below every remaining entry: the bucket is then processed early and simply
+  cascades, never late.
 * Buckets are dicts keyed by ``id(entry)``: O(1) insert and delete, insertion
   order kept, and no reliance on the entry's own ``__hash__``/``__eq__`` (a
   delayed operation subclass may well define ``__eq__``). We measured a dict per
@@ -62,14 +71,14 @@ class Entry:
 
 
 class Bucket:
-    """One slot of one level: its entries and the expiration it is queued for."""
+    """One slot of one level: its entries and its heap key."""
 
-    __slots__ = ("entries", "expiration")
+    __slots__ = ("entries", "first")
 
     def __init__(self) -> None:
         self.entries: dict[int, Entry] = {}
-        # The tick this bucket is queued in the heap for; None while not queued.
-        self.expiration: int | None = _NOT_QUEUED
+        # The heap key: the earliest tick added since queued; None while not queued.
+        self.first: int | None = _NOT_QUEUED
 
 
 class _Level:
@@ -103,9 +112,9 @@ class TimingWheel:
         #: Level 0's clock: entries with a deadline at or before it are due.
         self.current = start
         self._levels: list[_Level] = [_Level(1, wheel_size, start)]
-        # Heap of (expiration, sequence, bucket). The sequence keeps the order of
-        # buckets with equal expirations (one per level) deterministic and spares
-        # comparing Bucket objects.
+        # Heap of (first, sequence, bucket); an item whose key is no longer its
+        # bucket's ``first`` is stale. The sequence keeps the order of equal keys
+        # deterministic and spares comparing Bucket objects.
         self._queue: list[tuple[int, int, Bucket]] = []
         self._seq = 0
 
@@ -140,15 +149,16 @@ class TimingWheel:
                 break
         else:
             level = self._grow(e)
-        slot = e // level.width
-        bucket = level.buckets[slot % self.wheel_size]
+        bucket = level.buckets[e // level.width % self.wheel_size]
         entries = bucket.entries
         entries[id(entry)] = entry
         entry._bucket = entries
-        if bucket.expiration is None:
-            bucket.expiration = expiration = slot * level.width
-            self._seq = seq = self._seq + 1
-            heappush(self._queue, (expiration, seq, bucket))
+        first = bucket.first
+        if first is not None and e >= first:
+            return True
+        bucket.first = e
+        self._seq = seq = self._seq + 1
+        heappush(self._queue, (e, seq, bucket))
         return True
 
     def _grow(self, e: int) -> _Level:
@@ -171,18 +181,21 @@ class TimingWheel:
             entry._bucket = None
 
     def next_expiration(self) -> int | None:
-        """The expiration tick of the earliest non-empty bucket, or None if empty.
+        """The tick by which :meth:`advance` must be called next, or None if empty.
 
-        Empty buckets at the top of the heap are dropped on the way (lazy deletion).
+        It is the smallest ``first`` of the non-empty buckets: at or before the
+        earliest entry's tick (exactly it, unless that entry was removed).
+        Empty buckets and stale items at the top of the heap are dropped on the
+        way (lazy deletion).
         """
         queue = self._queue
         while queue:
-            expiration, _, bucket = queue[0]
-            if bucket.entries and bucket.expiration == expiration:
-                return expiration
+            key, _, bucket = queue[0]
+            if bucket.first == key and bucket.entries:
+                return key
             heappop(queue)
-            if bucket.expiration == expiration:
-                bucket.expiration = _NOT_QUEUED
+            if bucket.first == key:
+                bucket.first = _NOT_QUEUED
                 # Emptied by removals: let go of the dict's table (dicts never
                 # shrink on deletion) now that the bucket is out of the queue.
                 bucket.entries = {}
@@ -199,15 +212,15 @@ class TimingWheel:
         due: list[Entry] = []
         queue = self._queue
         while queue and queue[0][0] <= now:
-            expiration, _, bucket = heappop(queue)
-            if bucket.expiration != expiration:
-                continue  # a stale heap item for a bucket since requeued
-            bucket.expiration = _NOT_QUEUED
+            key, _, bucket = heappop(queue)
+            if bucket.first != key:
+                continue  # a stale heap item: the bucket was re-keyed or processed
+            bucket.first = _NOT_QUEUED
             entries = bucket.entries
             bucket.entries = {}
             if not entries:
                 continue
-            self._set_clock(expiration)
+            self._set_clock(key)
             add = self.add
             for entry in entries.values():
                 entry._bucket = None
@@ -225,7 +238,7 @@ class TimingWheel:
                     entry._bucket = None
                     out.append(entry)
                 bucket.entries = {}
-                bucket.expiration = _NOT_QUEUED
+                bucket.first = _NOT_QUEUED
         self._queue.clear()
         return out
 
@@ -234,8 +247,8 @@ class TimingWheel:
         return sum(len(b.entries) for level in self._levels for b in level.buckets)
 
     def _set_clock(self, tick: int) -> None:
-        # Safe only when no non-empty bucket expires before ``tick``: advance()
-        # flushes those first, in order.
+        # Safe only when no non-empty bucket has a key below ``tick``: advance()
+        # processes those first, in key order.
         if tick <= self.current:
             return
         self.current = tick

@@ -130,35 +130,44 @@ def test_overflow_levels_are_created_only_when_needed() -> None:
     assert wheel.levels == 7
 
 
-def test_bucket_expiration_is_the_deadline_rounded_down_to_the_level_width() -> None:
+def test_next_expiration_is_the_earliest_tick_added_to_a_bucket() -> None:
+    # Kafka wakes up at a bucket's slot start; this wheel asks to be advanced at
+    # the earliest tick added to a bucket, whatever its level.
     wheel = TimingWheel(10)
     wheel.add(Item(1234))  # level 3: 1000-tick buckets
-    assert wheel.next_expiration() == 1000
+    assert wheel.next_expiration() == 1234
     wheel.add(Item(345))  # level 2: 100-tick buckets
-    assert wheel.next_expiration() == 300
+    assert wheel.next_expiration() == 345
     wheel.add(Item(27))  # level 1: 10-tick buckets
-    assert wheel.next_expiration() == 20
+    assert wheel.next_expiration() == 27
     wheel.add(Item(4))  # level 0: exact
     assert wheel.next_expiration() == 4
+    wheel.add(Item(1201))  # an earlier tick in a queued bucket lowers its key
+    wheel.add(Item(1299))  # a later one does not
+    assert sorted(key for key, _, _ in wheel._queue if key > 1000) == [1201, 1234]
 
 
 # -- cascade ------------------------------------------------------------------------
 
 
-def test_cascade_moves_an_entry_down_one_level_per_bucket_expiry() -> None:
+def test_cascade_moves_the_rest_of_a_bucket_down_when_its_first_tick_is_due() -> None:
     wheel = TimingWheel(10)
-    item = Item(1234)
+    item, later = Item(1234), Item(1299)
     wheel.add(item)
-    assert wheel.level_of(item) == 3
-    steps = [(1000, 2, 1200), (1200, 1, 1230), (1230, 0, 1234)]
-    for now, level, next_expiration in steps:
+    wheel.add(later)
+    assert wheel.level_of(item) == wheel.level_of(later) == 3  # the bucket [1000, 2000)
+    for now in (1000, 1200, 1233):  # nothing is touched before the bucket's first tick
         assert wheel.advance(now) == []
-        assert wheel.level_of(item) == level
-        assert wheel.next_expiration() == next_expiration
-    assert wheel.advance(1233) == []
-    assert len(wheel) == 1
+        assert wheel.level_of(item) == wheel.level_of(later) == 3
+        assert wheel.next_expiration() == 1234
     assert wheel.advance(1234) == [item]
-    assert wheel.level_of(item) is None
+    # Clock 1234: level 0 covers [1234, 1244), level 1 (10-tick slots) [1230, 1330).
+    assert wheel.level_of(later) == 1
+    assert wheel.next_expiration() == 1299
+    assert wheel.advance(1298) == []
+    assert len(wheel) == 1
+    assert wheel.advance(1299) == [later]
+    assert wheel.level_of(later) is None
     assert len(wheel) == 0
     assert wheel.next_expiration() is None
 
@@ -166,11 +175,15 @@ def test_cascade_moves_an_entry_down_one_level_per_bucket_expiry() -> None:
 def test_one_big_advance_cascades_through_every_level() -> None:
     wheel = TimingWheel(10)
     item = Item(98_765)
+    neighbour = Item(98_766)
     wheel.add(item)
-    assert wheel.level_of(item) == 4
+    wheel.add(neighbour)
+    assert wheel.level_of(item) == wheel.level_of(neighbour) == 4
     assert wheel.advance(98_764) == []
-    assert wheel.level_of(item) == 0
-    assert wheel.advance(10**6) == [item]
+    assert wheel.level_of(item) == 4  # no cascading work before the bucket's first tick
+    assert wheel.advance(98_765) == [item]
+    assert wheel.level_of(neighbour) == 0  # cascaded from level 4 in that one advance
+    assert wheel.advance(10**6) == [neighbour]
 
 
 def test_level_clocks_round_down_to_their_own_width() -> None:
@@ -211,16 +224,15 @@ def test_three_days_at_one_ms_with_the_default_wheel() -> None:
     item = Item(three_days)
     wheel.add(item)
     assert wheel.level_of(item) == 6  # 20**6 = 64e6 <= 259.2e6 < 20**7
+    assert wheel.next_expiration() == three_days
     assert wheel.advance(three_days - 1) == []
-    # Three days is a whole number of level-5 buckets (3.2e6 ticks), so the entry
-    # waits there in a bucket that expires exactly at its tick.
-    assert wheel.level_of(item) == 5
+    assert wheel.level_of(item) == 6  # untouched until its tick
     assert wheel.next_expiration() == three_days
     assert wheel.advance(three_days) == [item]
     off_grid = Item(2 * three_days + 1)
     wheel.add(off_grid)
     assert wheel.advance(2 * three_days) == []
-    assert wheel.level_of(off_grid) == 0
+    assert wheel.level_of(off_grid) == 6  # still waiting where it was put, untouched
     assert wheel.advance(2 * three_days + 1) == [off_grid]
 
 
@@ -261,7 +273,7 @@ def test_next_expiration_skips_buckets_emptied_by_removal() -> None:
     wheel.remove(a)
     assert wheel.next_expiration() == 7
     wheel.remove(b)
-    assert wheel.next_expiration() == 400  # c's level-2 bucket
+    assert wheel.next_expiration() == 450  # c's level-2 bucket, keyed by c's tick
     wheel.remove(c)
     assert wheel.next_expiration() is None
     # The heap is drained of the emptied buckets, not just skipped over.
