@@ -49,6 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes)
     p.add_argument("--no-verify-crc", action="store_true", help="skip batch CRC checks")
     p.add_argument("--stats-interval", type=float, default=d.stats_interval, help="seconds")
+    p.add_argument(
+        "--group-min-session-timeout",
+        type=float,
+        default=d.group_min_session_timeout,
+        help="smallest consumer session timeout accepted, seconds (%(default)s)",
+    )
+    p.add_argument(
+        "--group-initial-rebalance-delay",
+        type=float,
+        default=d.group_initial_rebalance_delay,
+        help="an empty group waits this long for more members, seconds (%(default)s)",
+    )
     p.add_argument("--log-format", choices=["json", "console"], default=None)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument(
@@ -93,10 +105,7 @@ def _start_metrics(broker: Broker, host: str, port: int) -> Any:
     from aiopurgatory.metrics.prometheus import PurgatoryCollector
 
     registry = CollectorRegistry()
-    PurgatoryCollector(
-        [broker.produce_purgatory, broker.fetch_purgatory, broker.replica_fetch_purgatory],
-        registry=registry,
-    )
+    PurgatoryCollector(broker.purgatories, registry=registry)
     server, _thread = start_http_server(port, addr=host, registry=registry)
     broker.log.info("broker.metrics_listening", host=host, port=server.server_port)
     return server
@@ -157,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             max_frame_bytes=args.max_frame_bytes,
             verify_crc=not args.no_verify_crc,
             stats_interval=args.stats_interval,
+            group_min_session_timeout=args.group_min_session_timeout,
+            group_initial_rebalance_delay=args.group_initial_rebalance_delay,
         )
     except (TypeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

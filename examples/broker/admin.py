@@ -9,6 +9,7 @@
     lag 1 0.25       follower 1 takes 0.25 s to replicate each fetch
     state            ISR / HW / LEO of every partition, follower states
     stats            purgatory statistics
+    groups           consumer groups: state, generation, leader, members
 
 Every command gets one line back, starting with ``ok`` or ``error``. Loopback
 only by default: there is no authentication.
@@ -71,6 +72,8 @@ async def execute(broker: Broker, line: str) -> str:
                 for name, s in broker.statistics().items()
             }
             return "ok " + json.dumps(stats)
+        if command == "groups" and not args:
+            return "ok " + json.dumps(broker.coordinator.describe())
     except ValueError as exc:
         return f"error {exc}"
     return f"error unknown command {line.strip()[:80]!r}"

@@ -11,6 +11,10 @@ versions of Produce/Fetch, all non-flexible, which is what aiokafka 0.14 picks;
 plus ApiVersions v0-v3, whose v3 is flexible (compact strings, tagged fields,
 request header v2) for clients that send it. Clients that need flexible
 Produce/Fetch/Metadata (v9+/v12+/v9+) get older versions from the negotiation.
+The consumer-group APIs (FindCoordinator, JoinGroup, SyncGroup, Heartbeat,
+LeaveGroup, OffsetCommit, OffsetFetch) are advertised only in the classic
+versions before static membership (KIP-345) and KIP-394's MEMBER_ID_REQUIRED,
+which is all aiokafka 0.14 needs.
 """
 
 from __future__ import annotations
@@ -47,6 +51,13 @@ class ApiKey:
     FETCH = 1
     LIST_OFFSETS = 2
     METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
     API_VERSIONS = 18
 
 
@@ -55,6 +66,13 @@ API_NAMES = {
     ApiKey.FETCH: "Fetch",
     ApiKey.LIST_OFFSETS: "ListOffsets",
     ApiKey.METADATA: "Metadata",
+    ApiKey.OFFSET_COMMIT: "OffsetCommit",
+    ApiKey.OFFSET_FETCH: "OffsetFetch",
+    ApiKey.FIND_COORDINATOR: "FindCoordinator",
+    ApiKey.JOIN_GROUP: "JoinGroup",
+    ApiKey.HEARTBEAT: "Heartbeat",
+    ApiKey.LEAVE_GROUP: "LeaveGroup",
+    ApiKey.SYNC_GROUP: "SyncGroup",
     ApiKey.API_VERSIONS: "ApiVersions",
 }
 
@@ -64,6 +82,13 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     ApiKey.FETCH: (4, 11),
     ApiKey.LIST_OFFSETS: (1, 3),
     ApiKey.METADATA: (1, 5),
+    ApiKey.OFFSET_COMMIT: (2, 3),
+    ApiKey.OFFSET_FETCH: (1, 3),
+    ApiKey.FIND_COORDINATOR: (0, 1),
+    ApiKey.JOIN_GROUP: (0, 2),
+    ApiKey.HEARTBEAT: (0, 1),
+    ApiKey.LEAVE_GROUP: (0, 1),
+    ApiKey.SYNC_GROUP: (0, 1),
     ApiKey.API_VERSIONS: (0, 3),
 }
 
@@ -74,6 +99,13 @@ _FIRST_FLEXIBLE = {
     ApiKey.FETCH: 12,
     ApiKey.LIST_OFFSETS: 6,
     ApiKey.METADATA: 9,
+    ApiKey.OFFSET_COMMIT: 8,
+    ApiKey.OFFSET_FETCH: 6,
+    ApiKey.FIND_COORDINATOR: 3,
+    ApiKey.JOIN_GROUP: 6,
+    ApiKey.HEARTBEAT: 4,
+    ApiKey.LEAVE_GROUP: 4,
+    ApiKey.SYNC_GROUP: 4,
     ApiKey.API_VERSIONS: 3,
 }
 
@@ -93,11 +125,20 @@ class ErrorCode:
     UNKNOWN_TOPIC_OR_PARTITION = 3
     REQUEST_TIMED_OUT = 7
     MESSAGE_TOO_LARGE = 10
+    OFFSET_METADATA_TOO_LARGE = 12
+    COORDINATOR_NOT_AVAILABLE = 15
     INVALID_TOPIC_EXCEPTION = 17
     NOT_ENOUGH_REPLICAS = 19
     NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
     INVALID_REQUIRED_ACKS = 21
+    ILLEGAL_GENERATION = 22
+    INCONSISTENT_GROUP_PROTOCOL = 23
+    INVALID_GROUP_ID = 24
+    UNKNOWN_MEMBER_ID = 25
+    INVALID_SESSION_TIMEOUT = 26
+    REBALANCE_IN_PROGRESS = 27
     UNSUPPORTED_VERSION = 35
+    INVALID_REQUEST = 42
     UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 
@@ -451,6 +492,259 @@ def encode_list_offsets(
         w.string(item[0]).array(item[1], partition)
 
     writer.array(topics, topic)
+
+
+# -- consumer groups: FindCoordinator --------------------------------------------------
+
+
+@dataclass(slots=True)
+class FindCoordinatorRequest:
+    """FindCoordinator request v0-v1: the key (a group id) and, from v1, its type."""
+
+    key: str
+    key_type: int
+
+
+def decode_find_coordinator(reader: Reader, version: int) -> FindCoordinatorRequest:
+    """FindCoordinator request v0-v1 (key type 0 = group, 1 = transaction)."""
+    key = reader.string()
+    key_type = reader.int8() if version >= 1 else 0
+    return FindCoordinatorRequest(key, key_type)
+
+
+def encode_find_coordinator(
+    writer: Writer, version: int, error_code: int, node_id: int, host: str, port: int
+) -> None:
+    """FindCoordinator response v0-v1."""
+    if version >= 1:
+        writer.int32(0)  # throttle_time_ms
+    writer.int16(error_code)
+    if version >= 1:
+        writer.nullable_string(None)  # error_message
+    writer.int32(node_id).string(host).int32(port)
+
+
+# -- JoinGroup --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class JoinGroupRequest:
+    """JoinGroup request v0-v2: ``protocols`` is [(name, metadata)] in preference order."""
+
+    group_id: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    member_id: str
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
+
+
+def decode_join_group(reader: Reader, version: int) -> JoinGroupRequest:
+    """JoinGroup request v0-v2 (v1 added the rebalance timeout; v0 uses the session timeout)."""
+    group_id = reader.string()
+    session_timeout = reader.int32()
+    rebalance_timeout = reader.int32() if version >= 1 else session_timeout
+    member_id = reader.string()
+    protocol_type = reader.string()
+
+    def protocol(r: Reader) -> tuple[str, bytes]:
+        name = r.string()
+        metadata = r.nullable_bytes()
+        return name, b"" if metadata is None else metadata
+
+    return JoinGroupRequest(
+        group_id,
+        session_timeout,
+        rebalance_timeout,
+        member_id,
+        protocol_type,
+        reader.array(protocol, 6),
+    )
+
+
+@dataclass(slots=True)
+class JoinGroupResult:
+    """A JoinGroup answer; ``members`` (id, metadata) is filled for the leader only."""
+
+    error_code: int
+    generation_id: int = -1
+    protocol_name: str = ""
+    leader_id: str = ""
+    member_id: str = ""
+    members: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+def encode_join_group(writer: Writer, version: int, result: JoinGroupResult) -> None:
+    """JoinGroup response v0-v2 (v2 added throttle_time_ms)."""
+    if version >= 2:
+        writer.int32(0)  # throttle_time_ms
+    writer.int16(result.error_code).int32(result.generation_id)
+    writer.string(result.protocol_name).string(result.leader_id).string(result.member_id)
+
+    def member(w: Writer, item: tuple[str, bytes]) -> None:
+        w.string(item[0]).nullable_bytes(item[1])
+
+    writer.array(result.members, member)
+
+
+# -- SyncGroup, Heartbeat, LeaveGroup ---------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SyncGroupRequest:
+    """SyncGroup request v0-v1: the leader sends every member's assignment, followers none."""
+
+    group_id: str
+    generation_id: int
+    member_id: str
+    assignments: list[tuple[str, bytes]]
+
+
+def decode_sync_group(reader: Reader, version: int) -> SyncGroupRequest:
+    """SyncGroup request v0-v1 (the same layout)."""
+    group_id = reader.string()
+    generation_id = reader.int32()
+    member_id = reader.string()
+
+    def assignment(r: Reader) -> tuple[str, bytes]:
+        member = r.string()
+        data = r.nullable_bytes()
+        return member, b"" if data is None else data
+
+    return SyncGroupRequest(group_id, generation_id, member_id, reader.array(assignment, 6))
+
+
+def encode_sync_group(writer: Writer, version: int, error_code: int, assignment: bytes) -> None:
+    """SyncGroup response v0-v1 (v1 added throttle_time_ms)."""
+    if version >= 1:
+        writer.int32(0)  # throttle_time_ms
+    writer.int16(error_code).nullable_bytes(assignment)
+
+
+@dataclass(slots=True)
+class HeartbeatRequest:
+    """Heartbeat request v0-v1."""
+
+    group_id: str
+    generation_id: int
+    member_id: str
+
+
+def decode_heartbeat(reader: Reader, version: int) -> HeartbeatRequest:
+    """Heartbeat request v0-v1 (the same layout)."""
+    return HeartbeatRequest(reader.string(), reader.int32(), reader.string())
+
+
+def decode_leave_group(reader: Reader, version: int) -> tuple[str, str]:
+    """LeaveGroup request v0-v1: (group id, member id)."""
+    return reader.string(), reader.string()
+
+
+def encode_error_only(writer: Writer, version: int, error_code: int) -> None:
+    """Heartbeat or LeaveGroup response v0-v1 (v1 added throttle_time_ms)."""
+    if version >= 1:
+        writer.int32(0)  # throttle_time_ms
+    writer.int16(error_code)
+
+
+# -- OffsetCommit, OffsetFetch ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class OffsetCommitRequest:
+    """OffsetCommit request v2-v3: per topic, [(partition, offset, metadata)]."""
+
+    group_id: str
+    generation_id: int
+    member_id: str
+    retention_time_ms: int
+    topics: list[tuple[str, list[tuple[int, int, str | None]]]]
+
+
+def decode_offset_commit(reader: Reader, version: int) -> OffsetCommitRequest:
+    """OffsetCommit request v2-v3 (the same layout)."""
+    group_id = reader.string()
+    generation_id = reader.int32()
+    member_id = reader.string()
+    retention = reader.int64()
+
+    def partition(r: Reader) -> tuple[int, int, str | None]:
+        return r.int32(), r.int64(), r.nullable_string()
+
+    def topic(r: Reader) -> tuple[str, list[tuple[int, int, str | None]]]:
+        return r.string(), r.array(partition, 14)
+
+    return OffsetCommitRequest(
+        group_id, generation_id, member_id, retention, reader.array(topic, 6)
+    )
+
+
+def encode_offset_commit(
+    writer: Writer, version: int, topics: list[tuple[str, list[tuple[int, int]]]]
+) -> None:
+    """OffsetCommit response v2-v3: per topic, [(partition, error code)]."""
+    if version >= 3:
+        writer.int32(0)  # throttle_time_ms
+
+    def partition(w: Writer, item: tuple[int, int]) -> None:
+        w.int32(item[0]).int16(item[1])
+
+    def topic(w: Writer, item: tuple[str, list[tuple[int, int]]]) -> None:
+        w.string(item[0]).array(item[1], partition)
+
+    writer.array(topics, topic)
+
+
+@dataclass(slots=True)
+class OffsetFetchRequest:
+    """OffsetFetch request v1-v3: ``topics`` None (v2+) means every committed partition."""
+
+    group_id: str
+    topics: list[tuple[str, list[int]]] | None
+
+
+def decode_offset_fetch(reader: Reader, version: int) -> OffsetFetchRequest:
+    """OffsetFetch request v1-v3 (null topics allowed from v2, KIP-88)."""
+    group_id = reader.string()
+
+    def topic(r: Reader) -> tuple[str, list[int]]:
+        return r.string(), r.array(Reader.int32, 4)
+
+    topics = reader.nullable_array(topic, 6)
+    if topics is None and version < 2:
+        raise DecodeError("OffsetFetch v1 needs a topic list")
+    return OffsetFetchRequest(group_id, topics)
+
+
+@dataclass(slots=True)
+class OffsetFetchPartition:
+    """One partition's committed offset (-1 if none) with its metadata and error."""
+
+    partition: int
+    offset: int
+    metadata: str | None
+    error_code: int = ErrorCode.NONE
+
+
+def encode_offset_fetch(
+    writer: Writer,
+    version: int,
+    error_code: int,
+    topics: list[tuple[str, list[OffsetFetchPartition]]],
+) -> None:
+    """OffsetFetch response v1-v3 (v2 added a top-level error, v3 throttle_time_ms)."""
+    if version >= 3:
+        writer.int32(0)  # throttle_time_ms
+
+    def partition(w: Writer, p: OffsetFetchPartition) -> None:
+        w.int32(p.partition).int64(p.offset).nullable_string(p.metadata).int16(p.error_code)
+
+    def topic(w: Writer, item: tuple[str, list[OffsetFetchPartition]]) -> None:
+        w.string(item[0]).array(item[1], partition)
+
+    writer.array(topics, topic)
+    if version >= 2:
+        writer.int16(error_code)
 
 
 def check_fully_consumed(reader: Reader, what: str) -> None:

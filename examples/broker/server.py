@@ -10,6 +10,8 @@ timing wheel:
 * ``replica_fetch``: the in-process followers' fetches (below the leader's LEO),
   completed by appends. Kafka keeps these in its one fetch purgatory; a separate
   one here keeps the client-facing statistics clean (a quiet broker shows 0).
+* ``rebalance`` and ``heartbeat``: consumer groups' join phases, sync deadlines
+  and member sessions (see :mod:`examples.broker.coordinator`).
 
 Connections: one reader task per client reads frames ahead into a small queue and
 one processor handles them strictly in order (Kafka answers in request order per
@@ -33,6 +35,7 @@ import structlog
 import aiopurgatory as ap
 
 from .codec import DecodeError, Reader, Writer
+from .coordinator import DelayedHeartbeat, GroupCoordinator
 from .messages import (
     API_NAMES,
     SUPPORTED_VERSIONS,
@@ -49,16 +52,29 @@ from .messages import (
     check_fully_consumed,
     decode_api_versions,
     decode_fetch,
+    decode_find_coordinator,
+    decode_heartbeat,
+    decode_join_group,
+    decode_leave_group,
     decode_list_offsets,
     decode_metadata,
+    decode_offset_commit,
+    decode_offset_fetch,
     decode_produce,
     decode_request_header,
+    decode_sync_group,
     encode_api_versions,
+    encode_error_only,
     encode_fetch,
+    encode_find_coordinator,
+    encode_join_group,
     encode_list_offsets,
     encode_metadata,
+    encode_offset_commit,
+    encode_offset_fetch,
     encode_produce,
     encode_response_header,
+    encode_sync_group,
 )
 from .operations import DelayedFetch, DelayedProduce, FetchTarget
 from .partition import LEADER_ID, Partition, TopicPartition
@@ -71,6 +87,17 @@ _SIZE = struct.Struct(">i")
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 _READ_AHEAD = 16  # frames read ahead per connection before TCP backpressure applies
 _CLUSTER_ID = "aiopurgatory-broker"
+_GROUP_APIS = frozenset(
+    (
+        ApiKey.FIND_COORDINATOR,
+        ApiKey.JOIN_GROUP,
+        ApiKey.SYNC_GROUP,
+        ApiKey.HEARTBEAT,
+        ApiKey.LEAVE_GROUP,
+        ApiKey.OFFSET_COMMIT,
+        ApiKey.OFFSET_FETCH,
+    )
+)
 
 
 @dataclass
@@ -96,6 +123,11 @@ class BrokerConfig:
         verify_crc: check the CRC-32C of produced batches (pure Python, costs CPU).
         stats_interval: seconds between purgatory statistics log lines; 0 = off.
         shutdown_grace: seconds :meth:`Broker.close` lets answered requests flush.
+        group_min_session_timeout: smallest consumer session timeout accepted
+            (Kafka's ``group.min.session.timeout.ms``).
+        group_max_session_timeout: largest one (``group.max.session.timeout.ms``).
+        group_initial_rebalance_delay: how long an empty group waits for more
+            members before its first generation (``group.initial.rebalance.delay.ms``).
     """
 
     host: str = "127.0.0.1"
@@ -114,6 +146,9 @@ class BrokerConfig:
     verify_crc: bool = True
     stats_interval: float = 10.0
     shutdown_grace: float = 2.0
+    group_min_session_timeout: float = 6.0
+    group_max_session_timeout: float = 1800.0
+    group_initial_rebalance_delay: float = 3.0
 
     def __post_init__(self) -> None:
         ints = {
@@ -136,6 +171,9 @@ class BrokerConfig:
             "replica_fetch_max_wait",
             "stats_interval",
             "shutdown_grace",
+            "group_min_session_timeout",
+            "group_max_session_timeout",
+            "group_initial_rebalance_delay",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
@@ -144,6 +182,11 @@ class BrokerConfig:
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
         if self.replica_lag_time_max <= 0 or self.replica_fetch_max_wait <= 0:
             raise ValueError("replica_lag_time_max and replica_fetch_max_wait must be > 0")
+        if self.group_min_session_timeout > self.group_max_session_timeout:
+            raise ValueError(
+                "group_min_session_timeout must not exceed group_max_session_timeout, got "
+                f"{self.group_min_session_timeout} > {self.group_max_session_timeout}"
+            )
         for name in ("host", "advertised_host"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
@@ -206,8 +249,24 @@ class Broker:
         self.replica_fetch_purgatory: ap.Purgatory[DelayedFetch] = ap.Purgatory(
             "replica_fetch", timer=self._timer, logger=self.log
         )
+        self.rebalance_purgatory: ap.Purgatory[ap.DelayedOperation] = ap.Purgatory(
+            "rebalance", timer=self._timer, logger=self.log
+        )
+        self.heartbeat_purgatory: ap.Purgatory[DelayedHeartbeat] = ap.Purgatory(
+            "heartbeat", timer=self._timer, logger=self.log
+        )
         self.partitions: dict[TopicPartition, Partition] = {}
         self.topics: dict[str, int] = {}
+        #: Consumer groups (FindCoordinator names this broker for every group).
+        self.coordinator = GroupCoordinator(
+            self.rebalance_purgatory,
+            self.heartbeat_purgatory,
+            self.partitions.__contains__,
+            min_session_timeout=config.group_min_session_timeout,
+            max_session_timeout=config.group_max_session_timeout,
+            initial_rebalance_delay=config.group_initial_rebalance_delay,
+            logger=self.log,
+        )
         self.followers = [
             Follower(i, self._replica_fetch, config.follower_lag)
             for i in range(1, config.followers + 1)
@@ -269,8 +328,10 @@ class Broker:
 
         Stops listening, stops the followers, expires every parked operation so
         its client gets an answer (REQUEST_TIMED_OUT for produces still waiting,
-        the available data for fetches), lets those answers flush for up to
-        ``shutdown_grace`` seconds, then closes every connection.
+        the available data for fetches, COORDINATOR_NOT_AVAILABLE for group
+        joins and syncs; group sessions and join phases are cancelled), lets those
+        answers flush for up to ``shutdown_grace`` seconds, then closes every
+        connection.
         """
         if self._closing:
             await self._closed.wait()
@@ -290,6 +351,7 @@ class Broker:
         await self.produce_purgatory.close(expire_pending=True)
         await self.fetch_purgatory.close(expire_pending=True)
         await self.replica_fetch_purgatory.close()
+        await self.coordinator.close()
         # Busy processors are answering what was just expired and stop after that;
         # idle ones would wait for a next request forever.
         for conn in list(self._connections):
@@ -391,12 +453,20 @@ class Broker:
             raise ValueError(f"lag must be a number of seconds in [0, 3600), got {lag!r}")
         self.follower(follower_id).lag = float(lag)
 
+    @property
+    def purgatories(self) -> list[ap.Purgatory[Any]]:
+        """Every purgatory of the broker (produce, fetch, replica_fetch, rebalance, heartbeat)."""
+        return [
+            self.produce_purgatory,
+            self.fetch_purgatory,
+            self.replica_fetch_purgatory,
+            self.rebalance_purgatory,
+            self.heartbeat_purgatory,
+        ]
+
     def statistics(self) -> dict[str, ap.PurgatoryStatistics]:
-        """Statistics of the three purgatories, by name."""
-        return {
-            p.name: p.statistics()
-            for p in (self.produce_purgatory, self.fetch_purgatory, self.replica_fetch_purgatory)
-        }
+        """Statistics of every purgatory, by name."""
+        return {p.name: p.statistics() for p in self.purgatories}
 
     @property
     def connection_count(self) -> int:
@@ -605,6 +675,8 @@ class Broker:
                 fetch = decode_fetch(reader, version)
                 check_fully_consumed(reader, "Fetch")
                 return await self._fetch(header, fetch)
+            if api in _GROUP_APIS:
+                return await self._group_request(header, reader)
             writer = Writer()
             if api == ApiKey.METADATA:
                 metadata = decode_metadata(reader, version)
@@ -627,6 +699,81 @@ class Broker:
                 error=str(exc),
             )
             raise _CloseConnection from exc
+
+    async def _group_request(self, header: RequestHeader, reader: Reader) -> bytes:
+        """The consumer-group APIs: decode, ask the coordinator, encode."""
+        api, version = header.api_key, header.api_version
+        coordinator = self.coordinator
+        writer = Writer()
+        if api == ApiKey.FIND_COORDINATOR:
+            find = decode_find_coordinator(reader, version)
+            check_fully_consumed(reader, "FindCoordinator")
+            # Group keys only: no transactions here. Every group lives on this node.
+            if find.key_type == 0:
+                error = ErrorCode.COORDINATOR_NOT_AVAILABLE if self._closing else ErrorCode.NONE
+            elif find.key_type == 1:
+                error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            else:
+                error = ErrorCode.INVALID_REQUEST
+            ok = error == ErrorCode.NONE
+            encode_find_coordinator(
+                writer,
+                version,
+                error,
+                LEADER_ID if ok else -1,
+                self.advertised_host if ok else "",
+                self.port if ok else -1,
+            )
+        elif api == ApiKey.JOIN_GROUP:
+            join = decode_join_group(reader, version)
+            check_fully_consumed(reader, "JoinGroup")
+            result = await coordinator.join(
+                join.group_id,
+                join.member_id,
+                header.client_id or "",
+                join.session_timeout_ms,
+                join.rebalance_timeout_ms,
+                join.protocol_type,
+                join.protocols,
+            )
+            encode_join_group(writer, version, result)
+        elif api == ApiKey.SYNC_GROUP:
+            sync = decode_sync_group(reader, version)
+            check_fully_consumed(reader, "SyncGroup")
+            error, assignment = await coordinator.sync(
+                sync.group_id, sync.generation_id, sync.member_id, sync.assignments
+            )
+            encode_sync_group(writer, version, error, assignment)
+        elif api == ApiKey.HEARTBEAT:
+            beat = decode_heartbeat(reader, version)
+            check_fully_consumed(reader, "Heartbeat")
+            error = coordinator.heartbeat(beat.group_id, beat.generation_id, beat.member_id)
+            encode_error_only(writer, version, error)
+        elif api == ApiKey.LEAVE_GROUP:
+            group_id, member_id = decode_leave_group(reader, version)
+            check_fully_consumed(reader, "LeaveGroup")
+            encode_error_only(writer, version, coordinator.leave(group_id, member_id))
+        elif api == ApiKey.OFFSET_COMMIT:
+            commit = decode_offset_commit(reader, version)
+            check_fully_consumed(reader, "OffsetCommit")
+            offsets = [
+                (TopicPartition(topic, index), offset, metadata)
+                for topic, partitions in commit.topics
+                for index, offset, metadata in partitions
+            ]
+            results = coordinator.commit_offsets(
+                commit.group_id, commit.generation_id, commit.member_id, offsets
+            )
+            by_topic: dict[str, list[tuple[int, int]]] = {}
+            for tp, code in results:
+                by_topic.setdefault(tp.topic, []).append((tp.partition, code))
+            encode_offset_commit(writer, version, list(by_topic.items()))
+        else:
+            fetch = decode_offset_fetch(reader, version)
+            check_fully_consumed(reader, "OffsetFetch")
+            error, topics = coordinator.fetch_offsets(fetch.group_id, fetch.topics)
+            encode_offset_fetch(writer, version, error, topics)
+        return self._frame(header, writer)
 
     @staticmethod
     def _frame(header: RequestHeader, body: Writer) -> bytes:
