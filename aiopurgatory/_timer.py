@@ -55,6 +55,8 @@ _LAG_LOG_INTERVAL: Final = 10.0
 # The tick of an entry that is staged (scheduled, not yet in the wheel). Any int
 # does: only "is None" (not pending) is ever tested before the real tick is set.
 _STAGED: Final = -1
+# After an early wake-up (uvloop), the next one is asked for no sooner than this.
+_EARLY_WAKE_RETRY: Final = 0.001
 # A stage this full within one loop iteration is compacted into the wheel.
 _STAGE_LIMIT: Final = 4096
 
@@ -410,12 +412,15 @@ class Timer:
         if not self._count:
             self._disarm()
 
-    def _arm(self, expiration: int) -> None:
+    def _arm(self, expiration: int, not_before: float = -inf) -> None:
         handle = self._handle
         if handle is not None:
             handle.cancel()
         self._armed = expiration
-        self._handle = self._loop.call_at(expiration * self._tick, self._on_timer)  # type: ignore[union-attr]
+        when = expiration * self._tick
+        self._handle = self._loop.call_at(  # type: ignore[union-attr]
+            when if when >= not_before else not_before, self._on_timer
+        )
 
     def _disarm(self) -> None:
         handle = self._handle
@@ -468,6 +473,13 @@ class Timer:
         # The wheel's clock only moves here; moving it to now before inserting
         # means new entries land on the right level (no needless cascading).
         due: list[Entry] = wheel.advance(self._floor_tick(now))
+        # Woken before the armed instant: uvloop rounds call_at to whole
+        # milliseconds and its clock moves in whole milliseconds, so re-arming for
+        # the same sub-millisecond instant would only spin until its clock ticks
+        # over. Ask to be woken no sooner than a millisecond from now instead.
+        not_before = (
+            now + _EARLY_WAKE_RETRY if armed is not None and now < armed * self._tick else -inf
+        )
         if armed is not None and due:
             lag = now - armed * self._tick
             if lag > _LAG_LOG_THRESHOLD and now - self._last_lag_log >= _LAG_LOG_INTERVAL:
@@ -487,7 +499,7 @@ class Timer:
             if self._count and not self._closed:
                 expiration = wheel.next_expiration()
                 if expiration is not None and expiration < self._armed:
-                    self._arm(expiration)
+                    self._arm(expiration, not_before)
 
     def _run(self, due: Sequence[Entry]) -> None:
         i = 0
