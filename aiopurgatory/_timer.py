@@ -66,9 +66,9 @@ class _TimerEntry(Entry):
 
     __slots__ = ("_when",)
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._when: float = 0.0
+    # The loop time it is due at; set by Timer._schedule (delayed operations keep
+    # None here until they are scheduled).
+    _when: float
 
     def _fire(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -128,10 +128,9 @@ class TimerHandle(_TimerEntry):
         args = self._args
         context = self._context
         self._callback = self._args = self._context = None
-        if context is None:
-            callback(*args)  # type: ignore[misc]
-        else:
-            context.run(callback, *args)  # type: ignore[arg-type, misc]
+        # A pending handle always has a context: the caller's, or a copy of the
+        # one current at scheduling time (as asyncio does).
+        context.run(callback, *args)  # type: ignore[arg-type, misc, union-attr]
 
     def _timer_closed(self) -> None:
         self._cancelled = True
