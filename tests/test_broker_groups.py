@@ -317,3 +317,107 @@ async def test_raw_disconnect_mid_join_and_close_answer_everything() -> None:
         assert await waiting.closed_by_peer()
         await waiting.close()
         assert group_pending(broker) == (0, 0)
+
+
+async def test_raw_initial_delay_gathers_members_and_sync_waits_for_the_leader() -> None:
+    settings = {**GROUP_SETTINGS, "group_initial_rebalance_delay": 0.3}
+    async with running_broker(**settings) as broker:
+        a = await RawConnection.open("127.0.0.1", broker.port)
+        b = await RawConnection.open("127.0.0.1", broker.port)
+        c = await RawConnection.open("127.0.0.1", broker.port)
+        try:
+            join = join_v2("", session_ms=5000, rebalance_ms=5000)
+            a.send(ApiKey.JOIN_GROUP, 2, join)
+            await eventually(lambda: "raw" in broker.coordinator.groups)
+            b.send(ApiKey.JOIN_GROUP, 2, join)
+            # Both arrive within the InitialDelayedJoin: one generation with both members.
+            (_, body_a), (_, body_b) = await asyncio.gather(
+                a.receive(ApiKey.JOIN_GROUP, 2), b.receive(ApiKey.JOIN_GROUP, 2)
+            )
+            ja, jb = parse_join_v2(body_a), parse_join_v2(body_b)
+            assert ja[0] == jb[0] == ErrorCode.NONE
+            assert ja[1] == jb[1] == 1
+            leader = ja[2]
+            assert sorted(ja[4] + jb[4]) == sorted([ja[3], jb[3]])  # only the leader sees members
+            follower_conn, follower = (b, jb[3]) if leader == ja[3] else (a, ja[3])
+            leader_conn = a if follower_conn is b else b
+
+            # The follower's SyncGroup waits for the leader's; a newcomer starts a
+            # rebalance first, so the follower is told to rejoin.
+            follower_conn.send(ApiKey.SYNC_GROUP, 1, sync_v1(follower, 1, None))
+            await follower_conn.writer.drain()
+            await eventually(
+                lambda: bool(broker.coordinator.groups["raw"].members[follower].awaiting_sync)
+            )
+            # (short timeouts: once alone, its unsynced generation expires quickly)
+            c.send(ApiKey.JOIN_GROUP, 2, join_v2("", session_ms=300, rebalance_ms=300))
+            _, body = await follower_conn.receive(ApiKey.SYNC_GROUP, 1)
+            body.int32()
+            assert body.int16() == ErrorCode.REBALANCE_IN_PROGRESS
+            # Stale leader sync: the group is rebalancing.
+            assert await error_of(leader_conn, ApiKey.SYNC_GROUP, sync_v1(leader, 1, b"x")) == (
+                ErrorCode.REBALANCE_IN_PROGRESS
+            )
+            for conn, member in ((leader_conn, leader), (follower_conn, follower)):
+                leave = Writer().string("raw").string(member).getvalue()
+                assert await error_of(conn, ApiKey.LEAVE_GROUP, leave) == ErrorCode.NONE
+        finally:
+            for conn in (a, b, c):
+                await conn.close()
+        await eventually(lambda: group_pending(broker) == (0, 0))
+
+
+def commit_v2(group: str, generation: int, member: str, offset: int) -> bytes:
+    w = Writer().string(group).int32(generation).string(member).int64(-1)
+    w.int32(2)
+    w.string(TOPIC).int32(1).int32(0).int64(offset).nullable_string("meta")
+    w.string("missing").int32(1).int32(0).int64(offset).nullable_string(None)
+    return w.getvalue()
+
+
+def fetch_offsets(body: Reader, version: int) -> tuple[list[tuple[str, int, int, int]], int]:
+    if version >= 3:
+        body.int32()
+
+    def partition(r: Reader) -> tuple[int, int, int]:
+        index, offset = r.int32(), r.int64()
+        r.nullable_string()
+        return index, offset, r.int16()
+
+    topics = body.array(lambda r: (r.string(), r.array(partition)))
+    error = body.int16() if version >= 2 else 0
+    return [(t, p, o, e) for t, ps in topics for p, o, e in ps], error
+
+
+async def test_raw_offset_commit_and_fetch_without_membership() -> None:
+    async with running_broker(**GROUP_SETTINGS) as broker:
+        conn = await RawConnection.open("127.0.0.1", broker.port)
+        try:
+            # Generation -1, no member: a consumer assigning partitions itself.
+            reply = await conn.request(ApiKey.OFFSET_COMMIT, 2, commit_v2("solo", -1, "", 7))
+            results = reply.array(lambda r: (r.string(), r.array(lambda p: (p.int32(), p.int16()))))
+            assert results == [
+                (TOPIC, [(0, ErrorCode.NONE)]),
+                ("missing", [(0, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)]),
+            ]
+            # A generation for a group nobody joined is refused.
+            reply = await conn.request(ApiKey.OFFSET_COMMIT, 3, commit_v2("other", 4, "m", 1))
+            reply.int32()
+            assert reply.array(
+                lambda r: (r.string(), r.array(lambda p: (p.int32(), p.int16())))
+            ) == [
+                (TOPIC, [(0, ErrorCode.ILLEGAL_GENERATION)]),
+                ("missing", [(0, ErrorCode.ILLEGAL_GENERATION)]),
+            ]
+            asked = Writer().string("solo").int32(1).string(TOPIC).int32(2).int32(0).int32(1)
+            reply = await conn.request(ApiKey.OFFSET_FETCH, 1, asked.getvalue())
+            assert fetch_offsets(reply, 1) == ([(TOPIC, 0, 7, 0), (TOPIC, 1, -1, 0)], 0)
+            everything = Writer().string("solo").int32(-1).getvalue()  # null: all (v2+)
+            reply = await conn.request(ApiKey.OFFSET_FETCH, 3, everything)
+            assert fetch_offsets(reply, 3) == ([(TOPIC, 0, 7, 0)], 0)
+            # Null topics in v1 is malformed: that connection closes.
+            conn.send(ApiKey.OFFSET_FETCH, 1, everything)
+            assert await conn.closed_by_peer()
+        finally:
+            await conn.close()
+        assert broker.coordinator.groups["solo"].offsets == {TopicPartition(TOPIC, 0): (7, "meta")}

@@ -448,8 +448,10 @@ class GroupCoordinator:
             member.awaiting_join = future
             if not group.members:
                 group.protocol_type = protocol_type
+            if group.state is GroupState.PREPARING_REBALANCE:
+                # Read by InitialDelayedJoin: someone arrived during the delay.
+                group.new_member_added = True
             group.add(member)
-            group.new_member_added = True
             self.log.info("broker.group_member_added", group=group_id, member=member.member_id)
             self._maybe_prepare_rebalance(group, "new member")
         else:
