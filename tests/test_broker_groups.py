@@ -10,6 +10,7 @@ the rebalances fast; nothing asserts timings.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -18,6 +19,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from examples.broker import Broker, TopicPartition
+from examples.broker.admin import execute
 from examples.broker.codec import Reader, Writer
 from examples.broker.coordinator import GroupState
 from examples.broker.messages import ApiKey, ErrorCode
@@ -99,6 +101,11 @@ async def test_group_consumer_commits_and_a_new_member_resumes() -> None:
             await cons.commit()
             tps = [KafkaTopicPartition(TOPIC, p) for p in range(4)]
             assert [await cons.committed(tp) for tp in tps] == [10, 10, 10, 10]
+            reply = await execute(broker, "groups")
+            assert reply.startswith("ok ")
+            described = json.loads(reply[3:])["g"]
+            assert (described["state"], described["generation"]) == ("Stable", 1)
+            assert described["committed_partitions"] == 4
         finally:
             await cons.stop()
         group = broker.coordinator.groups["g"]
@@ -421,3 +428,35 @@ async def test_raw_offset_commit_and_fetch_without_membership() -> None:
         finally:
             await conn.close()
         assert broker.coordinator.groups["solo"].offsets == {TopicPartition(TOPIC, 0): (7, "meta")}
+
+
+GROUP_REQUESTS = [
+    (ApiKey.FIND_COORDINATOR, 1, Writer().string("g").int8(0).getvalue()),
+    (ApiKey.JOIN_GROUP, 2, join_v2("", session_ms=5000, rebalance_ms=5000)),
+    (ApiKey.SYNC_GROUP, 1, sync_v1("m", 1, b"x")),
+    (ApiKey.HEARTBEAT, 1, member_request("m", 1)),
+    (ApiKey.LEAVE_GROUP, 1, Writer().string("g").string("m").getvalue()),
+    (ApiKey.OFFSET_COMMIT, 3, commit_v2("g", -1, "", 1)),
+    (ApiKey.OFFSET_FETCH, 3, Writer().string("g").int32(-1).getvalue()),
+]
+
+
+async def test_truncated_or_padded_group_requests_close_only_their_connection() -> None:
+    async with running_broker(**GROUP_SETTINGS) as broker:
+        for api, version, body in GROUP_REQUESTS:
+            for bad in (body[:-1], body[: len(body) // 2], body + b"\0"):
+                conn = await RawConnection.open("127.0.0.1", broker.port)
+                conn.send(api, version, bad)
+                assert await conn.closed_by_peer(), (api, len(bad))
+                await conn.close()
+        # Still serving: FindCoordinator names this broker.
+        conn = await RawConnection.open("127.0.0.1", broker.port)
+        try:
+            reply = await conn.request(*GROUP_REQUESTS[0])
+            reply.int32()
+            assert reply.int16() == ErrorCode.NONE
+            reply.nullable_string()
+            assert (reply.int32(), reply.string(), reply.int32()) == (0, "127.0.0.1", broker.port)
+        finally:
+            await conn.close()
+        assert group_pending(broker) == (0, 0)
