@@ -233,7 +233,7 @@ def test_ragged_delay_lists_plan_like_uniform_ones() -> None:
         ]
     )
     ragged = uniform.copy()
-    ragged["replica_delays"] = [[0.3], None, [0.05, 0.01]]
+    ragged["replica_delays"] = pd.Series([[0.3], None, [0.05, 0.01]], dtype=object)
     for min_insync in (2, 3):
         params = ReplayParams(timeout=1.0, min_insync=min_insync)
         pd.testing.assert_frame_equal(
@@ -241,7 +241,7 @@ def test_ragged_delay_lists_plan_like_uniform_ones() -> None:
         )
     for delays in ([[0.3, -0.1], [None, None], [0.05, 0.01]], [[0.3], None, [-0.1, 0.2]]):
         bad = uniform.copy()
-        bad["replica_delays"] = delays
+        bad["replica_delays"] = pd.Series(delays, dtype=object)
         with pytest.raises(ValueError, match="negative replica delay in request"):
             replay_requests(bad, ReplayParams(timeout=1.0))
 
