@@ -4,6 +4,11 @@
 --master local[2] --dir /tmp/aiopurgatory-bench`` prints one JSON object with the
 times (wall seconds) and rows per second of each step, plus the load average
 (the machine may be shared), and the single-process replay rate in CPU time.
+
+``--no-spark`` measures only the single-process replay core (no Spark session);
+``--compare-plain`` also replays the same trace with the plain loop path (one
+event-loop turn per event time, ``fast=False``), reports its rate and checks that
+both produce identical facts.
 """
 
 from __future__ import annotations
@@ -69,21 +74,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default="/tmp/aiopurgatory-bench")
     parser.add_argument("--skip-analyze", action="store_true")
     parser.add_argument("--skip-replay", action="store_true")
+    parser.add_argument(
+        "--no-spark", action="store_true", help="only the single-process replay core"
+    )
+    parser.add_argument(
+        "--compare-plain",
+        action="store_true",
+        help="also time the plain loop path (fast=False) and check identical facts",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 
-    from .analyze import analyze_facts, read_events
-    from .replay import read_trace, replay_spark
     from .replay_core import ReplayParams, replay_trace
-    from .session import get_spark
     from .trace import TraceSpec, generate_trace, write_trace
 
     root = Path(args.dir)
-    result: dict[str, Any] = {"master": args.master, "cpus": os.cpu_count()}
-    started = time.perf_counter()
-    spark = get_spark(args.master, app_name="aiopurgatory-benchmark")
-    result["session_s"] = time.perf_counter() - started
+    result: dict[str, Any] = {"master": None if args.no_spark else args.master}
+    result["cpus"] = os.cpu_count()
+    spark: Any = None
+    if not args.no_spark:
+        from .session import get_spark
 
-    if not args.skip_analyze:
+        started = time.perf_counter()
+        spark = get_spark(args.master, app_name="aiopurgatory-benchmark")
+        result["session_s"] = time.perf_counter() - started
+
+    if spark is not None and not args.skip_analyze:
+        from .analyze import analyze_facts, read_events
+
         events_dir = root / f"events-{args.events}"
         if not events_dir.exists():
             result["events_bytes"] = write_synthetic_events(events_dir, args.events)
@@ -105,26 +122,36 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     if not args.skip_replay:
-        trace_path = root / f"trace-{args.requests}.parquet"
         spec = TraceSpec(requests=args.requests, brokers=4, rate=20_000.0, seed=1)
         trace_pd = generate_trace(spec)
-        write_trace(trace_pd, trace_path)
         params = [ReplayParams(timeout=0.2, min_insync=2)]
-        started = time.perf_counter()
-        facts = replay_spark(spark, read_trace(spark, str(trace_path)), params)
-        facts.write.mode("overwrite").parquet(str(root / "replay-facts"))
-        spark_s = time.perf_counter() - started
+        replay: dict[str, Any] = {"requests": args.requests, "brokers": spec.brokers}
+        if spark is not None:
+            from .replay import read_trace, replay_spark
+
+            trace_path = root / f"trace-{args.requests}.parquet"
+            write_trace(trace_pd, trace_path)
+            started = time.perf_counter()
+            facts = replay_spark(spark, read_trace(spark, str(trace_path)), params)
+            facts.write.mode("overwrite").parquet(str(root / "replay-facts"))
+            spark_s = time.perf_counter() - started
+            replay["spark_s"] = round(spark_s, 2)
+            replay["spark_requests_per_s"] = round(args.requests / spark_s)
         cpu = time.process_time()
         wall = time.perf_counter()
-        replay_trace(trace_pd, params)
-        result["replay"] = {
-            "requests": args.requests,
-            "brokers": spec.brokers,
-            "spark_s": round(spark_s, 2),
-            "spark_requests_per_s": round(args.requests / spark_s),
-            "single_process_wall_s": round(time.perf_counter() - wall, 2),
-            "single_process_requests_per_cpu_s": round(args.requests / (time.process_time() - cpu)),
-        }
+        fast = replay_trace(trace_pd, params)
+        cpu_s = time.process_time() - cpu
+        replay["single_process_wall_s"] = round(time.perf_counter() - wall, 2)
+        replay["single_process_cpu_s"] = round(cpu_s, 2)
+        replay["single_process_requests_per_cpu_s"] = round(args.requests / cpu_s)
+        if args.compare_plain:
+            cpu = time.process_time()
+            plain = replay_trace(trace_pd, params, fast=False)
+            cpu_s = time.process_time() - cpu
+            replay["plain_loop_cpu_s"] = round(cpu_s, 2)
+            replay["plain_loop_requests_per_cpu_s"] = round(args.requests / cpu_s)
+            replay["same_facts"] = bool(fast.equals(plain))
+        result["replay"] = replay
     result["loadavg"] = os.getloadavg()
     print(json.dumps(result, indent=2))
     return 0
