@@ -194,6 +194,19 @@ def test_fast_path_equals_plain_loop_on_random_traces(seed: int) -> None:
     assert len(fast) == len(trace)
 
 
+def test_fast_path_equals_plain_loop_with_a_huge_batch() -> None:
+    # 10000 arrivals in 0.1 s with a 1 s timeout: no timer is due for a second, so
+    # the fast path runs them all in one batch, beyond the 4096 entries at which
+    # the timer moves its stage into the wheel early.
+    trace = _random_trace(random.Random(99), 10_000, 100_000.0)
+    params = ReplayParams(timeout=1.0, min_insync=3)
+    fast = replay_requests(trace, params)
+    pd.testing.assert_frame_equal(
+        fast, replay_requests(trace, params, fast=False), check_exact=True
+    )
+    assert set(fast["outcome"]) == {"completed", "expired"}
+
+
 def test_events_within_a_nanosecond_happen_at_their_own_time() -> None:
     # asyncio runs a handle due within its clock resolution (1 ns) without moving
     # the clock; the replay still watches each request at its own arrival.
