@@ -498,7 +498,7 @@ async def _run_batched(
     expiries at a time come before events at that time). Every op therefore
     completes, or expires, at the same time as in the plain path; only the wheel
     level that a late-flushed op sits on can differ, which is why the facts are
-    put in a canonical order (see :func:`_canonical_order`).
+    put in a canonical order (see :func:`_expiry_ties`).
     """
     times, kinds, index, keys, request_ids, required = plan
     watch = purgatory.try_complete_else_watch
@@ -616,7 +616,8 @@ def replay_requests(
 
     Returns:
         The per-op fact table (:data:`~aiopurgatory.pipeline.schema.FACT_COLUMNS`),
-        one row per request in the order the ops finished.
+        one row per request in the order the ops finished (ops that expire at
+        the same instant in the order they were watched).
 
     Raises:
         TypeError: ``params`` is not a ReplayParams.
