@@ -55,7 +55,8 @@ _LAG_LOG_INTERVAL: Final = 10.0
 # The tick of an entry that is staged (scheduled, not yet in the wheel). Any int
 # does: only "is None" (not pending) is ever tested before the real tick is set.
 _STAGED: Final = -1
-# After an early wake-up (uvloop), the next one is asked for no sooner than this.
+# After two early wake-ups at the same clock reading (uvloop), the next one is
+# asked for no sooner than this.
 _EARLY_WAKE_RETRY: Final = 0.001
 # A stage this full within one loop iteration is compacted into the wheel.
 _STAGE_LIMIT: Final = 4096
@@ -164,6 +165,7 @@ class Timer:
         "_armed",
         "_closed",
         "_count",
+        "_early_wake",
         "_handle",
         "_last_lag_log",
         "_logger",
@@ -200,6 +202,7 @@ class Timer:
         self._closed = False
         self._logger = LazyLogger(timer=id(self))
         self._last_lag_log = -inf
+        self._early_wake = -inf  # loop time of the last early wake-up
 
     @property
     def tick(self) -> float:
@@ -472,13 +475,17 @@ class Timer:
         # The wheel's clock only moves here; moving it to now before inserting
         # means new entries land on the right level (no needless cascading).
         due: list[Entry] = wheel.advance(self._floor_tick(now))
-        # Woken before the armed instant: uvloop rounds call_at to whole
-        # milliseconds and its clock moves in whole milliseconds, so re-arming for
-        # the same sub-millisecond instant would only spin until its clock ticks
-        # over. Ask to be woken no sooner than a millisecond from now instead.
-        not_before = (
-            now + _EARLY_WAKE_RETRY if armed is not None and now < armed * self._tick else -inf
-        )
+        # Woken before the armed instant, the driver re-arms for it. asyncio wakes
+        # handles up to its clock resolution (~1 ns) early and then honours the
+        # re-armed instant. uvloop's clock moves in whole milliseconds (and rounds
+        # call_at likewise): if a second early wake-up finds the clock where the
+        # first one left it, re-arming for the same instant would only spin until
+        # the millisecond ticks over, so ask for no sooner than a millisecond on.
+        not_before = -inf
+        if armed is not None and now < armed * self._tick:
+            if now == self._early_wake:
+                not_before = now + _EARLY_WAKE_RETRY
+            self._early_wake = now
         if armed is not None and due:
             lag = now - armed * self._tick
             if lag > _LAG_LOG_THRESHOLD and now - self._last_lag_log >= _LAG_LOG_INTERVAL:

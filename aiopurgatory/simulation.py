@@ -22,6 +22,7 @@ to get the same loop elsewhere.
 from __future__ import annotations
 
 import asyncio
+import math
 import selectors
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeAlias, TypeVar
@@ -78,8 +79,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def __init__(self, start: float = 0.0) -> None:
         selector = _VirtualSelector()
-        super().__init__(selector)
         self._virtual_now = 0.0
+        super().__init__(selector)
         try:
             self._virtual_now = as_seconds(start, "start")
         except (TypeError, ValueError):
@@ -92,6 +93,19 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         """The virtual clock, in seconds."""
         return self._virtual_now
+
+    # asyncio runs a handle once ``when < time() + _clock_resolution``: a real
+    # clock's resolution (1 ns) would run handles up to 1 ns before their time,
+    # at a virtual instant that then may not move. The virtual clock is exact:
+    # one ulp makes "due" mean ``when <= time()``, and anything later makes the
+    # loop idle, so the clock jumps to it.
+    @property
+    def _clock_resolution(self) -> float:
+        return math.ulp(self._virtual_now)
+
+    @_clock_resolution.setter
+    def _clock_resolution(self, value: float) -> None:
+        pass  # BaseEventLoop.__init__ sets the real clock's; not ours
 
     def advance(self, seconds: float) -> None:
         """Move the clock forward by ``seconds`` (>= 0) right now, without running anything.

@@ -278,14 +278,6 @@ class _Timed(DelayedOperation):
         self.finished_at = asyncio.get_running_loop().time()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "core bug: on virtual time asyncio runs the timer's handle up to 1 ns early "
-        "(clock_resolution) and Timer._drive then re-arms a millisecond later "
-        "(_EARLY_WAKE_RETRY), so the expiry misses its tick by a whole millisecond"
-    ),
-)
 def test_core_expiry_keeps_its_tick_after_a_wake_up_a_nanosecond_early() -> None:
     async def main() -> tuple[float | None, float | None]:
         purgatory: Purgatory[_Timed] = Purgatory("p", tick=0.001)
