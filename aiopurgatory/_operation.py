@@ -78,6 +78,7 @@ class DelayedOperation(_TimerEntry):
             raise ValueError(f"timeout must not be negative, got {timeout!r}")
         self._tick = None
         self._bucket = None
+        self._key = 0
         self._when: float | None = None  # type: ignore[assignment]
         self._timeout = timeout
         self._purgatory: Purgatory[Any] | None = None

@@ -316,7 +316,8 @@ class Purgatory(Generic[OpT]):
         if outcome is not None:
             return outcome is COMPLETED
 
-        oid = id(op)
+        # One int object for the op's key in every watch list and in the wheel.
+        op._key = oid = id(op)
         watchers = self._watchers
         for key in keys:
             ops = watchers.get(key)
@@ -548,7 +549,7 @@ class Purgatory(Generic[OpT]):
         """Take a finishing ``op`` out of every watch list and out of the timer."""
         keys = op._keys
         if keys:
-            oid = id(op)
+            oid = op._key
             watchers = self._watchers
             for key in keys:
                 ops = watchers[key]

@@ -117,7 +117,7 @@ class TimerHandle(_TimerEntry):
             self._tick = None
             bucket = self._bucket
             if bucket is not None:
-                del bucket[id(self)]
+                del bucket[self._key]
                 self._bucket = None
             timer = self._timer
             timer._count = count = timer._count - 1
@@ -261,6 +261,7 @@ class Timer:
         handle._context = _copy_context() if context is None else context
         handle._cancelled = False
         handle._bucket = None
+        handle._key = 0
         self._schedule(handle, self._time() + delay)
         return handle
 
@@ -294,6 +295,7 @@ class Timer:
         handle._context = _copy_context() if context is None else context
         handle._cancelled = False
         handle._bucket = None
+        handle._key = 0
         self._schedule(handle, when)
         return handle
 
@@ -408,7 +410,7 @@ class Timer:
         entry._tick = None
         bucket = entry._bucket
         if bucket is not None:
-            del bucket[id(entry)]
+            del bucket[entry._key]
             entry._bucket = None
         self._count -= 1
         if not self._count:
