@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Generator, Hashable
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._errors import as_seconds
@@ -84,7 +85,10 @@ class DelayedOperation(_TimerEntry):
         self._purgatory: Purgatory[Any] | None = None
         self._keys: tuple[Hashable, ...] = ()
         self._outcome: Outcome | None = None
-        self._exception: Exception | None = None
+        # The failure and its traceback as recorded, raised again with that
+        # traceback each time (as asyncio.Future does), so that repeated awaits
+        # do not grow it and keep their frames alive.
+        self._exception: tuple[Exception, TracebackType | None] | None = None
         self._waiters: list[asyncio.Future[None]] | None = None
 
     def __repr__(self) -> str:
@@ -122,7 +126,8 @@ class DelayedOperation(_TimerEntry):
     @property
     def exception(self) -> Exception | None:
         """The exception a callback of this operation raised, if any."""
-        return self._exception
+        failure = self._exception
+        return None if failure is None else failure[0]
 
     def done(self) -> bool:
         """True once finished in any way (completed, expired, cancelled or failed)."""
@@ -228,8 +233,9 @@ class DelayedOperation(_TimerEntry):
             waiters.append(future)
 
     def _result(self) -> Outcome:
-        if self._exception is not None:
-            raise self._exception
+        failure = self._exception
+        if failure is not None:
+            raise failure[0].with_traceback(failure[1])
         assert self._outcome is not None
         return self._outcome
 
@@ -287,7 +293,7 @@ class DelayedOperation(_TimerEntry):
 
     def _callback_failed(self, exc: Exception, callback: str) -> None:
         if self._exception is None:
-            self._exception = exc
+            self._exception = (exc, exc.__traceback__)
         from ._purgatory import log_callback_failure
 
         log_callback_failure(self, exc, callback)

@@ -30,6 +30,8 @@ from ._logging import LazyLogger
 from ._operation import COMPLETED, DelayedOperation, Outcome
 from ._timer import Timer
 
+_get_running_loop = asyncio._get_running_loop  # C; None outside a running loop
+
 __all__ = ["Purgatory", "PurgatoryStatistics"]
 
 OpT = TypeVar("OpT", bound=DelayedOperation)
@@ -85,15 +87,15 @@ def _keys_of(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
             "wrap it in a list"
         )
     try:
-        unique = dict.fromkeys(keys)
+        items = list(keys)  # once: a generator cannot be read twice
     except TypeError:
-        try:
-            iterator = iter(keys)
-        except TypeError:
-            raise TypeError(
-                f"keys must be an iterable of hashable keys, got {type(keys).__name__}"
-            ) from None
-        for key in iterator:
+        raise TypeError(
+            f"keys must be an iterable of hashable keys, got {type(keys).__name__}"
+        ) from None
+    try:
+        unique = dict.fromkeys(items)
+    except TypeError:
+        for key in items:
             try:
                 hash(key)
             except TypeError as exc:
@@ -166,6 +168,8 @@ class Purgatory(Generic[OpT]):
         if timer is not None:
             if not isinstance(timer, Timer):
                 raise TypeError(f"timer must be an aiopurgatory.Timer, got {type(timer).__name__}")
+            # Checked as the timer's own constructor would, then compared.
+            Timer(tick=tick, wheel_size=wheel_size)
             if tick != _DEFAULT_TICK or wheel_size != _DEFAULT_WHEEL_SIZE:
                 raise ValueError(
                     "tick and wheel_size cannot be given together with timer "
@@ -191,8 +195,13 @@ class Purgatory(Generic[OpT]):
         self._recorder: Callable[[DelayedOperation], None] | None = None
         if logger is None:
             self._logger: Any = LazyLogger(purgatory=name)
-        else:
+        elif callable(getattr(logger, "bind", None)):
             self._logger = logger.bind(purgatory=name)
+        else:
+            raise TypeError(
+                f"logger must be a structlog-compatible logger (with bind()), "
+                f"got {type(logger).__name__}"
+            )
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"pending={self._pending}"
@@ -276,9 +285,9 @@ class Purgatory(Generic[OpT]):
             RuntimeError: first use outside a running event loop.
             Exception: whatever ``op.try_complete()`` raised (the op is then finished).
         """
-        keys = _keys_of(keys)
         if not isinstance(op, DelayedOperation):
             raise TypeError(f"op must be a DelayedOperation, got {type(op).__name__}")
+        keys = _keys_of(keys)
         try:
             owner = op._purgatory
             outcome = op._outcome
@@ -300,9 +309,13 @@ class Purgatory(Generic[OpT]):
         loop = self._loop
         if loop is None:
             loop = self._bind()
+        elif _get_running_loop() is not loop:
+            raise RuntimeError(f"purgatory {self._name!r} is bound to another event loop")
         timer = self._timer
         if timer._closed:
             raise PurgatoryClosedError(f"the timer of purgatory {self._name!r} is closed")
+        if timer._time() + op._timeout > timer._max_when:
+            raise timer._too_far("timeout", op._timeout)
 
         op._purgatory = self
         # First check, before any bookkeeping: most requests that can complete at
@@ -339,6 +352,9 @@ class Purgatory(Generic[OpT]):
         outcome = op._outcome
         if outcome is not None:
             return outcome is COMPLETED
+        if timer.closed:  # closed by a callback of try_complete meanwhile
+            op.cancel()
+            return False
 
         timer._schedule(op, timer._time() + op._timeout)
         self._delayed += 1
@@ -399,8 +415,8 @@ class Purgatory(Generic[OpT]):
             return 0
         completed = 0
         for op in list(ops.values()):
-            if op.done() or op._purgatory is not self:
-                continue
+            if op.done():
+                continue  # finished by a callback of an earlier op
             try:
                 op.try_complete()
             except Exception as exc:
@@ -484,7 +500,7 @@ class Purgatory(Generic[OpT]):
                 op.cancel()
         if self._owns_timer:
             self._timer.close()
-        # Debug: closing is routine, and an unconfigured structlog prints info.
+        # Debug level: closing is routine (applications filter it out as they wish).
         self._logger.debug(
             "aiopurgatory.purgatory_closed",
             finished=len(pending),

@@ -27,6 +27,7 @@ It converts loop-time seconds to integer ticks and keeps exactly one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import enum
 import time
@@ -55,6 +56,7 @@ _LAG_LOG_INTERVAL: Final = 10.0
 # The tick of an entry that is staged (scheduled, not yet in the wheel). Any int
 # does: only "is None" (not pending) is ever tested before the real tick is set.
 _STAGED: Final = -1
+_MAX_TICKS: Final = 2**62
 # After two early wake-ups at the same clock reading (uvloop), the next one is
 # asked for no sooner than this.
 _EARLY_WAKE_RETRY: Final = 0.001
@@ -165,11 +167,13 @@ class Timer:
         "_armed",
         "_closed",
         "_count",
+        "_due_now",
         "_early_wake",
         "_handle",
         "_last_lag_log",
         "_logger",
         "_loop",
+        "_max_when",
         "_soon_handle",
         "_staged",
         "_tick",
@@ -190,11 +194,14 @@ class Timer:
         self._wheel_size = wheel_size
         self._loop: asyncio.AbstractEventLoop | None = None
         self._time: Callable[[], float] = time.monotonic
-        self._wheel = TimingWheel(wheel_size)
+        self._wheel = TimingWheel(int(wheel_size))
         self._handle: asyncio.TimerHandle | None = None
-        # Tick the loop handle is armed for; inf when unarmed, -inf while the
-        # driver is running callbacks (so inserts do not arm; it re-arms after).
+        # Tick the loop handle is armed for; inf when unarmed.
         self._armed: float = inf
+        # Deadlines past this many ticks are refused: the tick would not fit a
+        # float division (2**62 ms is about 146 million years).
+        self._max_when = _MAX_TICKS * tick
+        self._due_now: list[_TimerEntry] = []
         self._count = 0
         # New entries wait here until the next loop iteration (see _schedule).
         self._staged: list[_TimerEntry] = []
@@ -213,6 +220,11 @@ class Timer:
     def wheel_size(self) -> int:
         """Slots per wheel level."""
         return self._wheel_size
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has been called."""
+        return self._closed
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -244,7 +256,8 @@ class Timer:
 
         Raises:
             TypeError: ``delay`` is not a number (or is a bool); ``callback`` is not callable.
-            ValueError: ``delay`` is NaN or infinite.
+            ValueError: ``delay`` is NaN or infinite, or beyond what the wheel
+                counts (``2**62`` ticks: about 146 million years at 1 ms).
             PurgatoryClosedError: the timer is closed.
             RuntimeError: first use outside a running event loop.
         """
@@ -262,7 +275,10 @@ class Timer:
         handle._cancelled = False
         handle._bucket = None
         handle._key = 0
-        self._schedule(handle, self._time() + delay)
+        when = self._time() + delay
+        if when > self._max_when:
+            raise self._too_far("delay", delay)
+        self._schedule(handle, when)
         return handle
 
     def call_at(
@@ -278,7 +294,7 @@ class Timer:
 
         Raises:
             TypeError: ``when`` is not a number (or is a bool); ``callback`` is not callable.
-            ValueError: ``when`` is NaN or infinite.
+            ValueError: ``when`` is NaN or infinite, or beyond ``2**62`` ticks.
             PurgatoryClosedError: the timer is closed.
             RuntimeError: first use outside a running event loop.
         """
@@ -288,6 +304,8 @@ class Timer:
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
         if self._loop is None or self._closed:
             self._bind()
+        if when > self._max_when:
+            raise self._too_far("when", when)
         handle = _new_handle(TimerHandle)
         handle._timer = self
         handle._callback = callback
@@ -332,8 +350,13 @@ class Timer:
         if self._soon_handle is not None:
             self._soon_handle.cancel()
             self._soon_handle = None
-        entries: list[_TimerEntry] = [*self._staged, *self._wheel.clear()]  # type: ignore[list-item]
+        entries: list[_TimerEntry] = [
+            *self._due_now,
+            *self._staged,
+            *self._wheel.clear(),  # type: ignore[list-item]
+        ]
         self._staged = []
+        self._due_now = []
         for entry in entries:
             if entry._tick is not None:
                 entry._tick = None
@@ -358,11 +381,17 @@ class Timer:
             # Loops with their own clock (uvloop, virtual time) keep theirs.
             self._time = (
                 time.monotonic
-                if getattr(type(loop), "time", None) is asyncio.BaseEventLoop.time
+                if getattr(loop.time, "__func__", None) is asyncio.BaseEventLoop.time
                 else loop.time
             )
-            self._wheel = TimingWheel(self._wheel_size, self._floor_tick(loop.time()))
+            self._wheel = TimingWheel(int(self._wheel_size), self._floor_tick(loop.time()))
         return loop
+
+    def _too_far(self, name: str, value: float) -> ValueError:
+        return ValueError(
+            f"{name}={value!r} is too far in the future: with tick={self._tick} s this "
+            f"timer counts up to {self._max_when:.3g} s of loop time"
+        )
 
     def _floor_tick(self, now: float) -> int:
         """The largest tick ``n`` with ``n * tick <= now``, in float arithmetic.
@@ -395,14 +424,15 @@ class Timer:
         accuracy; an entry already due (``when`` in the past) runs from that same
         ``call_soon``, never inside this call.
         """
+        if self._soon_handle is None:
+            # First, so that a closed loop refuses before anything has changed.
+            self._soon_handle = self._loop.call_soon(self._on_soon)  # type: ignore[union-attr]
         entry._when = when
         entry._tick = _STAGED
         self._count += 1
         staged = self._staged
         staged.append(entry)
-        if self._soon_handle is None:
-            self._soon_handle = self._loop.call_soon(self._on_soon)  # type: ignore[union-attr]
-        elif len(staged) >= _STAGE_LIMIT:
+        if len(staged) >= _STAGE_LIMIT:
             self._compact()
 
     def _unschedule(self, entry: _TimerEntry) -> None:
@@ -459,12 +489,13 @@ class Timer:
 
     def _compact(self) -> None:
         # The stage is full within one loop iteration: move the live entries into
-        # the wheel now so that memory stays bounded; keep the due ones staged.
-        keep: list[_TimerEntry] = []
+        # the wheel now so that memory stays bounded. Entries already due wait in
+        # _due_now for the next _drive (never rescanned here: no quadratic cost).
+        due_now = self._due_now
         for entry in self._staged:
             if entry._tick is not None and not self._insert(entry):
-                keep.append(entry)  # noqa: PERF401 - _insert has side effects
-        self._staged = keep
+                due_now.append(entry)
+        self._staged = []
 
     def _drive(self, armed: float | None) -> None:
         """Run everything due, bring staged entries into the wheel, re-arm.
@@ -477,6 +508,9 @@ class Timer:
         # The wheel's clock only moves here; moving it to now before inserting
         # means new entries land on the right level (no needless cascading).
         due: list[Entry] = wheel.advance(self._floor_tick(now))
+        if self._due_now:
+            due.extend(self._due_now)
+            self._due_now = []
         # Woken before the armed instant, the driver re-arms for it. asyncio wakes
         # handles up to its clock resolution (~1 ns) early and then honours the
         # re-armed instant. uvloop's clock moves in whole milliseconds (and rounds
@@ -488,11 +522,7 @@ class Timer:
             if now == self._early_wake:
                 not_before = now + _EARLY_WAKE_RETRY
             self._early_wake = now
-        if armed is not None and due:
-            lag = now - armed * self._tick
-            if lag > _LAG_LOG_THRESHOLD and now - self._last_lag_log >= _LAG_LOG_INTERVAL:
-                self._last_lag_log = now
-                self._logger.debug("aiopurgatory.timer_lag", lag=lag, due=len(due))
+        lag = now - armed * self._tick if armed is not None and due else 0.0
         staged = self._staged
         if staged:
             self._staged = []
@@ -504,6 +534,11 @@ class Timer:
             if due:
                 self._run(due)
         finally:
+            if lag > _LAG_LOG_THRESHOLD and now - self._last_lag_log >= _LAG_LOG_INTERVAL:
+                self._last_lag_log = now
+                # An application's logging configuration must not stop timers.
+                with contextlib.suppress(Exception):
+                    self._logger.debug("aiopurgatory.timer_lag", lag=lag, due=len(due))
             if self._count and not self._closed:
                 expiration = wheel.next_expiration()
                 if expiration is not None and expiration < self._armed:
@@ -641,7 +676,11 @@ class Timeout:
         self._handle = None
 
 
-_shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Timer] = weakref.WeakKeyDictionary()
+# Keyed by id(loop), values held weakly: a Timer refers to its loop, so a
+# WeakKeyDictionary would keep every loop that ever used ap.timeout() alive. A
+# Timer with pending work is kept alive by its loop's handles; an idle one is
+# cheap to make again.
+_shared: weakref.WeakValueDictionary[int, Timer] = weakref.WeakValueDictionary()
 
 
 def shared_timer() -> Timer:
@@ -651,9 +690,10 @@ def shared_timer() -> Timer:
         RuntimeError: no running event loop.
     """
     loop = asyncio.get_running_loop()
-    timer = _shared.get(loop)
-    if timer is None:
-        timer = _shared[loop] = Timer()
+    timer = _shared.get(id(loop))
+    if timer is None or timer.loop is not loop:
+        timer = _shared[id(loop)] = Timer()
+        timer._bind()
     return timer
 
 

@@ -24,7 +24,7 @@ The rules, after Kafka's ``TimingWheel``:
   of virtual time cheap. An add below a bucket's ``first`` pushes the bucket again
   with the smaller key (the old heap item goes stale); that happens at most once
   per distinct tick of the bucket, so the heap stays bounded by ticks, not
-  entries, and add and remove stay O(1) amortised.
+  entries: remove is O(1), add is O(1) except that heap push (O(log queued)).
 * When a bucket is due (``first <= now``), the clock moves to its ``first``
   (each level rounding down to its own width) and every entry in it is re-added:
   those now due are returned, the rest cascade to a finer level. Buckets are

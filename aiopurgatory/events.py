@@ -22,7 +22,8 @@ Schema 1 (every event has every field; see ``docs/events.md``):
 ``finished_at``  loop time it finished
 ``outcome``      ``completed``, ``expired``, ``cancelled`` or ``failed``
 ``wait``         ``finished_at - watched_at``, seconds
-``lateness``     for expiries ``finished_at - deadline`` (>= 0), else null
+``lateness``     for expiries ``finished_at - deadline`` (>= 0, except
+                 when ``close(expire_pending=True)`` expired it early), else null
 ===============  ===========================================================
 
 Events go through structlog's JSON renderer on a logger of the recorder's own;
@@ -32,7 +33,6 @@ may be given as the sink instead (it gets ``info("aiopurgatory.op_finished", ...
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -79,7 +79,7 @@ class EventRecorder:
             )
         self._clock = clock
         self._next_id = 0
-        self._attached: list[Purgatory[Any]] = []
+        self._attached: list[tuple[Purgatory[Any], Callable[[DelayedOperation], None]]] = []
         self.events = 0
 
     @staticmethod
@@ -97,22 +97,28 @@ class EventRecorder:
         )
 
     def attach(self, purgatory: Purgatory[Any]) -> None:
-        """Record every operation that finishes in ``purgatory`` from now on."""
+        """Record every operation that finishes in ``purgatory`` from now on.
+
+        Raises:
+            TypeError: ``purgatory`` is not a Purgatory.
+            ValueError: a recorder is already attached to it.
+        """
         if not isinstance(purgatory, Purgatory):
             raise TypeError(f"purgatory must be a Purgatory, got {type(purgatory).__name__}")
+        if purgatory._recorder is not None:
+            raise ValueError(f"purgatory {purgatory.name!r} already has a recorder attached")
 
         def record(op: DelayedOperation) -> None:
             self.record(purgatory, op)
 
         purgatory.set_recorder(record)
-        self._attached.append(purgatory)
+        self._attached.append((purgatory, record))
 
     def record(self, purgatory: Purgatory[Any], op: DelayedOperation) -> None:
         """Write the event of one finished ``op`` (called by attached purgatories)."""
         outcome = op.outcome
         assert outcome is not None
-        loop = purgatory.timer.loop
-        finished_at = loop.time() if loop is not None else asyncio.get_running_loop().time()
+        finished_at = purgatory.timer._time()
         deadline = op.deadline
         watched_at = finished_at if deadline is None else deadline - op.timeout
         op_id = getattr(op, "op_id", None)
@@ -142,8 +148,9 @@ class EventRecorder:
 
     def close(self) -> None:
         """Detach from every purgatory and close the file this recorder opened."""
-        for purgatory in self._attached:
-            purgatory.set_recorder(None)
+        for purgatory, record in self._attached:
+            if purgatory._recorder is record:  # still ours: leave others' alone
+                purgatory.set_recorder(None)
         self._attached.clear()
         if self._file is not None:
             self._file.close()
