@@ -166,8 +166,7 @@ class DelayedOperation(_TimerEntry):
         self._outcome = COMPLETED
         purgatory = self._purgatory
         if purgatory is not None:
-            purgatory._completed += 1
-            purgatory._detach(self)
+            purgatory._detach(self, COMPLETED)
         try:
             try:
                 self.on_complete()
@@ -196,8 +195,7 @@ class DelayedOperation(_TimerEntry):
         self._outcome = CANCELLED
         purgatory = self._purgatory
         if purgatory is not None:
-            purgatory._cancelled += 1
-            purgatory._detach(self)
+            purgatory._detach(self, CANCELLED)
         self._finished()
         return True
 
@@ -260,8 +258,7 @@ class DelayedOperation(_TimerEntry):
         self._outcome = EXPIRED
         purgatory = self._purgatory
         if purgatory is not None:
-            purgatory._expired += 1
-            purgatory._detach(self)
+            purgatory._detach(self, EXPIRED)
         try:
             try:
                 self.on_complete()
@@ -284,8 +281,7 @@ class DelayedOperation(_TimerEntry):
             self._outcome = FAILED
             purgatory = self._purgatory
             if purgatory is not None:
-                purgatory._failed += 1
-                purgatory._detach(self)
+                purgatory._detach(self, FAILED)
             self._callback_failed(exc, "try_complete")
             self._finished()
         else:

@@ -27,7 +27,7 @@ from typing import Any, Generic, Self, TypeVar
 
 from ._errors import OperationStateError, PurgatoryClosedError, PurgatoryFullError
 from ._logging import LazyLogger
-from ._operation import COMPLETED, DelayedOperation, Outcome
+from ._operation import CANCELLED, COMPLETED, EXPIRED, DelayedOperation, Outcome
 from ._timer import Timer
 
 _get_running_loop = asyncio._get_running_loop  # C; None outside a running loop
@@ -561,8 +561,16 @@ class Purgatory(Generic[OpT]):
         self._loop = loop
         return loop
 
-    def _detach(self, op: DelayedOperation) -> None:
-        """Take a finishing ``op`` out of every watch list and out of the timer."""
+    def _detach(self, op: DelayedOperation, outcome: Outcome) -> None:
+        """Count a finishing ``op``'s outcome; take it out of its watch lists and the timer."""
+        if outcome is COMPLETED:
+            self._completed += 1
+        elif outcome is EXPIRED:
+            self._expired += 1
+        elif outcome is CANCELLED:
+            self._cancelled += 1
+        else:
+            self._failed += 1
         keys = op._keys
         if keys:
             oid = op._key
