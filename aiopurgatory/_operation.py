@@ -14,7 +14,11 @@ An operation is *new* until a purgatory takes it, *pending* while watched, and
 * A callback that raises is contained: logged once as
   ``aiopurgatory.callback_failed``, stored on the operation and raised to its
   awaiters, never to the timer, to ``check_and_complete`` or to other operations.
-  ``KeyboardInterrupt``/``SystemExit`` are not contained.
+  Exceptions that are not ``Exception`` subclasses (``KeyboardInterrupt``,
+  ``SystemExit``, ``CancelledError``) are not contained: they propagate, and an
+  operation interrupted that way mid-callback may be left as it was (for
+  instance watched but not yet scheduled, if it came from ``try_complete``
+  between the two checks); the application is usually stopping anyway.
 * An operation is itself the timer entry (no handle object per operation), and
   creates an awaitable future only when someone awaits it.
 """
