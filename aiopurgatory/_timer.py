@@ -488,9 +488,10 @@ class Timer:
         return self._wheel.add(entry)
 
     def _compact(self) -> None:
-        # The stage is full within one loop iteration: move the live entries into
-        # the wheel now so that memory stays bounded. Entries already due wait in
-        # _due_now for the next _drive (never rescanned here: no quadratic cost).
+        # Move the live staged entries into the wheel: from _drive once per loop
+        # iteration, and from _schedule when the stage fills up within one (so
+        # that memory stays bounded). Entries already due wait in _due_now for
+        # _drive to run (never rescanned here: no quadratic cost).
         due_now = self._due_now
         for entry in self._staged:
             if entry._tick is not None and not self._insert(entry):
@@ -508,9 +509,6 @@ class Timer:
         # The wheel's clock only moves here; moving it to now before inserting
         # means new entries land on the right level (no needless cascading).
         due: list[Entry] = wheel.advance(self._floor_tick(now))
-        if self._due_now:
-            due.extend(self._due_now)
-            self._due_now = []
         # Woken before the armed instant, the driver re-arms for it. asyncio wakes
         # handles up to its clock resolution (~1 ns) early and then honours the
         # re-armed instant. uvloop's clock moves in whole milliseconds (and rounds
@@ -523,13 +521,13 @@ class Timer:
                 not_before = now + _EARLY_WAKE_RETRY
             self._early_wake = now
         lag = now - armed * self._tick if armed is not None and due else 0.0
-        staged = self._staged
-        if staged:
-            self._staged = []
-            insert = self._insert
-            for entry in staged:
-                if entry._tick is not None and not insert(entry):
-                    due.append(entry)  # noqa: PERF401 - insert has side effects
+        # Staged entries into the wheel; those already due join the ones set
+        # aside by earlier compactions, after the wheel's (scheduling order).
+        if self._staged:
+            self._compact()
+        if self._due_now:
+            due.extend(self._due_now)
+            self._due_now = []
         try:
             if due:
                 self._run(due)
