@@ -1,0 +1,174 @@
+"""The human-readable report of ``aiopurgatory bench``: rich tables on stdout."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = ["_print_report"]
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        if math.isinf(value):
+            return "inf"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _ms(value: Any) -> str:
+    return _fmt(value * 1000.0 if isinstance(value, float) else value)
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=180)  # files and pipes: no wrapping of wide tables
+
+    def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+        table = Table(title=title)
+        for col in columns:
+            table.add_column(col)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+
+    if "timer" in report:
+        t = report["timer"]
+        rows: list[tuple[str, ...]] = []
+        for c in t["cells"]:
+            m = c["median"]
+            rows.append(
+                (
+                    c["loop"],
+                    c["impl"],
+                    _fmt(m["cpu_s"]),
+                    _fmt(m["add_cancel_ns_per_op"]),
+                    _fmt(m["fired"]),
+                    str(m.get("early_total", "-")),
+                    _ms(m["lateness.p50"]),
+                    _ms(m["lateness.p99"]),
+                    _ms(m["lateness.max"]),
+                    _fmt(m["peak_rss_mib"]),
+                )
+            )
+        print_table(
+            f"bench timer (n={t['params']['n']:,}, median of {t['repeat']})",
+            (
+                "loop",
+                "impl",
+                "CPU s",
+                "add+cancel ns/op",
+                "fired",
+                "early",
+                "late p50 ms",
+                "p99 ms",
+                "max ms",
+                "peak RSS MiB",
+            ),
+            rows,
+        )
+    if "purgatory" in report:
+        p = report["purgatory"]
+        rows = []
+        for c in p["cells"]:
+            m = c["median"]
+            rows.append(
+                (
+                    c["scenario"],
+                    c["loop"],
+                    c["impl"],
+                    "max" if m["target_rate"] == 0 else _fmt(m["target_rate"]),
+                    _fmt(m["achieved_rate"]),
+                    _fmt(m["requests_per_cpu_s"]),
+                    _fmt(m["cpu_us_per_request"]),
+                    _fmt(m["completed"]),
+                    _fmt(m["expired"]),
+                    _ms(m["expiry_lateness.p50"]),
+                    _ms(m["expiry_lateness.p99"]),
+                    _fmt(m["peak_rss_mib"]),
+                    _fmt(m["memory_per_pending_op_bytes"]),
+                )
+            )
+        print_table(
+            f"bench purgatory (median of {p['repeat']})",
+            (
+                "scenario",
+                "loop",
+                "impl",
+                "target req/s",
+                "achieved req/s",
+                "req per CPU s",
+                "CPU us/req",
+                "completed",
+                "expired",
+                "expiry late p50 ms",
+                "p99 ms",
+                "peak RSS MiB",
+                "B/pending op",
+            ),
+            rows,
+        )
+        if "sweep" in p:
+            print_table(
+                "rate sweep: saturation (highest rate kept within 5%)",
+                ("loop", "impl", "saturation req/s", "best achieved req/s"),
+                (
+                    (
+                        row["loop"],
+                        row["impl"],
+                        _fmt(row["saturation_rate"]),
+                        _fmt(row["best_achieved_rate"]),
+                    )
+                    for row in p["sweep"]["saturation"]
+                ),
+            )
+    if "scale" in report:
+        s = report["scale"]
+        print_table(
+            f"bench scale (ops={s['params']['ops']:,}, median of {s['repeat']})",
+            ("loop", "impl", "pending", "CPU ns/op", "RSS B/pending"),
+            (
+                (
+                    c["loop"],
+                    c["impl"],
+                    f"{c['pending']:,}",
+                    _fmt(c["median"]["cpu_ns_per_op"]),
+                    _fmt(c["median"]["rss_per_pending_bytes"]),
+                )
+                for c in s["cells"]
+            ),
+        )
+        for row in s["memory"]:
+            console.print(
+                f"tracemalloc: {row['impl']} on {row['loop']}: "
+                f"{_fmt(row['traced_per_pending_bytes'])} B per pending timer "
+                f"({row['pending']:,} pending)"
+            )
+    targets = [
+        t for part in report.values() if isinstance(part, dict) for t in part.get("targets", [])
+    ]
+    if targets:
+        print_table(
+            "targets (issue 4)",
+            ("target", "measured", "goal", "met"),
+            (
+                (
+                    t["name"],
+                    _fmt(t["value"]),
+                    (">= " if t["higher_is_better"] else "<= ") + _fmt(t["target"]),
+                    "yes" if t["met"] else "NO",
+                )
+                for t in targets
+            ),
+        )

@@ -1,0 +1,225 @@
+"""Shared machinery of ``aiopurgatory bench``'s suites.
+
+The interleaved runner (:class:`_Runner`, :func:`_interleaved`, :func:`_spec`), the
+aggregation of repeats into median cells (:func:`_cells`, :func:`_cell`), the ratio
+and target helpers, the targets of issue 4, and the argparse value types.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._common import Result, Spec, execute, median
+
+__all__ = [
+    "MEMORY_VS_HAND",
+    "PURGATORY_SATURATION_UVLOOP",
+    "PURGATORY_VS_FLOOR",
+    "PURGATORY_VS_HAND",
+    "SCALE_FLATNESS",
+    "TIMER_CPU_VS_ASYNCIO",
+    "TIMER_CPU_VS_UVLOOP",
+    "_Runner",
+    "_cell",
+    "_cells",
+    "_int_list",
+    "_interleaved",
+    "_non_negative_float",
+    "_positive_float",
+    "_positive_int",
+    "_rate_list",
+    "_ratio",
+    "_spec",
+    "_target",
+]
+
+#: Issue 4's targets, checked in every report.
+TIMER_CPU_VS_ASYNCIO = 3.0
+TIMER_CPU_VS_UVLOOP = 1.0
+PURGATORY_VS_HAND = 1.5
+PURGATORY_VS_FLOOR = 1.2
+PURGATORY_SATURATION_UVLOOP = 150_000.0
+SCALE_FLATNESS = 1.2
+MEMORY_VS_HAND = 0.5
+
+
+# -- running and aggregating --------------------------------------------------------
+
+
+class _Runner:
+    """Runs specs with an optional rich progress bar on stderr."""
+
+    def __init__(self, total: int, *, isolate: bool, progress: bool) -> None:
+        self.isolate = isolate
+        self._progress: Any = None
+        self._task: Any = None
+        if progress and total:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self._task = self._progress.add_task("bench", total=total)
+            self._progress.start()
+
+    def run(self, spec: Spec) -> Result:
+        if self._progress is not None:
+            params = spec.get("params", {})
+            detail = ", ".join(f"{k}={v}" for k, v in params.items() if k in _SHOWN_PARAMS)
+            self._progress.update(
+                self._task,
+                description=f"{spec['bench']} {spec['impl']} on {spec['loop']} {detail}",
+            )
+        result = execute(spec, isolate=self.isolate)
+        if self._progress is not None:
+            self._progress.advance(self._task)
+        return result
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+_SHOWN_PARAMS = ("n", "num", "rate", "pct50", "pending")
+
+
+def _interleaved(
+    bench: str, impls: Sequence[str], loops: Sequence[str], params: dict[str, Any], repeat: int
+) -> list[Spec]:
+    """Specs for ``repeat`` rounds; each round runs every (loop, impl), rotated."""
+    cells = [(loop, impl) for loop in loops for impl in impls]
+    specs: list[Spec] = []
+    for r in range(repeat):
+        k = r % len(cells)
+        for loop, impl in cells[k:] + cells[:k]:
+            specs.append(_spec(bench, impl, loop, dict(params)))
+    return specs
+
+
+def _spec(bench: str, impl: str, loop: str, params: dict[str, Any]) -> Spec:
+    return {"bench": bench, "impl": impl, "loop": loop, "params": params}
+
+
+def _get(result: Result, path: str) -> float:
+    value: Any = result
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return math.nan
+        value = value[part]
+    return float(value) if isinstance(value, int | float) and value is not None else math.nan
+
+
+def _aggregate(runs: list[Result], metrics: Sequence[str]) -> dict[str, Any]:
+    """Median of each metric over runs; histograms summed; early fires summed."""
+    out: dict[str, Any] = {m: median([_get(r, m) for r in runs]) for m in metrics}
+    for name in ("lateness", "expiry_lateness"):
+        hists = [r[name]["hist"] for r in runs if name in r]
+        if hists:
+            counts = [sum(c) for c in zip(*(h["counts"] for h in hists), strict=True)]
+            out[f"{name}.hist"] = {
+                "edges": hists[0]["edges"],
+                "counts": counts,
+                "zero": sum(h["zero"] for h in hists),
+            }
+    if runs and "early" in runs[0]:
+        out["early_total"] = sum(int(r["early"]) for r in runs)
+    out["repeats"] = len(runs)
+    return out
+
+
+def _group(
+    results: list[Result], key: Callable[[Result], tuple[Any, ...]]
+) -> dict[Any, list[Result]]:
+    groups: dict[Any, list[Result]] = {}
+    for r in results:
+        groups.setdefault(key(r), []).append(r)
+    return groups
+
+
+def _cells(
+    results: list[Result], keys: tuple[str, ...], metrics: Sequence[str], **extra: Any
+) -> list[dict[str, Any]]:
+    """One cell per distinct value of ``keys`` in ``results``: ``extra``, the keys, the medians."""
+    return [
+        {**extra, **dict(zip(keys, key, strict=True)), "median": _aggregate(runs, metrics)}
+        for key, runs in _group(results, lambda r: tuple(r[k] for k in keys)).items()
+    ]
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    if denominator == 0 or math.isnan(numerator) or math.isnan(denominator):
+        return math.nan
+    return numerator / denominator
+
+
+def _target(name: str, value: float, target: float, *, higher_is_better: bool) -> dict[str, Any]:
+    met = (value >= target) if higher_is_better else (value <= target)
+    return {
+        "name": name,
+        "value": value,
+        "target": target,
+        "higher_is_better": higher_is_better,
+        "met": bool(met) and not math.isnan(value),
+    }
+
+
+def _cell(cells: list[dict[str, Any]], **match: Any) -> dict[str, Any]:
+    """The medians of the first cell whose fields equal ``match`` (a missing field is None)."""
+    for c in cells:
+        if all(c.get(k) == v for k, v in match.items()):
+            median_: dict[str, Any] = c["median"]
+            return median_
+    raise KeyError(tuple(match.values()))
+
+
+# -- argument types ---------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be finite and >= 0, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    return [_positive_int(part) for part in text.split(",") if part]
+
+
+def _rate_list(text: str) -> list[float]:
+    return [_positive_float(part) for part in text.split(",") if part]

@@ -1,0 +1,293 @@
+"""``aiopurgatory bench purgatory``: Kafka's purgatory workload, its suite and options.
+
+The suite over scenarios, the rate sweep for the saturation rate, and the
+scenario helpers that turn the command's options into params dicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from . import purgatory as purgatory_bench
+from ._common import Result
+from ._runner import (
+    MEMORY_VS_HAND,
+    PURGATORY_SATURATION_UVLOOP,
+    PURGATORY_VS_FLOOR,
+    PURGATORY_VS_HAND,
+    _cell,
+    _cells,
+    _interleaved,
+    _non_negative_float,
+    _positive_float,
+    _positive_int,
+    _rate_list,
+    _ratio,
+    _Runner,
+    _spec,
+    _target,
+)
+
+__all__ = [
+    "_DEFAULT_SWEEP",
+    "_purgatory_args",
+    "_scenarios",
+    "_sweep_args",
+    "run_purgatory_suite",
+]
+
+_DEFAULT_SWEEP = (50_000.0, 100_000.0, 150_000.0, 200_000.0, 300_000.0)
+
+
+_PURGATORY_METRICS = (
+    "target_rate",
+    "requests_per_cpu_s",
+    "achieved_rate",
+    "cpu_s",
+    "cpu_us_per_request",
+    "wall_s",
+    "completed",
+    "expired",
+    "expiry_lateness.p50",
+    "expiry_lateness.p99",
+    "expiry_lateness.max",
+    "peak_rss_mib",
+    "rss_before_mib",
+    "memory_per_pending_op_bytes",
+)
+
+
+def _scenario_name(params: dict[str, Any]) -> str:
+    for name, (p75, p50) in purgatory_bench.SCENARIOS.items():
+        if (params["pct75"], params["pct50"]) == (p75, p50):
+            return name
+    return f"pct75={params['pct75']},pct50={params['pct50']}"
+
+
+def run_purgatory_suite(
+    loops: Sequence[str],
+    scenarios: Sequence[dict[str, Any]],
+    repeat: int,
+    runner: _Runner,
+    *,
+    sweep: Sequence[float] = (),
+    sweep_params: dict[str, Any] | None = None,
+    sweep_impls: Sequence[str] = ("ap", "hand", "floor"),
+) -> dict[str, Any]:
+    """Run ``bench purgatory`` for each scenario (a params dict) and loop; aggregate.
+
+    With ``sweep`` rates, also run each implementation at each rate (once, in
+    ascending order, stopping at its first rate it cannot keep up with) and report
+    the saturation rate: the highest achieved rate that kept within 5% of target.
+    """
+    impls = list(purgatory_bench.IMPLS)
+    cells = []
+    ratios = []
+    targets = []
+    all_runs: list[Result] = []
+    for params in scenarios:
+        scenario = _scenario_name(params)
+        specs = _interleaved("purgatory", impls, loops, params, repeat)
+        results = [runner.run(s) for s in specs]
+        all_runs += [dict(r, scenario=scenario) for r in results]
+        cells += _cells(results, ("loop", "impl"), _PURGATORY_METRICS, scenario=scenario)
+        for loop in loops:
+            ap_cell = _cell(cells, loop=loop, impl=purgatory_bench.IMPLS["ap"], scenario=scenario)
+            hand = _cell(cells, loop=loop, impl=purgatory_bench.IMPLS["hand"], scenario=scenario)
+            floor = _cell(cells, loop=loop, impl=purgatory_bench.IMPLS["floor"], scenario=scenario)
+            vs_hand = _ratio(hand["cpu_s"], ap_cell["cpu_s"])
+            vs_floor = _ratio(ap_cell["cpu_s"], floor["cpu_s"])
+            memory = _ratio(
+                ap_cell["memory_per_pending_op_bytes"], hand["memory_per_pending_op_bytes"]
+            )
+            ratios.append(
+                {
+                    "scenario": scenario,
+                    "loop": loop,
+                    "cpu_hand_over_ap": vs_hand,
+                    "cpu_ap_over_floor": vs_floor,
+                    "memory_ap_over_hand": memory,
+                }
+            )
+            where = f"{scenario} on {loop}"
+            targets.append(
+                _target(
+                    f"purgatory CPU vs hand-written, {where}",
+                    vs_hand,
+                    PURGATORY_VS_HAND,
+                    higher_is_better=True,
+                )
+            )
+            targets.append(
+                _target(
+                    f"purgatory CPU over floor, {where}",
+                    vs_floor,
+                    PURGATORY_VS_FLOOR,
+                    higher_is_better=False,
+                )
+            )
+            targets.append(
+                _target(
+                    f"memory per pending op vs hand-written, {where}",
+                    memory,
+                    MEMORY_VS_HAND,
+                    higher_is_better=False,
+                )
+            )
+    report: dict[str, Any] = {
+        "scenarios": scenarios,
+        "repeat": repeat,
+        "cells": cells,
+        "ratios": ratios,
+        "targets": targets,
+        "runs": all_runs,
+    }
+    if sweep:
+        report["sweep"] = _sweep(
+            loops, sweep, sweep_params or dict(scenarios[0]), sweep_impls, runner
+        )
+        targets.extend(
+            _target(
+                "purgatory saturation on uvloop (req/s)",
+                row["saturation_rate"],
+                PURGATORY_SATURATION_UVLOOP,
+                higher_is_better=True,
+            )
+            for row in report["sweep"]["saturation"]
+            if row["loop"] == "uvloop" and row["impl"] == purgatory_bench.IMPLS["ap"]
+        )
+    return report
+
+
+def _sweep(
+    loops: Sequence[str],
+    rates: Sequence[float],
+    params: dict[str, Any],
+    impls: Sequence[str],
+    runner: _Runner,
+) -> dict[str, Any]:
+    points = []
+    saturation = []
+    for loop in loops:
+        for impl in impls:
+            best = math.nan
+            best_any = 0.0
+            for rate in sorted(rates):
+                spec = _spec("purgatory", impl, loop, dict(params, rate=rate, memory_ops=0))
+                result = runner.run(spec)
+                kept_up = result["achieved_rate"] >= 0.95 * rate
+                points.append(
+                    {
+                        "loop": loop,
+                        "impl": result["impl"],
+                        "target_rate": rate,
+                        "achieved_rate": result["achieved_rate"],
+                        "cpu_us_per_request": result["cpu_us_per_request"],
+                        "expiry_lateness_p99": result["expiry_lateness"]["p99"],
+                        "kept_up": kept_up,
+                    }
+                )
+                best_any = max(best_any, result["achieved_rate"])
+                if not kept_up:
+                    break
+                best = (
+                    result["achieved_rate"]
+                    if math.isnan(best)
+                    else max(best, result["achieved_rate"])
+                )
+            saturation.append(
+                {
+                    "loop": loop,
+                    "impl": purgatory_bench.IMPLS[impl],
+                    # NaN if even the lowest rate was missed; then see best_achieved.
+                    "saturation_rate": best,
+                    "best_achieved_rate": best_any,
+                    "kept_up_with_all": all(
+                        p["kept_up"]
+                        for p in points
+                        if p["loop"] == loop and p["impl"] == purgatory_bench.IMPLS[impl]
+                    ),
+                }
+            )
+    return {"params": params, "rates": list(rates), "points": points, "saturation": saturation}
+
+
+def _purgatory_args(p: argparse.ArgumentParser) -> None:
+    d = purgatory_bench.DEFAULTS
+    p.add_argument("--num", type=_positive_int, default=d["num"], help="requests")
+    p.add_argument(
+        "--rate", type=_non_negative_float, default=d["rate"], help="req/s; 0 = back to back"
+    )
+    p.add_argument("--timeout", type=_positive_float, default=d["timeout"], help="ms")
+    p.add_argument(
+        "--pct75",
+        type=_positive_float,
+        default=None,
+        help="75th percentile of completion latency, ms (default 60; 400 for high-timeout)",
+    )
+    p.add_argument(
+        "--pct50", type=_positive_float, default=None, help="median completion latency, ms"
+    )
+    p.add_argument(
+        "--scenario",
+        choices=(*purgatory_bench.SCENARIOS, "both"),
+        default=None,
+        help="Kafka's published pct75/pct50 pairs: low-timeout 60/20, high-timeout 400/200",
+    )
+    p.add_argument("--keys", type=_positive_int, default=d["keys"])
+    p.add_argument("--key-space-size", type=_positive_int, default=d["key_space_size"])
+    p.add_argument("--batch", type=_positive_int, default=d["batch"])
+    p.add_argument(
+        "--memory-ops",
+        type=int,
+        default=d["memory_ops"],
+        help="ops pending during the tracemalloc measurement (0: skip)",
+    )
+
+
+def _sweep_args(p: argparse.ArgumentParser) -> None:
+    """Add the rate-sweep options of ``bench purgatory`` to ``p``."""
+    p.add_argument(
+        "--sweep",
+        nargs="?",
+        const=",".join(str(int(r)) for r in _DEFAULT_SWEEP),
+        type=_rate_list,
+        metavar="RATES",
+        help="also sweep these rates (comma-separated req/s) for the saturation rate",
+    )
+    p.add_argument(
+        "--sweep-num", type=_positive_int, default=100_000, help="requests per sweep point"
+    )
+
+
+def _scenarios(args: argparse.Namespace) -> list[dict[str, Any]]:
+    base = {
+        "num": args.num,
+        "rate": args.rate,
+        "timeout": args.timeout,
+        "keys": args.keys,
+        "key_space_size": args.key_space_size,
+        "batch": args.batch,
+        "memory_ops": args.memory_ops,
+        "seed": args.seed,
+    }
+    if args.pct75 is not None or args.pct50 is not None:
+        if args.scenario is not None:
+            raise ValueError("give either --scenario or --pct75/--pct50, not both")
+        if args.pct75 is None or args.pct50 is None:
+            raise ValueError("--pct75 and --pct50 go together")
+        if not args.pct50 < args.pct75:
+            raise ValueError(f"--pct50 ({args.pct50}) must be below --pct75 ({args.pct75})")
+        return [dict(base, pct75=args.pct75, pct50=args.pct50)]
+    names = (
+        list(purgatory_bench.SCENARIOS)
+        if args.scenario == "both"
+        else [args.scenario or "low-timeout"]
+    )
+    return [
+        dict(base, pct75=purgatory_bench.SCENARIOS[n][0], pct50=purgatory_bench.SCENARIOS[n][1])
+        for n in names
+    ]

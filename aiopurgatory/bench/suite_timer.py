@@ -1,0 +1,95 @@
+"""``aiopurgatory bench timer``: ap.Timer vs loop.call_later, its suite and options."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from . import timer as timer_bench
+from ._runner import (
+    TIMER_CPU_VS_ASYNCIO,
+    TIMER_CPU_VS_UVLOOP,
+    _cell,
+    _cells,
+    _interleaved,
+    _positive_float,
+    _positive_int,
+    _ratio,
+    _Runner,
+    _target,
+)
+
+__all__ = ["_timer_args", "run_timer_suite"]
+
+_TIMER_METRICS = (
+    "cpu_s",
+    "wall_s",
+    "add_cancel_ns_per_op",
+    "fired",
+    "cancelled",
+    "early",
+    "lateness.p50",
+    "lateness.p99",
+    "lateness.max",
+    "peak_rss_mib",
+    "rss_before_mib",
+)
+
+
+def run_timer_suite(
+    loops: Sequence[str], params: dict[str, Any], repeat: int, runner: _Runner
+) -> dict[str, Any]:
+    """Run ``bench timer`` for every loop and both implementations; aggregate."""
+    specs = _interleaved("timer", list(timer_bench.IMPLS), loops, params, repeat)
+    results = [runner.run(s) for s in specs]
+    cells = _cells(results, ("loop", "impl"), _TIMER_METRICS)
+    ratios = []
+    targets = []
+    for loop in loops:
+        ap_cell = _cell(cells, loop=loop, impl=timer_bench.IMPLS["ap"])
+        base = _cell(cells, loop=loop, impl=timer_bench.IMPLS["loop"])
+        cpu = _ratio(base["cpu_s"], ap_cell["cpu_s"])
+        ratios.append(
+            {
+                "loop": loop,
+                "what": "CPU loop.call_later / ap.Timer",
+                "value": cpu,
+                "add_cancel": _ratio(base["add_cancel_ns_per_op"], ap_cell["add_cancel_ns_per_op"]),
+            }
+        )
+        goal = TIMER_CPU_VS_ASYNCIO if loop != "uvloop" else TIMER_CPU_VS_UVLOOP
+        targets.append(
+            _target(f"timer CPU vs loop.call_later on {loop}", cpu, goal, higher_is_better=True)
+        )
+        targets.append(
+            _target(
+                f"timer early fires on {loop}", ap_cell["early_total"], 0, higher_is_better=False
+            )
+        )
+    return {
+        "params": params,
+        "repeat": repeat,
+        "cells": cells,
+        "ratios": ratios,
+        "targets": targets,
+        "runs": results,
+    }
+
+
+def _timer_args(p: argparse.ArgumentParser) -> None:
+    """Add the options of ``bench timer`` to ``p``."""
+    p.add_argument("-n", type=_positive_int, default=timer_bench.DEFAULTS["n"], help="timers")
+    p.add_argument(
+        "--cancel-fraction",
+        type=float,
+        default=timer_bench.DEFAULTS["cancel_fraction"],
+        help="share cancelled right after being added (default 0.9)",
+    )
+    p.add_argument(
+        "--max-delay",
+        type=_positive_float,
+        default=timer_bench.DEFAULTS["max_delay"],
+        help="delays are uniform in [0, MAX_DELAY) s (default 1, as Kafka's run)",
+    )
+    p.add_argument("--batch", type=_positive_int, default=timer_bench.DEFAULTS["batch"])
