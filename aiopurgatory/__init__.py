@@ -21,7 +21,8 @@ from ._errors import (
 )
 from ._operation import DelayedOperation, Outcome
 from ._purgatory import Purgatory, PurgatoryStatistics
-from ._timer import Timeout, Timer, TimerHandle, shared_timer, timeout, timeout_at
+from ._timeout import Timeout
+from ._timer import Timer, TimerHandle, shared_timer, timeout, timeout_at
 
 if TYPE_CHECKING:
     from . import simulation as simulation

@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Generator, Hashable
+from collections.abc import Callable, Generator, Hashable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ._errors import as_seconds
+from ._logging import LazyLogger
 from ._timer import _TimerEntry
-
-if TYPE_CHECKING:
-    from ._purgatory import Purgatory
 
 __all__ = ["DelayedOperation", "Outcome"]
 
@@ -57,6 +55,25 @@ COMPLETED = Outcome.COMPLETED
 EXPIRED = Outcome.EXPIRED
 CANCELLED = Outcome.CANCELLED
 FAILED = Outcome.FAILED
+
+# Where failures of operations that have no purgatory are logged.
+_log = LazyLogger()
+
+
+class _Owner(Protocol):
+    """What an operation needs of the purgatory watching it (its only way back).
+
+    The purgatory module imports this one, never the reverse: data flows from
+    operations to the purgatory, to the timer, to its driver.
+    """
+
+    _name: str
+    _logger: Any
+    _recorder: Callable[[DelayedOperation], None] | None
+
+    def _detach(self, op: DelayedOperation, outcome: Outcome, /) -> None: ...
+
+    def _record(self, op: DelayedOperation, /) -> None: ...
 
 
 class DelayedOperation(_TimerEntry):
@@ -86,7 +103,7 @@ class DelayedOperation(_TimerEntry):
         self._key = 0
         self._when: float | None = None  # type: ignore[assignment]
         self._timeout = timeout
-        self._purgatory: Purgatory[Any] | None = None
+        self._purgatory: _Owner | None = None
         self._keys: tuple[Hashable, ...] = ()
         self._outcome: Outcome | None = None
         # The failure and its traceback as recorded, raised again with that
@@ -292,8 +309,15 @@ class DelayedOperation(_TimerEntry):
             self._callback_failed(exc, "try_complete")
 
     def _callback_failed(self, exc: Exception, callback: str) -> None:
+        """Keep the first failure for awaiters; log each (``aiopurgatory.callback_failed``)."""
         if self._exception is None:
             self._exception = (exc, exc.__traceback__)
-        from ._purgatory import log_callback_failure
-
-        log_callback_failure(self, exc, callback)
+        purgatory = self._purgatory
+        logger = purgatory._logger if purgatory is not None else _log
+        logger.error(
+            "aiopurgatory.callback_failed",
+            callback=callback,
+            op=repr(self),
+            error=repr(exc),
+            exc_info=exc,
+        )

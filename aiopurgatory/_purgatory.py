@@ -39,9 +39,6 @@ OpT = TypeVar("OpT", bound=DelayedOperation)
 _DEFAULT_TICK = 0.001
 _DEFAULT_WHEEL_SIZE = 20
 
-# Only rare events are logged; structlog is imported on the first of them.
-_log = LazyLogger()
-
 
 @dataclass(frozen=True, slots=True)
 class PurgatoryStatistics:
@@ -108,19 +105,6 @@ def _keys_of(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
 
 def _unhashable_key(key: object, exc: TypeError) -> TypeError:
     return TypeError(f"key must be hashable, got {key!r} ({exc})")
-
-
-def log_callback_failure(op: DelayedOperation, exc: Exception, callback: str) -> None:
-    """Log a contained callback failure once (``aiopurgatory.callback_failed``)."""
-    purgatory = op._purgatory
-    logger = purgatory._logger if purgatory is not None else _log
-    logger.error(
-        "aiopurgatory.callback_failed",
-        callback=callback,
-        op=repr(op),
-        error=repr(exc),
-        exc_info=exc,
-    )
 
 
 class Purgatory(Generic[OpT]):

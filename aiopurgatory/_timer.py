@@ -1,27 +1,30 @@
-"""The asyncio driver of the timing wheel: :class:`Timer`, :class:`TimerHandle`, timeouts.
+"""The public timer: :class:`Timer`, :class:`TimerHandle`, and ``ap.timeout()``.
 
-The wheel (:mod:`aiopurgatory._wheel`) is sans-IO; this module owns the clock.
-It converts loop-time seconds to integer ticks and keeps exactly one
-``loop.call_at`` handle armed for the earliest non-empty bucket:
+A :class:`Timer` keeps its entries in a sans-IO timing wheel in integer ticks
+(:mod:`aiopurgatory._wheel`) and decides in loop-time seconds when it next has
+work to do; a *driver* (:mod:`aiopurgatory._asyncio_driver`) gives it the loop's
+clock and its wake-ups. Data flows one way: delayed operations and handles are
+entries of the timer, the timer files them in the wheel, and the driver wakes
+the timer up from the loop. The rules:
 
 * New entries are *staged* and reach the wheel on the next loop iteration, from
-  one ``call_soon`` per iteration that has new entries. Timers cancelled within
+  one driver flush per iteration that has new entries. Timers cancelled within
   the iteration that made them (most request timeouts) never touch the wheel, so
   ``call_later`` + ``cancel`` is an allocation, an append and a flag. The stage is
   compacted into the wheel when it grows large within one iteration.
-* When an earlier bucket appears the handle is re-armed; when the last pending
-  entry goes away it is cancelled: an idle timer costs nothing, there is no
+* When an earlier bucket appears the driver is re-armed; when the last pending
+  entry goes away it is disarmed: an idle timer costs nothing, there is no
   thread and no polling.
 * Deadlines round *up* to ticks (``ceil(when / tick)``, then corrected for float
   rounding), and the clock rounds *down* (``floor(loop.time() / tick)``). A bucket
   runs only once the rounded-down clock has reached it, so nothing ever runs
   before its ``when``. This matters on uvloop, which rounds ``call_at`` to whole
-  milliseconds and wakes up to ~1.4 ms early: the driver simply finds nothing due
+  milliseconds and wakes up to ~1.4 ms early: the timer simply finds nothing due
   yet and re-arms.
 * Entries already due when scheduled (a zero or negative delay) run from that
-  ``call_soon`` on a later loop iteration, never inside the scheduling call.
-* Callbacks run one after the other inside the driver's handle. An exception in
-  one goes to the loop's exception handler and the rest still run.
+  flush on a later loop iteration, never inside the scheduling call.
+* Callbacks run one after the other inside the driver's wake-up. An exception in
+  one goes to the driver (the loop's exception handler) and the rest still run.
 """
 
 from __future__ import annotations
@@ -29,19 +32,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import enum
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from math import ceil, floor, inf
-from types import TracebackType
 from typing import Any, Final, TypeVarTuple, Unpack
 
+from ._asyncio_driver import AsyncioDriver
 from ._errors import PurgatoryClosedError, as_seconds
 from ._logging import LazyLogger
+from ._timeout import Timeout
 from ._wheel import Entry, TimingWheel
 
-__all__ = ["Timeout", "Timer", "TimerHandle", "timeout", "timeout_at"]
+__all__ = ["Timer", "TimerHandle", "shared_timer", "timeout", "timeout_at"]
 
 _Ts = TypeVarTuple("_Ts")
 
@@ -167,14 +170,13 @@ class Timer:
         "_armed",
         "_closed",
         "_count",
+        "_driver",
         "_due_now",
         "_early_wake",
-        "_handle",
+        "_flush_requested",
         "_last_lag_log",
         "_logger",
-        "_loop",
         "_max_when",
-        "_soon_handle",
         "_staged",
         "_tick",
         "_time",
@@ -192,11 +194,11 @@ class Timer:
             raise ValueError(f"wheel_size must be at least 2, got {wheel_size}")
         self._tick = tick
         self._wheel_size = wheel_size
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # Set on first use (_bind): the driver, and its clock.
+        self._driver: AsyncioDriver | None = None
         self._time: Callable[[], float] = time.monotonic
         self._wheel = TimingWheel(int(wheel_size))
-        self._handle: asyncio.TimerHandle | None = None
-        # Tick the loop handle is armed for; inf when unarmed.
+        # Tick the driver is armed for; inf when unarmed.
         self._armed: float = inf
         # Deadlines past this many ticks are refused: the tick would not fit a
         # float division (2**62 ms is about 146 million years).
@@ -205,7 +207,7 @@ class Timer:
         self._count = 0
         # New entries wait here until the next loop iteration (see _schedule).
         self._staged: list[_TimerEntry] = []
-        self._soon_handle: asyncio.Handle | None = None
+        self._flush_requested = False
         self._closed = False
         self._logger = LazyLogger(timer=id(self))
         self._last_lag_log = -inf
@@ -229,7 +231,8 @@ class Timer:
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
         """The loop this timer is bound to, or None before first use."""
-        return self._loop
+        driver = self._driver
+        return None if driver is None else driver.loop
 
     def __len__(self) -> int:
         """Number of pending entries: scheduled, not yet fired, not cancelled."""
@@ -265,7 +268,7 @@ class Timer:
             delay = as_seconds(delay, "delay")
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
-        if self._loop is None or self._closed:
+        if self._driver is None or self._closed:
             self._bind()
         handle = _new_handle(TimerHandle)
         handle._timer = self
@@ -302,7 +305,7 @@ class Timer:
             when = as_seconds(when, "when")
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
-        if self._loop is None or self._closed:
+        if self._driver is None or self._closed:
             self._bind()
         if when > self._max_when:
             raise self._too_far("when", when)
@@ -346,10 +349,10 @@ class Timer:
         if self._closed:
             return
         self._closed = True
-        self._disarm()
-        if self._soon_handle is not None:
-            self._soon_handle.cancel()
-            self._soon_handle = None
+        self._armed = inf
+        self._flush_requested = False
+        if self._driver is not None:
+            self._driver.close()
         entries: list[_TimerEntry] = [
             *self._due_now,
             *self._staged,
@@ -364,28 +367,45 @@ class Timer:
                 self._count -= 1
                 entry._timer_closed()
 
+    def next_due(self) -> float | None:
+        """The loop time (seconds) at which this timer next has work to do; None if idle.
+
+        Nothing pending on this timer runs before this instant: it is the start
+        of the earliest tick holding a pending entry (so at or after that entry's
+        ``when``, by less than a tick), or now for an entry already due. After
+        cancellations it may be earlier than the earliest remaining entry (the
+        wheel forgets a bucket's earliest tick only when it processes it), never
+        later. For tools that drive a loop's clock themselves (the trace replay);
+        O(1) amortised, plus the entries scheduled in the current loop iteration.
+        """
+        if not self._count:
+            return None
+        tick = self._tick
+        best = self._wheel.next_expiration()
+        if self._due_now:
+            best = self._wheel.current
+        for entry in self._staged:
+            if entry._tick is not None:
+                e = self._tick_of(entry._when)
+                if best is None or e < best:
+                    best = e
+        return None if best is None else best * tick
+
     # -- internals shared with delayed operations -----------------------------------
 
     def _bind(self) -> asyncio.AbstractEventLoop:
         if self._closed:
             raise PurgatoryClosedError("the timer is closed")
-        loop = self._loop
-        if loop is None:
+        driver = self._driver
+        if driver is None:
             try:
-                loop = asyncio.get_running_loop()
+                driver = AsyncioDriver(self._on_wake, self._on_flush)
             except RuntimeError:
                 raise RuntimeError("a Timer binds to a running event loop on first use") from None
-            self._loop = loop
-            # asyncio's BaseEventLoop.time() is time.monotonic() behind a Python
-            # method; calling the C function directly saves a frame per timer.
-            # Loops with their own clock (uvloop, virtual time) keep theirs.
-            self._time = (
-                time.monotonic
-                if getattr(loop.time, "__func__", None) is asyncio.BaseEventLoop.time
-                else loop.time
-            )
-            self._wheel = TimingWheel(int(self._wheel_size), self._floor_tick(loop.time()))
-        return loop
+            self._driver = driver
+            self._time = driver.time
+            self._wheel = TimingWheel(int(self._wheel_size), self._floor_tick(driver.time()))
+        return driver.loop
 
     def _too_far(self, name: str, value: float) -> ValueError:
         return ValueError(
@@ -397,7 +417,7 @@ class Timer:
         """The largest tick ``n`` with ``n * tick <= now``, in float arithmetic.
 
         Both roundings use the same float product ``n * tick``: a deadline's tick
-        ``e`` satisfies ``e * tick >= when``, and the handle is armed at
+        ``e`` satisfies ``e * tick >= when``, and the driver is armed at
         ``e * tick``. Deciding "due" with that product (not with ``now / tick``,
         which can land one below, e.g. ``2001 * 0.001 / 0.001``) means a wake-up at
         exactly the armed time always finds its bucket due, and since float
@@ -412,21 +432,33 @@ class Timer:
             n += 1
         return n
 
+    def _tick_of(self, when: float) -> int:
+        """The least tick ``e`` with ``e * tick >= when`` (see :meth:`_floor_tick`)."""
+        tick = self._tick
+        e = ceil(when / tick)
+        # Correct the division's rounding with the product the driver compares against.
+        if e * tick < when:
+            e += 1
+        elif (e - 1) * tick >= when:
+            e -= 1
+        return e
+
     def _schedule(self, entry: _TimerEntry, when: float) -> None:
-        """Schedule ``entry`` for loop time ``when`` (validated; the loop is bound).
+        """Schedule ``entry`` for loop time ``when`` (validated; the timer is bound).
 
         The entry is only *staged*: the wheel gets it on the next loop iteration
-        (:meth:`_drive`, from one ``call_soon`` per iteration), or earlier if the
+        (:meth:`_drive`, from one driver flush per iteration), or earlier if the
         stage fills up. Most timers of a server (request timeouts, the timeouts of
         operations that complete quickly) are cancelled within the iteration that
         made them: those never touch the wheel, and cancelling them is a flag.
         Nothing can be due before the next iteration anyway, so this costs no
         accuracy; an entry already due (``when`` in the past) runs from that same
-        ``call_soon``, never inside this call.
+        flush, never inside this call.
         """
-        if self._soon_handle is None:
+        if not self._flush_requested:
             # First, so that a closed loop refuses before anything has changed.
-            self._soon_handle = self._loop.call_soon(self._on_soon)  # type: ignore[union-attr]
+            self._driver.request_flush()  # type: ignore[union-attr]
+            self._flush_requested = True
         entry._when = when
         entry._tick = _STAGED
         self._count += 1
@@ -447,44 +479,27 @@ class Timer:
             self._disarm()
 
     def _arm(self, expiration: int, not_before: float = -inf) -> None:
-        handle = self._handle
-        if handle is not None:
-            handle.cancel()
         self._armed = expiration
         when = expiration * self._tick
-        self._handle = self._loop.call_at(  # type: ignore[union-attr]
-            when if when >= not_before else not_before, self._on_timer
-        )
+        self._driver.arm(when if when >= not_before else not_before)  # type: ignore[union-attr]
 
     def _disarm(self) -> None:
-        handle = self._handle
-        if handle is not None:
-            handle.cancel()
-            self._handle = None
+        if self._armed != inf:
             self._armed = inf
+            self._driver.disarm()  # type: ignore[union-attr]
 
-    def _on_timer(self) -> None:
+    def _on_wake(self) -> None:
         armed = self._armed
-        self._handle = None
         self._armed = inf
         self._drive(armed)
 
-    def _on_soon(self) -> None:
-        self._soon_handle = None
+    def _on_flush(self) -> None:
+        self._flush_requested = False
         self._drive(None)
 
     def _insert(self, entry: _TimerEntry) -> bool:
         """Give a staged entry its tick and put it in the wheel; False if already due."""
-        when = entry._when
-        tick = self._tick
-        e = ceil(when / tick)
-        # Correct the division's rounding with the product the driver compares
-        # against (see _floor_tick): the least e with e * tick >= when.
-        if e * tick < when:
-            e += 1
-        elif (e - 1) * tick >= when:
-            e -= 1
-        entry._tick = e
+        entry._tick = self._tick_of(entry._when)
         return self._wheel.add(entry)
 
     def _compact(self) -> None:
@@ -501,15 +516,15 @@ class Timer:
     def _drive(self, armed: float | None) -> None:
         """Run everything due, bring staged entries into the wheel, re-arm.
 
-        Called from the armed ``call_at`` handle (``armed`` is the tick it was
-        armed for) and from the per-iteration ``call_soon`` (``armed`` None).
+        Called from the driver's wake-up (``armed`` is the tick it was armed for)
+        and from its per-iteration flush (``armed`` None).
         """
         now = self._time()
         wheel = self._wheel
         # The wheel's clock only moves here; moving it to now before inserting
         # means new entries land on the right level (no needless cascading).
         due: list[Entry] = wheel.advance(self._floor_tick(now))
-        # Woken before the armed instant, the driver re-arms for it. asyncio wakes
+        # Woken before the armed instant, the timer re-arms for it. asyncio wakes
         # handles up to its clock resolution (~1 ns) early and then honours the
         # re-armed instant. uvloop's clock moves in whole milliseconds (and rounds
         # call_at likewise): if a second early wake-up finds the clock where the
@@ -559,119 +574,22 @@ class Timer:
                 except (SystemExit, KeyboardInterrupt):
                     raise
                 except BaseException as exc:
-                    self._loop.call_exception_handler(  # type: ignore[union-attr]
-                        {
-                            "message": f"Exception in timer callback {entry!r}",
-                            "exception": exc,
-                            "timer_handle": entry,
-                        }
-                    )
+                    self._driver.report(exc, entry)  # type: ignore[union-attr]
         except BaseException:
             # Do not lose the rest of the batch: stage it again, so that it runs
-            # from the next iteration's call_soon (it is due: it runs at once).
+            # from the next iteration's flush (it is due: it runs at once).
             rest = [e for e in due[i + 1 :] if e._tick is not None]
             if rest and not self._closed:
                 for entry in rest:
                     entry._tick = _STAGED
                 self._staged.extend(rest)  # type: ignore[arg-type]
-                if self._soon_handle is None:
-                    self._soon_handle = self._loop.call_soon(self._on_soon)  # type: ignore[union-attr]
+                if not self._flush_requested:
+                    self._driver.request_flush()  # type: ignore[union-attr]
+                    self._flush_requested = True
             raise
         finally:
             if not self._count:
                 self._disarm()
-
-
-class _State(enum.Enum):
-    CREATED = "created"
-    ENTERED = "entered"
-    EXPIRING = "expiring"
-    EXPIRED = "expired"
-    EXITED = "exited"
-
-
-class Timeout:
-    """Async context manager returned by :meth:`Timer.timeout` and :func:`timeout`.
-
-    Behaves like :class:`asyncio.Timeout`: when the deadline passes inside the
-    block, the enclosing task is cancelled and leaving the block raises
-    ``TimeoutError`` (chained from the ``CancelledError``).
-    """
-
-    __slots__ = ("_cancelling", "_handle", "_state", "_task", "_timer", "_when")
-
-    def __init__(self, timer: Timer, when: float | None) -> None:
-        self._timer = timer
-        self._when = when
-        self._handle: TimerHandle | None = None
-        self._state = _State.CREATED
-        self._task: asyncio.Task[Any] | None = None
-        self._cancelling = 0
-
-    def __repr__(self) -> str:
-        return f"<Timeout [{self._state.value}] when={self._when}>"
-
-    def when(self) -> float | None:
-        """The deadline in loop time (seconds), or None."""
-        return self._when
-
-    def expired(self) -> bool:
-        """True if the deadline passed and the task was cancelled by this timeout."""
-        return self._state in (_State.EXPIRING, _State.EXPIRED)
-
-    def reschedule(self, when: float | None) -> None:
-        """Move the deadline to loop time ``when`` (None: no deadline).
-
-        Raises:
-            RuntimeError: the block has not been entered, or has been left.
-            TypeError, ValueError: ``when`` is not None and not a finite number.
-        """
-        if self._state is not _State.ENTERED:
-            raise RuntimeError(f"cannot reschedule a timeout that is {self._state.value}")
-        if when is not None:
-            when = as_seconds(when, "when")
-        self._when = when
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        if when is not None:
-            self._handle = self._timer.call_at(when, self._on_timeout)
-
-    async def __aenter__(self) -> Timeout:
-        if self._state is not _State.CREATED:
-            raise RuntimeError("Timeout has already been entered")
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("Timeout should be used inside a task")
-        self._task = task
-        self._cancelling = task.cancelling()
-        self._state = _State.ENTERED
-        self.reschedule(self._when)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        if self._state is _State.EXPIRING:
-            self._state = _State.EXPIRED
-            task = self._task
-            assert task is not None
-            if task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
-                raise TimeoutError from exc_val
-        elif self._state is _State.ENTERED:
-            self._state = _State.EXITED
-
-    def _on_timeout(self) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        self._state = _State.EXPIRING
-        self._handle = None
 
 
 # Keyed by id(loop), values held weakly: a Timer refers to its loop, so a

@@ -10,10 +10,16 @@ and results on every run.
 How: the loop is an :class:`asyncio.SelectorEventLoop` whose selector, asked to
 wait for I/O with a positive timeout, polls the real selector once without
 blocking (so ``call_soon_threadsafe`` from other threads still works) and, if
-nothing is ready, moves the virtual clock to the earliest scheduled handle.
-When nothing at all is scheduled it blocks on the real selector, as a real loop
-would (only another thread can wake it then). Network I/O is not supported: the
-clock would jump past any wait for a socket.
+nothing is ready, moves the virtual clock forward by that timeout instead of
+sleeping. The loop asks for exactly the time until its earliest scheduled
+handle, so the clock lands on that handle's ``when``; nothing else of the loop
+is looked at. When nothing at all is scheduled it blocks on the real selector,
+as a real loop would (only another thread can wake it then). Network I/O is not
+supported: the clock would jump past any wait for a socket.
+
+Tools that drive the clock themselves (the trace replay runs events between
+loop turns) use :meth:`VirtualTimeLoop.advance_to` and
+:meth:`aiopurgatory.Timer.next_due`.
 
 Use :func:`new_event_loop` as a loop factory (``asyncio.Runner``, pytest-asyncio)
 to get the same loop elsewhere.
@@ -60,7 +66,7 @@ class _VirtualSelector(selectors.BaseSelector):
             return self._real.select(None)
         events = self._real.select(0)
         if not events and timeout > 0 and self.loop is not None:
-            self.loop._jump()
+            self.loop._jump(timeout)
         return events
 
     def close(self) -> None:
@@ -110,7 +116,10 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def advance(self, seconds: float) -> None:
         """Move the clock forward by ``seconds`` (>= 0) right now, without running anything.
 
+        Handles that fall due meanwhile run on the next loop iteration, late.
+
         Raises:
+            TypeError: ``seconds`` is not a number.
             ValueError: ``seconds`` is negative or not finite.
         """
         seconds = as_seconds(seconds, "seconds")
@@ -118,16 +127,38 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             raise ValueError(f"seconds must not be negative, got {seconds!r}")
         self._virtual_now += seconds
 
-    def _jump(self) -> None:
-        # Called only when the loop would sleep: nothing is ready. The head of the
-        # heap is not cancelled (BaseEventLoop._run_once pops cancelled heads
-        # before computing the select timeout). Jump to its exact ``when``, which
-        # also crosses asyncio's one-day cap on a single select timeout.
-        scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
-        if scheduled:
-            when = scheduled[0].when()
-            if when > self._virtual_now:
-                self._virtual_now = when
+    def advance_to(self, when: float) -> None:
+        """Set the clock to exactly loop time ``when`` (not before now), running nothing.
+
+        Unlike ``advance(when - time())``, which float rounding can leave an ulp
+        off, the clock then reads ``when`` exactly. Handles that fall due
+        meanwhile run on the next loop iteration, late.
+
+        Raises:
+            TypeError: ``when`` is not a number.
+            ValueError: ``when`` is before the current time or not finite.
+        """
+        when = as_seconds(when, "when")
+        if when < self._virtual_now:
+            raise ValueError(f"when={when!r} is before the current time {self._virtual_now!r}")
+        self._virtual_now = when
+
+    def _jump(self, timeout: float) -> None:
+        # Called only when the loop would sleep (nothing ready) for ``timeout`` >
+        # 0 seconds: the time from now to its earliest handle's ``when``, computed
+        # by the loop as ``when - now`` (capped at one day). Land on ``when``
+        # exactly, and never past it. ``now + (when - now)`` is exact when the
+        # subtraction is (Sterbenz: when <= 2 * now), which ``timeout <= now``
+        # shows for a positive clock; a capped timeout only falls short. In the
+        # other cases the sum can be an ulp off either way: step back two ulps,
+        # and the next iteration closes the tiny, exact rest.
+        now = self._virtual_now
+        target = now + timeout
+        if now < 0 or (now > 0 and timeout > now):
+            below = math.nextafter(math.nextafter(target, -math.inf), -math.inf)
+            if below > now:
+                target = below
+        self._virtual_now = target
 
 
 def new_event_loop(start: float = 0.0) -> VirtualTimeLoop:

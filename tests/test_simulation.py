@@ -128,6 +128,87 @@ def test_advance_moves_the_clock_without_running_anything() -> None:
     assert simulation.run(main()) == [10.0, 10.0]
 
 
+def test_advance_to_sets_the_clock_exactly() -> None:
+    async def main() -> list[float]:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, simulation.VirtualTimeLoop)
+        ran: list[float] = []
+        loop.call_at(0.002, lambda: ran.append(now()))
+        # 0.0014 + (0.0035 - 0.0014) is 0.0035000000000000005 in floats: advance()
+        # by the difference would miss; advance_to() lands on the instant.
+        loop.advance_to(0.0014)
+        loop.advance_to(0.0035)
+        assert now() == 0.0035
+        assert ran == []  # nothing runs inside advance_to()
+        loop.advance_to(0.0035)  # not moving is allowed
+        with pytest.raises(ValueError, match="when"):
+            loop.advance_to(0.001)
+        with pytest.raises(ValueError, match="when"):
+            loop.advance_to(inf)
+        with pytest.raises(TypeError, match="when"):
+            loop.advance_to("1")  # type: ignore[arg-type]
+        assert now() == 0.0035  # refused calls changed nothing
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return ran
+
+    assert simulation.run(main()) == [0.0035]
+
+
+def _overshooting_pairs(count: int) -> list[tuple[float, float]]:
+    """(now, when) pairs where ``now + (when - now)`` lands past ``when`` in floats."""
+    rng = random.Random(7)
+    pairs: list[tuple[float, float]] = []
+    while len(pairs) < count:
+        start = rng.uniform(-2.0, 2.0) * 10 ** rng.randint(-4, 3)
+        when = abs(start) * rng.uniform(2.0, 50.0) * rng.choice([1, -1 if start < 0 else 1])
+        if when > start and start + (when - start) > when:
+            pairs.append((start, when))
+    return pairs
+
+
+@pytest.mark.parametrize(("start", "when"), _overshooting_pairs(25))
+def test_a_handle_runs_at_exactly_its_when_where_float_steps_overshoot(
+    start: float, when: float
+) -> None:
+    # The clock jumps by the loop's select timeout (when - now, in floats); for
+    # these pairs adding it back lands an ulp past ``when``. The handle must still
+    # run with the clock at exactly ``when``.
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        ran: list[float] = []
+        loop.call_at(when, lambda: ran.append(now()))
+        while not ran:
+            await asyncio.sleep(0)
+            await asyncio.sleep(when - now())
+        return ran[0]
+
+    assert simulation.run(main(), start=start) == when
+
+
+@pytest.mark.parametrize("start", [0.0, 0.0014, -3.7, 1e9 + 0.1])
+def test_handles_run_at_exactly_their_when_from_any_clock(start: float) -> None:
+    rng = random.Random(7)
+    whens = sorted(
+        {
+            start + rng.choice([1e-9, 1e-6, 0.0021, 0.37, 5.0, 3e5]) * rng.random()
+            for _ in range(300)
+        }
+    )
+
+    async def main() -> list[tuple[float, float]]:
+        loop = asyncio.get_running_loop()
+        seen: list[tuple[float, float]] = []
+        for when in whens:
+            loop.call_at(when, lambda w: seen.append((w, now())), when)
+        await asyncio.sleep(whens[-1] - start + 1)
+        return seen
+
+    seen = simulation.run(main(), start=start)
+    assert [w for w, _ in seen] == whens
+    assert all(ran_at == when for when, ran_at in seen)
+
+
 # -- determinism ---------------------------------------------------------------------
 
 

@@ -62,7 +62,8 @@ def exceptions() -> list[dict[str, Any]]:
 
 def armed_handle(timer: ap.Timer) -> asyncio.TimerHandle | None:
     """The driver's armed ``loop.call_at`` handle (white box, see the module docstring)."""
-    return timer._handle
+    driver = timer._driver
+    return None if driver is None else driver._handle
 
 
 def collect_exceptions(into: list[dict[str, Any]]) -> None:
@@ -793,3 +794,68 @@ async def test_timers_spread_over_time_never_fire_early(tick: float) -> None:
     await asyncio.wait_for(all_fired, 30)
     assert count == 1_000
     assert early == []
+
+
+# -- next_due(): when the timer next has work to do --------------------------------------
+
+
+@pytest.mark.virtual_time
+async def test_next_due_is_the_start_of_the_earliest_tick_with_work() -> None:
+    timer = ap.Timer(tick=0.5)  # binary: exact products
+    rec = Recorder()
+    assert timer.next_due() is None  # nothing pending (not even bound yet)
+    timer.call_later(1.2, rec, "late")  # tick ceil(2.4) = 3 -> 1.5 s
+    assert timer.next_due() == 1.5  # staged entries count
+    await asyncio.sleep(0)  # into the wheel
+    assert timer.next_due() == 1.5
+    early = timer.call_later(0.7, rec, "early")  # tick 2 -> 1.0 s
+    assert timer.next_due() == 1.0
+    await asyncio.sleep(0)
+    assert timer.next_due() == 1.0
+    early.cancel()
+    assert timer.next_due() == 1.5  # an emptied bucket is dropped
+    await asyncio.sleep(2)
+    assert rec.calls == [("late", 1.5)]
+    assert timer.next_due() is None
+
+
+@pytest.mark.virtual_time
+async def test_next_due_of_an_entry_already_due_is_not_in_the_future() -> None:
+    loop = asyncio.get_running_loop()
+    timer = ap.Timer()
+    await asyncio.sleep(10)
+    timer.call_later(-5, lambda: None)
+    due = timer.next_due()
+    assert due is not None
+    assert due <= loop.time()
+    await asyncio.sleep(0)
+    assert timer.next_due() is None  # it ran
+
+
+@pytest.mark.virtual_time
+@pytest.mark.parametrize("seed", range(5))
+async def test_next_due_bounds_the_earliest_pending_callback(seed: int) -> None:
+    # Without cancellations: the earliest when <= next_due < it + tick, and the
+    # earliest callback runs at next_due exactly on virtual time.
+    rng = random.Random(seed)
+    loop = asyncio.get_running_loop()
+    timer = ap.Timer()
+    rec = Recorder()
+    whens = [loop.time() + rng.expovariate(1 / rng.choice([0.005, 0.3, 40.0])) for _ in range(200)]
+    for when in whens:
+        timer.call_at(when, rec, when)
+    for step in range(2):
+        due = timer.next_due()
+        assert due is not None
+        earliest = min(whens)
+        assert earliest <= due < earliest + timer.tick
+        if step == 0:
+            await asyncio.sleep(0)  # the same in the wheel as on the stage
+    while timer.next_due() is not None:
+        due = timer.next_due()
+        pending_before = len(timer)
+        await asyncio.sleep(max(0.0, due - loop.time()))  # type: ignore[operator]
+        await asyncio.sleep(0)
+        assert len(timer) < pending_before
+        assert rec.calls[-1][1] == due  # ran at the instant next_due() named
+    assert sorted(rec.names) == sorted(whens)

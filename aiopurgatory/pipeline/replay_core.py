@@ -33,7 +33,6 @@ after ``replica.lag.time.max.ms``; the quorum model keeps the what-if knobs
 from __future__ import annotations
 
 import asyncio
-import collections
 import gc
 import math
 from collections.abc import Sequence
@@ -406,14 +405,12 @@ def _plan(requests: pd.DataFrame, params: ReplayParams) -> tuple[list[Any], ...]
     )
 
 
-async def _sleep_until(loop: asyncio.AbstractEventLoop, when: float) -> None:
+async def _sleep_until(loop: simulation.VirtualTimeLoop, when: float) -> None:
     """Let the loop run until virtual time ``when``, then set the clock to exactly ``when``.
 
-    asyncio runs a handle due within ``clock_resolution`` (1 ns) of the current
-    time without moving the clock, so the wait can end a hair early; the clock is
-    then advanced the rest of the way, so that every event happens at its own
-    time whatever the gap to the previous one. (The timer never expires anything
-    early, so its handle running a hair early changes nothing.)
+    The virtual loop runs a handle only once its clock has reached the handle's
+    ``when``, so the wait ends at ``when``; the clock is set all the same, so
+    that every event happens at its own time whatever runs meanwhile.
     """
     future: asyncio.Future[None] = loop.create_future()
     handle = loop.call_at(when, future.set_result, None)
@@ -422,26 +419,11 @@ async def _sleep_until(loop: asyncio.AbstractEventLoop, when: float) -> None:
     finally:
         handle.cancel()
     if loop.time() < when:
-        _advance_to(loop, when)
-
-
-def _advance_to(loop: asyncio.AbstractEventLoop, when: float) -> None:
-    """Move the virtual clock to exactly ``when`` (> now) without running anything."""
-    now = loop.time()
-    step = when - now
-    # now + (when - now) is not always when in floats (when the difference is
-    # rounded); nudge the step by an ulp or two until it is.
-    for _ in range(8):
-        total = now + step
-        if total == when:
-            loop.advance(step)  # type: ignore[attr-defined]
-            return
-        step = math.nextafter(step, math.inf if total < when else -math.inf)
-    raise AssertionError(f"cannot advance the virtual clock from {now!r} to {when!r}")
+        loop.advance_to(when)
 
 
 async def _run_plain(
-    loop: asyncio.AbstractEventLoop,
+    loop: simulation.VirtualTimeLoop,
     plan: tuple[list[Any], ...],
     purgatory: Purgatory[ReplayedProduce],
     ops: list[ReplayedProduce | None],
@@ -467,7 +449,7 @@ async def _run_plain(
 
 
 async def _run_batched(
-    loop: asyncio.AbstractEventLoop,
+    loop: simulation.VirtualTimeLoop,
     plan: tuple[list[Any], ...],
     purgatory: Purgatory[ReplayedProduce],
     ops: list[ReplayedProduce | None],
@@ -475,11 +457,12 @@ async def _run_batched(
 ) -> None:
     """Like :func:`_run_plain`, giving the loop a turn only when one could matter.
 
-    Between two turns, the loop's state changes only through the purgatory's
-    timer: ``try_complete_else_watch`` *stages* each new pending op (it reaches
-    the wheel from one ``call_soon`` flush per loop iteration), and finishing an
-    op takes it out of the stage or the wheel (cancelling the armed handle when
-    nothing is left). Nothing arms a new handle. A turn would therefore:
+    The replay is the loop's only task, its operations have no awaiters, and its
+    purgatory has a timer of its own. Between two turns, the loop's state then
+    changes only through that timer: ``try_complete_else_watch`` *stages* each
+    new pending op (it reaches the wheel from one flush per loop iteration), and
+    finishing an op takes it out of the stage or the wheel (disarming the timer
+    when nothing is left). Nothing arms a new wake-up. A turn would therefore:
 
     * flush the staged ops into the wheel. A staged op keeps its absolute
       deadline, so flushing it later files it under the same tick as long as that
@@ -487,48 +470,47 @@ async def _run_batched(
       (and still pending) since the last turn has the earliest deadline of them
       all, and deadlines round *up* to ticks: nothing staged can be due before
       that deadline (``limit`` below);
-    * run a scheduled handle (the timer's wake-up for its earliest bucket: a
-      cascade or expiries) if the event is at or after the head of the loop's
-      heap, which cannot move between turns (it may be a cancelled handle, then
-      yielding is merely unneeded).
+    * run the timer's wake-up, if the event is at or after the timer's next due
+      instant (:meth:`~aiopurgatory.Timer.next_due`, read after each turn: it
+      cannot move earlier between turns). A wake-up the timer armed for a bucket
+      emptied since is skipped; it finds nothing due whenever it runs.
 
-    So an event strictly before both is run at once with the clock moved by
-    ``VirtualTimeLoop.advance``. Otherwise the loop gets its turn exactly as in
-    the plain path (flush at the current time, then handles in time order:
-    expiries at a time come before events at that time). Every op therefore
-    completes, or expires, at the same time as in the plain path; only the wheel
-    level that a late-flushed op sits on can differ, which is why the facts are
-    put in a canonical order (see :func:`_expiry_ties`).
+    So an event strictly before both is run at once with the clock set by
+    :meth:`~aiopurgatory.simulation.VirtualTimeLoop.advance_to`. Otherwise the
+    loop gets its turn exactly as in the plain path (flush at the current time,
+    then handles in time order: expiries at a time come before events at that
+    time). Every op therefore completes, or expires, at the same time as in the
+    plain path; only the wheel level that a late-flushed op sits on can differ,
+    which is why the facts are put in a canonical order (see
+    :func:`_expiry_ties`).
     """
     times, kinds, index, keys, request_ids, required = plan
     watch = purgatory.try_complete_else_watch
     trigger = purgatory.check_and_complete
-    advance = loop.advance  # type: ignore[attr-defined]
-    ready: collections.deque[Any] = loop._ready  # type: ignore[attr-defined]
-    scheduled: list[asyncio.TimerHandle] = loop._scheduled  # type: ignore[attr-defined]
+    advance_to = loop.advance_to
+    next_due = purgatory.timer.next_due
     inf = math.inf
     now = loop.time()
-    limit = scheduled[0].when() if scheduled else inf
-    # Ready callbacks a turn would run: the timer's flush once something is staged.
-    expected_ready = 0
+    due = next_due()
+    limit = inf if due is None else due
+    # Whether an op has been staged since the last turn.
+    staged = False
     for when, kind, i in zip(times, kinds, index, strict=True):
         if when > now:
-            step = when - now
-            # (now + (when - now) is not always when in floats, e.g. from
-            # 0.0014 to 0.0035; then let the loop jump the clock exactly.)
-            if when < limit and len(ready) <= expected_ready and now + step == when:
-                advance(step)
+            if when < limit:
+                advance_to(when)
             else:
                 await _sleep_until(loop, when)
-                limit = scheduled[0].when() if scheduled else inf
-                expected_ready = 0
+                due = next_due()
+                limit = inf if due is None else due
+                staged = False
             now = when
         if kind == _ARRIVAL:
             op = ReplayedProduce(op_timeout, request_ids[i], required[i], i)
             ops[i] = op
-            if not watch(op, (keys[i],)) and not expected_ready:
+            if not watch(op, (keys[i],)) and not staged:
                 # Pending, so staged: the first since the last turn, the earliest deadline.
-                expected_ready = 1
+                staged = True
                 deadline: float = op.deadline  # type: ignore[assignment]
                 if deadline < limit:
                     limit = deadline
@@ -548,6 +530,7 @@ async def _drive(
     use_event_recorder: bool,
 ) -> Any:
     loop = asyncio.get_running_loop()
+    assert isinstance(loop, simulation.VirtualTimeLoop)  # run by simulation.run (_replay)
     purgatory: Purgatory[ReplayedProduce] = Purgatory(
         name, tick=params.tick, wheel_size=params.wheel_size, logger=_quiet_logger()
     )
@@ -565,13 +548,7 @@ async def _drive(
     else:
         purgatory.set_recorder(columns)
     ops: list[ReplayedProduce | None] = [None] * len(plan[3])
-    batch = (
-        fast
-        and isinstance(loop, simulation.VirtualTimeLoop)
-        and isinstance(getattr(loop, "_ready", None), collections.deque)
-        and isinstance(getattr(loop, "_scheduled", None), list)
-    )
-    if batch:
+    if fast:
         await _run_batched(loop, plan, purgatory, ops, params.timeout)
     else:
         await _run_plain(loop, plan, purgatory, ops, params.timeout)

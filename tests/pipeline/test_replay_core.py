@@ -119,7 +119,7 @@ def _count_turns(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     turns = [0]
     sleep_until = replay_core._sleep_until
 
-    async def counting(loop: asyncio.AbstractEventLoop, when: float) -> None:
+    async def counting(loop: simulation.VirtualTimeLoop, when: float) -> None:
         turns[0] += 1
         await sleep_until(loop, when)
 

@@ -1,0 +1,118 @@
+"""``Timeout``: ``asyncio.timeout()`` on a :class:`~aiopurgatory.Timer`.
+
+The context manager needs only ``call_at(when, callback)`` from its timer, so it
+depends on nothing else of the timer (:mod:`aiopurgatory._timer` makes it, from
+``Timer.timeout()``, ``ap.timeout()`` and ``ap.timeout_at()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Protocol
+
+from ._errors import as_seconds
+
+__all__ = ["Timeout"]
+
+
+class _Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class _Scheduler(Protocol):
+    def call_at(self, when: float, callback: Callable[[], object], /) -> _Cancellable: ...
+
+
+class _State(enum.Enum):
+    CREATED = "created"
+    ENTERED = "entered"
+    EXPIRING = "expiring"
+    EXPIRED = "expired"
+    EXITED = "exited"
+
+
+class Timeout:
+    """Async context manager returned by :meth:`Timer.timeout` and :func:`timeout`.
+
+    Behaves like :class:`asyncio.Timeout`: when the deadline passes inside the
+    block, the enclosing task is cancelled and leaving the block raises
+    ``TimeoutError`` (chained from the ``CancelledError``).
+    """
+
+    __slots__ = ("_cancelling", "_handle", "_state", "_task", "_timer", "_when")
+
+    def __init__(self, timer: _Scheduler, when: float | None) -> None:
+        self._timer = timer
+        self._when = when
+        self._handle: _Cancellable | None = None
+        self._state = _State.CREATED
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
+
+    def __repr__(self) -> str:
+        return f"<Timeout [{self._state.value}] when={self._when}>"
+
+    def when(self) -> float | None:
+        """The deadline in loop time (seconds), or None."""
+        return self._when
+
+    def expired(self) -> bool:
+        """True if the deadline passed and the task was cancelled by this timeout."""
+        return self._state in (_State.EXPIRING, _State.EXPIRED)
+
+    def reschedule(self, when: float | None) -> None:
+        """Move the deadline to loop time ``when`` (None: no deadline).
+
+        Raises:
+            RuntimeError: the block has not been entered, or has been left.
+            TypeError, ValueError: ``when`` is not None and not a finite number.
+        """
+        if self._state is not _State.ENTERED:
+            raise RuntimeError(f"cannot reschedule a timeout that is {self._state.value}")
+        if when is not None:
+            when = as_seconds(when, "when")
+        self._when = when
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if when is not None:
+            self._handle = self._timer.call_at(when, self._on_timeout)
+
+    async def __aenter__(self) -> Timeout:
+        if self._state is not _State.CREATED:
+            raise RuntimeError("Timeout has already been entered")
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("Timeout should be used inside a task")
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._state = _State.ENTERED
+        self.reschedule(self._when)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._state is _State.EXPIRING:
+            self._state = _State.EXPIRED
+            task = self._task
+            assert task is not None
+            if task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+                raise TimeoutError from exc_val
+        elif self._state is _State.ENTERED:
+            self._state = _State.EXITED
+
+    def _on_timeout(self) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        self._state = _State.EXPIRING
+        self._handle = None
