@@ -1,0 +1,149 @@
+"""A pytest plugin: run async tests on aiopurgatory's virtual-time loop.
+
+Installed with the package (a ``pytest11`` entry point) and inert until a test
+asks for it, with the marker or the fixture::
+
+    @pytest.mark.virtual_time
+    async def test_request_times_out() -> None:
+        async with ap.timeout(30):  # returns at once, at loop time 30.0
+            ...
+
+    async def test_with_the_loop(virtual_loop: VirtualTimeLoop) -> None:
+        virtual_loop.advance(10)
+
+* ``@pytest.mark.virtual_time`` (or ``@pytest.mark.virtual_time(start=12.5)``)
+  runs the test, and its async fixtures, on a new
+  :class:`~aiopurgatory.simulation.VirtualTimeLoop` whose clock starts at
+  ``start`` (default 0.0): ``loop.time()`` jumps to the next timer whenever every
+  task waits, so a 30-second timeout takes microseconds and times can be
+  asserted exactly.
+* The ``virtual_loop`` fixture gives the test its running virtual loop (to
+  ``advance`` or ``advance_to`` the clock); asking for it implies the marker.
+
+It works through pytest-asyncio (1.4 or later), in both of its modes: in
+``auto`` mode the marker is enough, in ``strict`` mode add
+``@pytest.mark.asyncio`` as for any async test. It supplies the loop through
+pytest-asyncio's ``pytest_asyncio_loop_factories`` hook, and overrides a project's
+own implementation of that hook (a loop matrix, say) only for the tests that ask
+for virtual time; the others keep the project's loops, or asyncio's default loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Generator, Mapping
+from typing import Any
+
+import pytest
+
+__all__ = ["MARKER", "virtual_loop"]
+
+#: The marker's name.
+MARKER = "virtual_time"
+_FIXTURE = "virtual_loop"
+
+LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(start=0.0): run this async test (and its async fixtures) on "
+        "aiopurgatory's virtual-time event loop, its clock starting at start seconds",
+    )
+
+
+def _wants_virtual_time(item: pytest.Item) -> bool:
+    return item.get_closest_marker(MARKER) is not None or _FIXTURE in getattr(
+        item, "fixturenames", ()
+    )
+
+
+def _start_of(item: pytest.Item) -> float:
+    marker = item.get_closest_marker(MARKER)
+    if marker is None:
+        return 0.0
+    if marker.args and "start" in marker.kwargs:
+        raise pytest.UsageError(f"{item.nodeid}: give virtual_time's start once")
+    if len(marker.args) > 1 or set(marker.kwargs) - {"start"}:
+        raise pytest.UsageError(
+            f"{item.nodeid}: virtual_time takes one argument, start (seconds), "
+            f"got args={marker.args!r} kwargs={marker.kwargs!r}"
+        )
+    start = marker.args[0] if marker.args else marker.kwargs.get("start", 0.0)
+    from ._errors import as_seconds
+
+    try:
+        return as_seconds(start, "start")
+    except (TypeError, ValueError) as exc:
+        raise pytest.UsageError(f"{item.nodeid}: virtual_time: {exc}") from None
+
+
+def _virtual_factory(start: float) -> asyncio.AbstractEventLoop:
+    from .simulation import VirtualTimeLoop
+
+    return VirtualTimeLoop(start)
+
+
+@pytest.hookimpl(wrapper=True, optionalhook=True)
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Generator[None, Mapping[str, LoopFactory] | None, Mapping[str, LoopFactory] | None]:
+    # A wrapper, so that a project's own hook (a conftest with a loop matrix)
+    # still decides for every test that does not ask for virtual time.
+    chosen = yield
+    if _wants_virtual_time(item):
+        return {"virtual": functools.partial(_virtual_factory, _start_of(item))}
+    if chosen is None:
+        # No hook of the project's: pytest-asyncio requires a mapping once any
+        # implementation exists. asyncio's default loop is what it would use.
+        return {"asyncio": asyncio.new_event_loop}
+    return chosen
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if not _wants_virtual_time(item):
+        return
+    try:
+        from pytest_asyncio import is_async_test
+    except ImportError:
+        pytest.fail(
+            f"{item.nodeid}: virtual time needs pytest-asyncio (1.4 or later) "
+            "to run async tests: pip install pytest-asyncio",
+            pytrace=False,
+        )
+    if not is_async_test(item):
+        pytest.fail(
+            f"{item.nodeid}: virtual time applies to async tests that pytest-asyncio "
+            "runs: make the test 'async def' and, in strict mode, add "
+            "@pytest.mark.asyncio",
+            pytrace=False,
+        )
+
+
+def _virtual_loop_fixture() -> Any:
+    async def virtual_loop() -> Any:
+        """The test's running :class:`~aiopurgatory.simulation.VirtualTimeLoop`.
+
+        Asking for it runs the test on virtual time, as ``@pytest.mark.virtual_time``.
+        """
+        from .simulation import VirtualTimeLoop
+
+        loop = asyncio.get_running_loop()
+        if not isinstance(loop, VirtualTimeLoop):  # pragma: no cover - the hook chose it
+            raise RuntimeError(
+                "virtual_loop: the test is not running on the virtual-time loop "
+                "(a pytest_asyncio_loop_factories hook of higher priority chose another)"
+            )
+        return loop
+
+    try:
+        import pytest_asyncio
+    except ImportError:  # pragma: no cover - pytest-asyncio is part of the test install
+        return pytest.fixture(name=_FIXTURE)(virtual_loop)
+    return pytest_asyncio.fixture(name=_FIXTURE)(virtual_loop)
+
+
+virtual_loop = _virtual_loop_fixture()
