@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -144,3 +147,20 @@ def test_bad_marker_arguments_are_a_usage_error(pytester: pytest.Pytester) -> No
     assert "virtual_time: start must be a number of seconds, got str" in (
         result.stdout.str() + result.stderr.str()
     )
+
+
+def _docs_test_file(name: str) -> str:
+    """The ```python block marked ``<!-- pytest: NAME -->`` in docs/howto/testing.md."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "howto" / "testing.md").read_text()
+    match = re.search(rf"<!-- pytest: {name} -->\n```python\n(.*?)^```$", page, re.S | re.M)
+    assert match is not None, f"no snippet {name} in testing.md"
+    return match[1]
+
+
+@pytest.mark.parametrize(("snippet", "tests"), [("testing-howto", 3), ("testing-howto-fixture", 1)])
+def test_the_how_to_pages_tests_pass_as_shown(
+    pytester: pytest.Pytester, snippet: str, tests: int
+) -> None:
+    pytester.makepyfile(test_from_docs=_docs_test_file(snippet))
+    result = pytester.runpytest_subprocess(*AUTO, "-p", "no:cacheprovider", "-W", "error")
+    result.assert_outcomes(passed=tests)
