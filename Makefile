@@ -5,18 +5,25 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench docs pipeline clean
+.PHONY: install build test lint demo bench docs pipeline clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[all,dev,docs]'
 	touch $(STAMP)
 
-test: install
-	$(PY) -m pytest -q
+# The compiled core (C extensions from the core's .py and .pxd files), rebuilt in
+# place when a core module changed; without a C compiler it stays pure Python.
+build: install
+	$(PY) setup.py --quiet build_ext --inplace
+
+# The whole suite twice: on the compiled core, then on the pure-Python one.
+test: build
+	AIOPURGATORY_EXPECT=compiled $(PY) -m pytest -q
+	AIOPURGATORY_NO_EXTENSIONS=1 AIOPURGATORY_EXPECT=python $(PY) -m pytest -q
 
 lint: install
 	$(BIN)/ruff check .
@@ -36,4 +43,5 @@ pipeline: install
 	$(PY) -m aiopurgatory.pipeline.demo
 
 clean:
-	rm -rf $(VENV) docs/_build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) docs/_build .pytest_cache .mypy_cache .ruff_cache build
+	rm -f aiopurgatory/*.so aiopurgatory/*.c

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._compiled import COMPILED
 from ._errors import (
     OperationStateError,
     PurgatoryClosedError,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "COMPILED",
     "DelayedOperation",
     "OperationStateError",
     "Outcome",

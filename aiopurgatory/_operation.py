@@ -29,7 +29,7 @@ import asyncio
 import enum
 from collections.abc import Callable, Generator, Hashable
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 from ._errors import as_seconds
 from ._logging import LazyLogger
@@ -60,20 +60,27 @@ FAILED = Outcome.FAILED
 _log = LazyLogger()
 
 
-class _Owner(Protocol):
-    """What an operation needs of the purgatory watching it (its only way back).
+class _Owner:
+    """What an operation needs of the purgatory watching it: its only way back.
 
-    The purgatory module imports this one, never the reverse: data flows from
-    operations to the purgatory, to the timer, to its driver.
+    :class:`~aiopurgatory.Purgatory` derives from it; this module never imports
+    the purgatory's: data flows from operations to the purgatory, to the timer,
+    to its driver.
     """
+
+    __slots__ = ("_logger", "_name", "_recorder")
 
     _name: str
     _logger: Any
     _recorder: Callable[[DelayedOperation], None] | None
 
-    def _detach(self, op: DelayedOperation, outcome: Outcome, /) -> None: ...
+    def _detach(self, op: DelayedOperation, outcome: Outcome) -> None:
+        """Count a finishing ``op``'s outcome; take it out of its watch lists and the timer."""
+        raise NotImplementedError
 
-    def _record(self, op: DelayedOperation, /) -> None: ...
+    def _record(self, op: DelayedOperation) -> None:
+        """Hand a finished ``op`` to the recorder (set: ``_recorder`` is not None)."""
+        raise NotImplementedError
 
 
 class DelayedOperation(_TimerEntry):

@@ -23,11 +23,11 @@ import concurrent.futures
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from ._errors import OperationStateError, PurgatoryClosedError, PurgatoryFullError
 from ._logging import LazyLogger
-from ._operation import CANCELLED, COMPLETED, EXPIRED, DelayedOperation, Outcome
+from ._operation import CANCELLED, COMPLETED, EXPIRED, DelayedOperation, Outcome, _Owner
 from ._timer import Timer
 
 _get_running_loop = asyncio._get_running_loop  # C; None outside a running loop
@@ -107,7 +107,259 @@ def _unhashable_key(key: object, exc: TypeError) -> TypeError:
     return TypeError(f"key must be hashable, got {key!r} ({exc})")
 
 
-class Purgatory(Generic[OpT]):
+class _PurgatoryCore(_Owner):
+    """The purgatory's bookkeeping: what every operation goes through (compiled).
+
+    Watch lists, gauges and counters, and the calls made per operation or per
+    trigger. :class:`Purgatory` adds construction, the awaitable API, closing and
+    the generic type; it is the class users see.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_cancelled",
+        "_closed",
+        "_completed",
+        "_delayed",
+        "_expired",
+        "_failed",
+        "_loop",
+        "_max_pending",
+        "_pending",
+        "_timer",
+        "_watched",
+        "_watchers",
+    )
+
+    _timer: Timer
+    _loop: asyncio.AbstractEventLoop | None
+    _watchers: dict[Hashable, dict[int, Any]]
+    _max_pending: int | None
+    _closed: bool
+    _pending: int
+    _watched: int
+    _delayed: int
+    _completed: int
+    _expired: int
+    _cancelled: int
+    _failed: int
+
+    # -- watching --------------------------------------------------------------------
+
+    def try_complete_else_watch(self, op: Any, keys: Iterable[Hashable]) -> bool:
+        """Complete ``op`` now if its condition holds, else watch it under ``keys``.
+
+        Kafka's ``tryCompleteElseWatch``: ``op.try_complete()``; if that did not
+        finish it, add it to the watch list of every key, call ``try_complete()``
+        once more (so a trigger between the two checks is not lost), and if still
+        pending schedule its expiry ``op.timeout`` seconds from now.
+
+        Args:
+            op: a new :class:`DelayedOperation`.
+            keys: at least one hashable key (duplicates are ignored).
+
+        Returns:
+            True iff this call completed the operation.
+
+        Raises:
+            TypeError: ``op`` is not a DelayedOperation; ``keys`` is a str/bytes,
+                not iterable, or holds an unhashable key.
+            ValueError: ``keys`` is empty.
+            OperationStateError: ``op`` was already watched (here or elsewhere) or is finished.
+            PurgatoryFullError: ``max_pending`` operations are pending.
+            PurgatoryClosedError: the purgatory (or its timer) is closed.
+            RuntimeError: first use outside a running event loop.
+            Exception: whatever ``op.try_complete()`` raised (the op is then finished).
+        """
+        if not isinstance(op, DelayedOperation):
+            raise TypeError(f"op must be a DelayedOperation, got {type(op).__name__}")
+        keys = _keys_of(keys)
+        try:
+            owner = op._purgatory
+            outcome = op._outcome
+            initialised = op._timeout is not None
+        except AttributeError:  # pure Python: the slots were never set
+            initialised = False
+        if not initialised:  # compiled: the slots exist and hold None
+            raise TypeError(
+                f"{type(op).__name__}.__init__ must call DelayedOperation.__init__(timeout)"
+            )
+        if self._closed:
+            raise PurgatoryClosedError(f"purgatory {self._name!r} is closed")
+        if outcome is not None:
+            raise OperationStateError(f"{op!r} is already finished")
+        if owner is not None:
+            where = "this purgatory" if owner is self else f"purgatory {owner._name!r}"
+            raise OperationStateError(f"{op!r} is already watched by {where}")
+        if self._max_pending is not None and self._pending >= self._max_pending:
+            raise PurgatoryFullError(
+                f"purgatory {self._name!r} has max_pending={self._max_pending} pending operations"
+            )
+        loop = self._loop
+        if loop is None:
+            loop = self._bind()
+        elif _get_running_loop() is not loop:
+            raise RuntimeError(f"purgatory {self._name!r} is bound to another event loop")
+        timer = self._timer
+        if timer._closed:
+            raise PurgatoryClosedError(f"the timer of purgatory {self._name!r} is closed")
+        if timer._time() + op._timeout > timer._max_when:
+            raise timer._too_far("timeout", op._timeout)
+
+        op._purgatory = self
+        # First check, before any bookkeeping: most requests that can complete at
+        # once never touch a watch list or the timer.
+        try:
+            op.try_complete()
+        except Exception as exc:
+            op._try_complete_failed(exc)
+            raise
+        outcome = op._outcome
+        if outcome is not None:
+            return outcome is COMPLETED
+
+        # One int object for the op's key in every watch list and in the wheel.
+        op._key = oid = id(op)
+        watchers = self._watchers
+        for key in keys:
+            ops = watchers.get(key)
+            if ops is None:
+                watchers[key] = {oid: op}
+            else:
+                ops[oid] = op
+        op._keys = keys
+        self._watched += len(keys)
+        self._pending += 1
+
+        # Second check: a trigger that came between the first check and joining
+        # the watch lists would otherwise be missed.
+        try:
+            op.try_complete()
+        except Exception as exc:
+            op._try_complete_failed(exc)
+            raise
+        outcome = op._outcome
+        if outcome is not None:
+            return outcome is COMPLETED
+        if timer.closed:  # closed by a callback of try_complete meanwhile
+            op.cancel()
+            return False
+
+        timer._schedule(op, timer._time() + op._timeout)
+        self._delayed += 1
+        return False
+
+    def check_and_complete(self, key: Hashable) -> int:
+        """Call ``try_complete()`` on every pending operation watched under ``key``.
+
+        Operations are checked in watch order. Callbacks may watch, complete or
+        cancel other operations meanwhile (also under ``key``): operations that
+        finish before their turn are skipped, operations watched meanwhile are not
+        checked by this call (their own watch just checked them). A failing
+        ``try_complete`` finishes only its own operation (``Outcome.FAILED``).
+
+        Returns:
+            How many operations this call completed; 0 for an unknown key.
+
+        Raises:
+            TypeError: ``key`` is unhashable.
+        """
+        try:
+            ops = self._watchers.get(key)
+        except TypeError as exc:
+            raise _unhashable_key(key, exc) from None
+        if not ops:
+            return 0
+        completed = 0
+        for op in list(ops.values()):
+            if op.done():
+                continue  # finished by a callback of an earlier op
+            try:
+                op.try_complete()
+            except Exception as exc:
+                op._try_complete_failed(exc)
+            if op._outcome is COMPLETED:
+                completed += 1
+        return completed
+
+    def cancel_for_key(self, key: Hashable) -> list[Any]:
+        """Cancel every pending operation watched under ``key`` and return them.
+
+        Each is cancelled as by ``op.cancel()``: out of the timer and of every
+        watch list, no callbacks, ``Outcome.CANCELLED``.
+
+        Returns:
+            The cancelled operations in watch order; ``[]`` for an unknown key.
+
+        Raises:
+            TypeError: ``key`` is unhashable.
+        """
+        try:
+            ops = self._watchers.get(key)
+        except TypeError as exc:
+            raise _unhashable_key(key, exc) from None
+        if not ops:
+            return []
+        cancelled = [op for op in list(ops.values()) if op.cancel()]
+        return cancelled
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _record(self, op: DelayedOperation) -> None:
+        recorder = self._recorder
+        assert recorder is not None
+        try:
+            recorder(op)
+        except Exception as exc:
+            self._logger.error("aiopurgatory.recorder_failed", error=repr(exc), exc_info=exc)
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                f"purgatory {self._name!r} is bound to a running event loop on first use"
+            ) from None
+        timer_loop = self._timer.loop
+        if timer_loop is None:
+            self._timer._bind()
+        elif timer_loop is not loop:
+            raise RuntimeError(f"the timer of purgatory {self._name!r} is bound to another loop")
+        self._loop = loop
+        return loop
+
+    def _detach(self, op: DelayedOperation, outcome: Outcome) -> None:
+        """Count a finishing ``op``'s outcome; take it out of its watch lists and the timer."""
+        if outcome is COMPLETED:
+            self._completed += 1
+        elif outcome is EXPIRED:
+            self._expired += 1
+        elif outcome is CANCELLED:
+            self._cancelled += 1
+        else:
+            self._failed += 1
+        keys = op._keys
+        if keys:
+            oid = op._key
+            watchers = self._watchers
+            for key in keys:
+                ops = watchers[key]
+                del ops[oid]
+                if not ops:
+                    del watchers[key]
+            if not watchers:
+                # A dict never shrinks its table on deletion: after a burst of many
+                # distinct keys, start afresh rather than keep the peak's table.
+                self._watchers = {}
+            self._watched -= len(keys)
+            self._pending -= 1
+        if op._when is not None:
+            self._delayed -= 1
+            if op._tick is not None:
+                self._timer._unschedule(op)
+
+
+class Purgatory(_PurgatoryCore, Generic[OpT]):
     """Delayed operations watched under keys until completed, expired or cancelled.
 
     Not thread-safe: only the ``*_threadsafe`` methods may be called from other
@@ -191,6 +443,11 @@ class Purgatory(Generic[OpT]):
         state = "closed" if self._closed else f"pending={self._pending}"
         return f"<Purgatory {self._name!r} {state} watched={self._watched}>"
 
+    if TYPE_CHECKING:
+        # The generic signatures of the core's methods (documented there).
+        def try_complete_else_watch(self, op: OpT, keys: Iterable[Hashable]) -> bool: ...
+        def cancel_for_key(self, key: Hashable) -> list[OpT]: ...
+
     # -- properties ----------------------------------------------------------------
 
     @property
@@ -244,106 +501,6 @@ class Purgatory(Generic[OpT]):
 
     # -- watching --------------------------------------------------------------------
 
-    def try_complete_else_watch(self, op: OpT, keys: Iterable[Hashable]) -> bool:
-        """Complete ``op`` now if its condition holds, else watch it under ``keys``.
-
-        Kafka's ``tryCompleteElseWatch``: ``op.try_complete()``; if that did not
-        finish it, add it to the watch list of every key, call ``try_complete()``
-        once more (so a trigger between the two checks is not lost), and if still
-        pending schedule its expiry ``op.timeout`` seconds from now.
-
-        Args:
-            op: a new :class:`DelayedOperation`.
-            keys: at least one hashable key (duplicates are ignored).
-
-        Returns:
-            True iff this call completed the operation.
-
-        Raises:
-            TypeError: ``op`` is not a DelayedOperation; ``keys`` is a str/bytes,
-                not iterable, or holds an unhashable key.
-            ValueError: ``keys`` is empty.
-            OperationStateError: ``op`` was already watched (here or elsewhere) or is finished.
-            PurgatoryFullError: ``max_pending`` operations are pending.
-            PurgatoryClosedError: the purgatory (or its timer) is closed.
-            RuntimeError: first use outside a running event loop.
-            Exception: whatever ``op.try_complete()`` raised (the op is then finished).
-        """
-        if not isinstance(op, DelayedOperation):
-            raise TypeError(f"op must be a DelayedOperation, got {type(op).__name__}")
-        keys = _keys_of(keys)
-        try:
-            owner = op._purgatory
-            outcome = op._outcome
-        except AttributeError:
-            raise TypeError(
-                f"{type(op).__name__}.__init__ must call DelayedOperation.__init__(timeout)"
-            ) from None
-        if self._closed:
-            raise PurgatoryClosedError(f"purgatory {self._name!r} is closed")
-        if outcome is not None:
-            raise OperationStateError(f"{op!r} is already finished")
-        if owner is not None:
-            where = "this purgatory" if owner is self else f"purgatory {owner._name!r}"
-            raise OperationStateError(f"{op!r} is already watched by {where}")
-        if self._max_pending is not None and self._pending >= self._max_pending:
-            raise PurgatoryFullError(
-                f"purgatory {self._name!r} has max_pending={self._max_pending} pending operations"
-            )
-        loop = self._loop
-        if loop is None:
-            loop = self._bind()
-        elif _get_running_loop() is not loop:
-            raise RuntimeError(f"purgatory {self._name!r} is bound to another event loop")
-        timer = self._timer
-        if timer._closed:
-            raise PurgatoryClosedError(f"the timer of purgatory {self._name!r} is closed")
-        if timer._time() + op._timeout > timer._max_when:
-            raise timer._too_far("timeout", op._timeout)
-
-        op._purgatory = self
-        # First check, before any bookkeeping: most requests that can complete at
-        # once never touch a watch list or the timer.
-        try:
-            op.try_complete()
-        except Exception as exc:
-            op._try_complete_failed(exc)
-            raise
-        outcome = op._outcome
-        if outcome is not None:
-            return outcome is COMPLETED
-
-        # One int object for the op's key in every watch list and in the wheel.
-        op._key = oid = id(op)
-        watchers = self._watchers
-        for key in keys:
-            ops = watchers.get(key)
-            if ops is None:
-                watchers[key] = {oid: op}
-            else:
-                ops[oid] = op
-        op._keys = keys
-        self._watched += len(keys)
-        self._pending += 1
-
-        # Second check: a trigger that came between the first check and joining
-        # the watch lists would otherwise be missed.
-        try:
-            op.try_complete()
-        except Exception as exc:
-            op._try_complete_failed(exc)
-            raise
-        outcome = op._outcome
-        if outcome is not None:
-            return outcome is COMPLETED
-        if timer.closed:  # closed by a callback of try_complete meanwhile
-            op.cancel()
-            return False
-
-        timer._schedule(op, timer._time() + op._timeout)
-        self._delayed += 1
-        return False
-
     async def watch(self, op: OpT, keys: Iterable[Hashable]) -> Outcome:
         """:meth:`try_complete_else_watch`, then wait until ``op`` finishes.
 
@@ -376,39 +533,6 @@ class Purgatory(Generic[OpT]):
 
     # -- triggers ----------------------------------------------------------------------
 
-    def check_and_complete(self, key: Hashable) -> int:
-        """Call ``try_complete()`` on every pending operation watched under ``key``.
-
-        Operations are checked in watch order. Callbacks may watch, complete or
-        cancel other operations meanwhile (also under ``key``): operations that
-        finish before their turn are skipped, operations watched meanwhile are not
-        checked by this call (their own watch just checked them). A failing
-        ``try_complete`` finishes only its own operation (``Outcome.FAILED``).
-
-        Returns:
-            How many operations this call completed; 0 for an unknown key.
-
-        Raises:
-            TypeError: ``key`` is unhashable.
-        """
-        try:
-            ops = self._watchers.get(key)
-        except TypeError as exc:
-            raise _unhashable_key(key, exc) from None
-        if not ops:
-            return 0
-        completed = 0
-        for op in list(ops.values()):
-            if op.done():
-                continue  # finished by a callback of an earlier op
-            try:
-                op.try_complete()
-            except Exception as exc:
-                op._try_complete_failed(exc)
-            if op._outcome is COMPLETED:
-                completed += 1
-        return completed
-
     def check_and_complete_threadsafe(self, key: Hashable) -> concurrent.futures.Future[int]:
         """Run :meth:`check_and_complete` on the purgatory's loop, from any thread.
 
@@ -439,27 +563,6 @@ class Purgatory(Generic[OpT]):
 
         loop.call_soon_threadsafe(run)
         return result
-
-    def cancel_for_key(self, key: Hashable) -> list[OpT]:
-        """Cancel every pending operation watched under ``key`` and return them.
-
-        Each is cancelled as by ``op.cancel()``: out of the timer and of every
-        watch list, no callbacks, ``Outcome.CANCELLED``.
-
-        Returns:
-            The cancelled operations in watch order; ``[]`` for an unknown key.
-
-        Raises:
-            TypeError: ``key`` is unhashable.
-        """
-        try:
-            ops = self._watchers.get(key)
-        except TypeError as exc:
-            raise _unhashable_key(key, exc) from None
-        if not ops:
-            return []
-        cancelled = [op for op in list(ops.values()) if op.cancel()]
-        return cancelled
 
     # -- closing -------------------------------------------------------------------------
 
@@ -520,57 +623,4 @@ class Purgatory(Generic[OpT]):
             raise TypeError(f"recorder must be callable or None, got {type(recorder).__name__}")
         self._recorder = recorder
 
-    def _record(self, op: DelayedOperation) -> None:
-        recorder = self._recorder
-        assert recorder is not None
-        try:
-            recorder(op)
-        except Exception as exc:
-            self._logger.error("aiopurgatory.recorder_failed", error=repr(exc), exc_info=exc)
-
     # -- internals -------------------------------------------------------------------------
-
-    def _bind(self) -> asyncio.AbstractEventLoop:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            raise RuntimeError(
-                f"purgatory {self._name!r} is bound to a running event loop on first use"
-            ) from None
-        timer_loop = self._timer.loop
-        if timer_loop is None:
-            self._timer._bind()
-        elif timer_loop is not loop:
-            raise RuntimeError(f"the timer of purgatory {self._name!r} is bound to another loop")
-        self._loop = loop
-        return loop
-
-    def _detach(self, op: DelayedOperation, outcome: Outcome) -> None:
-        """Count a finishing ``op``'s outcome; take it out of its watch lists and the timer."""
-        if outcome is COMPLETED:
-            self._completed += 1
-        elif outcome is EXPIRED:
-            self._expired += 1
-        elif outcome is CANCELLED:
-            self._cancelled += 1
-        else:
-            self._failed += 1
-        keys = op._keys
-        if keys:
-            oid = op._key
-            watchers = self._watchers
-            for key in keys:
-                ops = watchers[key]
-                del ops[oid]
-                if not ops:
-                    del watchers[key]
-            if not watchers:
-                # A dict never shrinks its table on deletion: after a burst of many
-                # distinct keys, start afresh rather than keep the peak's table.
-                self._watchers = {}
-            self._watched -= len(keys)
-            self._pending -= 1
-        if op._when is not None:
-            self._delayed -= 1
-            if op._tick is not None:
-                self._timer._unschedule(op)

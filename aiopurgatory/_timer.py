@@ -48,7 +48,7 @@ __all__ = ["Timer", "TimerHandle", "shared_timer", "timeout", "timeout_at"]
 
 _Ts = TypeVarTuple("_Ts")
 
-_new_handle = object.__new__
+
 _copy_context = contextvars.copy_context
 
 # Timer lag (how late the driver wakes up) is logged at debug level when above
@@ -89,7 +89,7 @@ class TimerHandle(_TimerEntry):
     __slots__ = ("_args", "_callback", "_cancelled", "_context", "_timer")
 
     # Handles are made by Timer.call_later/call_at, which set these slots directly
-    # (object.__new__ plus stores is markedly cheaper than an __init__ call).
+    # (__new__ plus stores is markedly cheaper than an __init__ call).
     _timer: Timer
     _callback: Callable[..., object] | None
     _args: tuple[Any, ...] | None
@@ -270,7 +270,7 @@ class Timer:
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
         if self._driver is None or self._closed:
             self._bind()
-        handle = _new_handle(TimerHandle)
+        handle = TimerHandle.__new__(TimerHandle)
         handle._timer = self
         handle._callback = callback
         handle._args = args
@@ -309,7 +309,7 @@ class Timer:
             self._bind()
         if when > self._max_when:
             raise self._too_far("when", when)
-        handle = _new_handle(TimerHandle)
+        handle = TimerHandle.__new__(TimerHandle)
         handle._timer = self
         handle._callback = callback
         handle._args = args

@@ -74,6 +74,27 @@ def test_purgatory_every_request_finishes_once(impl: str, loop: str) -> None:
         assert r["expiry_lateness"]["min"] >= 0
 
 
+@pytest.mark.parametrize("completion", ["check", "clock"])
+def test_purgatory_completion_through_check_and_complete(completion: str) -> None:
+    # The same requests complete (their latency is below the timeout) whichever
+    # implementation scans the watch lists; the rest expire.
+    results = {
+        impl: run_purgatory(
+            impl, "virtual", num=2000, rate=20_000, memory_ops=0, completion=completion
+        )
+        for impl in ("ap", "hand", "floor")
+    }
+    counts = {impl: (r["completed"], r["expired"]) for impl, r in results.items()}
+    assert len(set(counts.values())) == 1, counts
+    completed, expired = counts["ap"]
+    assert completed + expired == 2000
+    assert 0 < expired < completed
+    forced = run_purgatory("ap", "virtual", num=2000, rate=20_000, memory_ops=0)
+    assert (forced["completed"], forced["expired"]) == counts["ap"]
+    with pytest.raises(ValueError, match="completion"):
+        run_purgatory("ap", "virtual", num=10, completion="poll")
+
+
 def test_purgatory_open_loop_rate_on_virtual_time() -> None:
     # On virtual time the generator is exact: arrivals follow their schedule.
     r = run_purgatory("ap", "virtual", num=2000, rate=10_000, memory_ops=0)
@@ -222,6 +243,24 @@ def test_cli_purgatory_with_sweep_in_process(tmp_path: Path) -> None:
     assert {s["impl"] for s in sat} == {"ap.Purgatory", "hand-written", "floor (no timer)"}
     # Virtual time never falls behind: every implementation keeps up with every rate.
     assert all(s["kept_up_with_all"] for s in sat)
+
+
+def test_cli_purgatory_every_completion_kind(tmp_path: Path) -> None:
+    out = tmp_path / "completion.json"
+    argv = ["purgatory", "--num", "600", "--loop", "virtual", "--repeat", "1"]
+    argv += ["--completion", "all", "--memory-ops", "0", "--no-isolate", "--no-progress"]
+    assert bench_cli.main([*argv, "--quiet", "--json", str(out)]) == 0
+    p = _load(out)["purgatory"]
+    scenarios = {c["scenario"] for c in p["cells"]}
+    assert scenarios == {"low-timeout", "low-timeout/check", "low-timeout/clock"}
+    rates = {s["completion"]: s["rate"] for s in p["scenarios"]}
+    assert rates == {"force": 0.0, "check": 20_000.0, "clock": 20_000.0}
+    outcomes = {
+        (c["median"]["completed"], c["median"]["expired"])
+        for c in p["cells"]
+        if c["scenario"] != "low-timeout"
+    }
+    assert len(outcomes) == 1  # same inputs (same rate): the same requests complete
 
 
 def test_cli_scale_and_printing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,6 +34,7 @@ from .suite_purgatory import (
     _purgatory_args,
     _scenarios,
     _sweep_args,
+    completion_cases,
     run_purgatory_suite,
 )
 from .suite_scale import _scale_args, run_scale_suite
@@ -126,8 +127,9 @@ def _count_runs(args: argparse.Namespace, loops: Sequence[str]) -> int:
     if args.command == "scale":
         pendings: list[int] = args.pending
         return cells * 2 * (repeat * len(pendings) + (1 if args.memory_pending else 0))
-    # all: timer, two purgatory scenarios, a sweep of two impls, scale at 4 sizes + memory
-    return cells * (2 * repeat + 6 * repeat + 2 * len(_DEFAULT_SWEEP) + 2 * (4 * repeat + 1))
+    # all: timer, four purgatory cases (two scenarios, check and clock completion) of
+    # three impls, a sweep of two impls, scale at 4 sizes + memory
+    return cells * (2 * repeat + 12 * repeat + 2 * len(_DEFAULT_SWEEP) + 2 * (4 * repeat + 1))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -206,6 +208,10 @@ def _run_all(
     scenarios = [
         dict(base, pct75=p75, pct50=p50) for p75, p50 in purgatory_bench.SCENARIOS.values()
     ]
+    # Kafka's way of completing (check_and_complete), with a flag and with the clock.
+    scenarios += completion_cases(
+        dict(scenarios[0], num=100_000 // scale_down, rate=None), ("check", "clock")
+    )
     report["purgatory"] = run_purgatory_suite(
         loops,
         scenarios,

@@ -15,6 +15,18 @@ expires. Implementations, all driven by the same generator:
   has the same timeout, expiries come in arrival order and a FIFO checked by the
   generator replaces the timer. No purgatory can do less work than this.
 
+How a request completes (``completion``):
+
+* ``force``: from outside, ``force_complete()`` at arrival + latency (the
+  workload of Kafka's ``TestPurgatoryPerformance``);
+* ``check``: Kafka's way. At arrival + latency the request's condition becomes
+  true (a flag) and ``check_and_complete(key)`` runs on its first key: every
+  pending op watched under that key gets its ``try_complete()`` called. The
+  hand-written and floor implementations scan the same watch list and call the
+  same kind of method;
+* ``clock``: as ``check``, but the op's ``try_complete()`` reads the loop clock
+  (``loop.time() >= ready_at``) instead of a flag.
+
 The generator itself (arrival schedule, a heap of pending completions as Kafka's
 ``CompletionQueue``, the loop wake-ups) costs the same for everyone and is part of
 every figure, the floor's included.
@@ -39,13 +51,16 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ._common import Result, Spec, latency_summary, peak_rss_mib, rss_mib, run_on
 
-__all__ = ["IMPLS", "SCENARIOS", "run_purgatory", "run_spec"]
+__all__ = ["COMPLETIONS", "IMPLS", "SCENARIOS", "run_purgatory", "run_spec"]
 
 #: Implementation key -> label used in tables and JSON.
 IMPLS = {"ap": "ap.Purgatory", "hand": "hand-written", "floor": "floor (no timer)"}
 
 #: Kafka's published scenarios: (pct75, pct50) in ms.
 SCENARIOS = {"low-timeout": (60.0, 20.0), "high-timeout": (400.0, 200.0)}
+
+#: How requests complete (see the module documentation).
+COMPLETIONS = ("force", "check", "clock")
 
 DEFAULTS: dict[str, Any] = {
     "num": 200_000,
@@ -58,17 +73,20 @@ DEFAULTS: dict[str, Any] = {
     "batch": 1000,
     "memory_ops": 20_000,
     "seed": 1,
+    "completion": "force",
 }
 
 
 # -- the three implementations ----------------------------------------------------
 #
-# Each exposes: make(timeout_s) -> op, watch(op, keys), complete(op),
-# poll(now) (expire what is due, floor only), next_due() and pending().
+# Each exposes: make(timeout_s) -> op, watch(op, keys), complete(op), check(key)
+# (complete the ops of key whose condition holds), poll(now) (expire what is
+# due, floor only), next_due() and pending(). Ops have ``ready`` (the condition,
+# for completion "check") and ``ready_at`` (for "clock").
 
 
 class _ApImpl:
-    def __init__(self, late: list[float], clock: Callable[[], float]) -> None:
+    def __init__(self, late: list[float], clock: Callable[[], float], completion: str) -> None:
         import aiopurgatory as ap
 
         class BenchOp(ap.DelayedOperation):
@@ -77,9 +95,31 @@ class _ApImpl:
             def on_expiration(self) -> None:
                 late.append(clock() - self.deadline)  # type: ignore[operator]
 
-        self.make: Callable[[float], Any] = BenchOp
+        class FlagOp(BenchOp):
+            __slots__ = ("ready", "ready_at")
+
+            def __init__(self, timeout: float) -> None:
+                super().__init__(timeout)
+                self.ready = False
+                self.ready_at = math.inf
+
+            def try_complete(self) -> bool:
+                return self.ready and self.force_complete()
+
+        class ClockOp(FlagOp):
+            __slots__ = ()
+
+            def try_complete(self) -> bool:
+                return clock() >= self.ready_at and self.force_complete()
+
+        self.make: Callable[[float], Any] = {
+            "force": BenchOp,
+            "check": FlagOp,
+            "clock": ClockOp,
+        }[completion]
         self.purgatory: ap.Purgatory[Any] = ap.Purgatory("bench")
         self.watch = self.purgatory.try_complete_else_watch
+        self.check = self.purgatory.check_and_complete
 
     @staticmethod
     def complete(op: Any) -> None:
@@ -102,6 +142,8 @@ class _ApImpl:
 class _KeyedOp(Protocol):
     keys: tuple[Hashable, ...]
 
+    def try_complete(self) -> bool: ...
+
 
 _OpT = TypeVar("_OpT", bound=_KeyedOp)
 
@@ -120,6 +162,22 @@ class _WatchLists(Generic[_OpT]):
         self.count = 0
         self.completed = 0
         self.expired = 0
+
+    def complete(self, op: _OpT) -> None:
+        raise NotImplementedError
+
+    def check(self, key: Hashable) -> int:
+        """``check_and_complete``: try every op watched under ``key``, in watch order."""
+        ops = self.watchers.get(key)
+        if not ops:
+            return 0
+        completed = 0
+        complete = self.complete
+        for op in list(ops.values()):
+            if op.try_complete():
+                complete(op)
+                completed += 1
+        return completed
 
     def _detach(self, op: _OpT) -> None:
         oid = id(op)
@@ -148,14 +206,44 @@ class _HandOp:
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
 
+    def try_complete(self) -> bool:  # pragma: no cover - completion "force" never checks
+        return False
+
+
+class _HandFlagOp(_HandOp):
+    __slots__ = ("ready", "ready_at")
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(timeout)
+        self.ready = False
+        self.ready_at = math.inf
+
+    def try_complete(self) -> bool:
+        return self.ready and not self.future.done()
+
+
+def _hand_clock_op(clock: Callable[[], float]) -> type[_HandFlagOp]:
+    class _HandClockOp(_HandFlagOp):
+        __slots__ = ()
+
+        def try_complete(self) -> bool:
+            return clock() >= self.ready_at and not self.future.done()
+
+    return _HandClockOp
+
 
 class _HandImpl(_WatchLists[_HandOp]):
     """What a careful asyncio programmer writes without a library."""
 
-    def __init__(self, late: list[float], clock: Callable[[], float]) -> None:
+    def __init__(self, late: list[float], clock: Callable[[], float], completion: str) -> None:
         super().__init__(late, clock)
         self.loop = asyncio.get_running_loop()
-        self.make = _HandOp
+        makers: dict[str, Callable[[float], _HandOp]] = {
+            "force": _HandOp,
+            "check": _HandFlagOp,
+            "clock": _hand_clock_op(clock),
+        }
+        self.make = makers[completion]
 
     def watch(self, op: _HandOp, keys: tuple[Hashable, ...]) -> None:
         loop = self.loop
@@ -207,13 +295,43 @@ class _FloorOp:
         self.timeout = timeout
         self.done = False
 
+    def try_complete(self) -> bool:  # pragma: no cover - completion "force" never checks
+        return False
+
+
+class _FloorFlagOp(_FloorOp):
+    __slots__ = ("ready", "ready_at")
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(timeout)
+        self.ready = False
+        self.ready_at = math.inf
+
+    def try_complete(self) -> bool:
+        return self.ready and not self.done
+
+
+def _floor_clock_op(clock: Callable[[], float]) -> type[_FloorFlagOp]:
+    class _FloorClockOp(_FloorFlagOp):
+        __slots__ = ()
+
+        def try_complete(self) -> bool:
+            return clock() >= self.ready_at and not self.done
+
+    return _FloorClockOp
+
 
 class _FloorImpl(_WatchLists[_FloorOp]):
     """The hand-written bookkeeping minus any timer: expiry from a FIFO."""
 
-    def __init__(self, late: list[float], clock: Callable[[], float]) -> None:
+    def __init__(self, late: list[float], clock: Callable[[], float], completion: str) -> None:
         super().__init__(late, clock)
-        self.make = _FloorOp
+        makers: dict[str, Callable[[float], _FloorOp]] = {
+            "force": _FloorOp,
+            "check": _FloorFlagOp,
+            "clock": _floor_clock_op(clock),
+        }
+        self.make = makers[completion]
         self.fifo: deque[_FloorOp] = deque()
 
     def watch(self, op: _FloorOp, keys: tuple[Hashable, ...]) -> None:
@@ -254,7 +372,7 @@ class _FloorImpl(_WatchLists[_FloorOp]):
         return fifo[0].deadline if fifo else math.inf
 
 
-_IMPL_CLASSES: dict[str, Callable[[list[float], Callable[[], float]], Any]] = {
+_IMPL_CLASSES: dict[str, Callable[[list[float], Callable[[], float], str], Any]] = {
     "ap": _ApImpl,
     "hand": _HandImpl,
     "floor": _FloorImpl,
@@ -302,14 +420,18 @@ async def _workload(
     batch: int,
     memory_ops: int,
     seed: int,
+    completion: str,
 ) -> Result:
     loop = asyncio.get_running_loop()
     clock = loop.time
     offsets, latencies, keysets = _inputs(num, rate, pct75, pct50, keys, key_space_size, seed)
     timeout_s = timeout / 1000.0
     late: list[float] = []
-    impl = _IMPL_CLASSES[impl_name](late, clock)
+    impl = _IMPL_CLASSES[impl_name](late, clock, completion)
     make, watch, complete, poll = impl.make, impl.watch, impl.complete, impl.poll
+    check = impl.check
+    forced = completion == "force"
+    flagged = completion == "check"
     completions: list[tuple[float, int, Any]] = []
     push, pop = heapq.heappush, heapq.heappop
     rss_before = rss_mib()
@@ -325,8 +447,10 @@ async def _workload(
         stop = min(num, i + batch)
         while i < stop and start + offsets[i] <= now:
             op = make(timeout_s)
-            watch(op, keysets[i])
             latency = latencies[i]
+            if not forced:
+                op.ready_at = now + latency
+            watch(op, keysets[i])
             if latency < timeout_s:
                 push(completions, (now + latency, i, op))
             i += 1
@@ -334,7 +458,13 @@ async def _workload(
             arrived = True
             last = clock()
         while completions and completions[0][0] <= now:
-            complete(pop(completions)[2])
+            _, j, op = pop(completions)
+            if forced:
+                complete(op)
+            else:
+                if flagged:
+                    op.ready = True
+                check(keysets[j][0])
         poll(now)
         if i == num and not completions and not impl.pending():
             break
@@ -384,7 +514,7 @@ async def _memory_per_pending(
     if count <= 0 or not keysets:
         return math.nan
     clock = asyncio.get_running_loop().time
-    impl = _IMPL_CLASSES[impl_name]([], clock)
+    impl = _IMPL_CLASSES[impl_name]([], clock, "force")
     keysets = [keysets[i % len(keysets)] for i in range(count)]
     long_timeout = max(timeout_s, 3600.0)
     make, watch = impl.make, impl.watch
@@ -418,6 +548,7 @@ def run_purgatory(
     batch: int = DEFAULTS["batch"],
     memory_ops: int = DEFAULTS["memory_ops"],
     seed: int = DEFAULTS["seed"],
+    completion: str = DEFAULTS["completion"],
 ) -> Result:
     """Run the purgatory workload once, in this process, and return its measurements.
 
@@ -434,6 +565,7 @@ def run_purgatory(
         batch: most arrivals issued per loop wake-up.
         memory_ops: ops pending while memory is traced (0: skip).
         seed: random seed of arrivals, latencies and keys.
+        completion: ``"force"``, ``"check"`` or ``"clock"`` (module documentation).
 
     Raises:
         ValueError: an unknown name or an out-of-range number.
@@ -452,6 +584,8 @@ def run_purgatory(
         raise ValueError(f"need 1 <= keys <= key_space_size, got {keys} and {key_space_size}")
     if batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
+    if completion not in COMPLETIONS:
+        raise ValueError(f"completion must be one of {', '.join(COMPLETIONS)}, got {completion!r}")
     result = run_on(
         loop,
         lambda: _workload(
@@ -466,6 +600,7 @@ def run_purgatory(
             batch=batch,
             memory_ops=memory_ops,
             seed=seed,
+            completion=completion,
         ),
     )
     result.update(impl=IMPLS[impl], loop=loop)

@@ -32,10 +32,12 @@ from ._runner import (
 )
 
 __all__ = [
+    "CHECK_RATE",
     "_DEFAULT_SWEEP",
     "_purgatory_args",
     "_scenarios",
     "_sweep_args",
+    "completion_cases",
     "run_purgatory_suite",
 ]
 
@@ -60,11 +62,30 @@ _PURGATORY_METRICS = (
 )
 
 
+#: Arrival rate (req/s) of the check and clock completions when --rate is not given:
+#: each completion scans a watch list, so back-to-back arrivals (thousands pending
+#: per key) would measure little but that scan.
+CHECK_RATE = 20_000.0
+
+
 def _scenario_name(params: dict[str, Any]) -> str:
+    completion = params.get("completion", "force")
+    suffix = "" if completion == "force" else f"/{completion}"
     for name, (p75, p50) in purgatory_bench.SCENARIOS.items():
         if (params["pct75"], params["pct50"]) == (p75, p50):
-            return name
-    return f"pct75={params['pct75']},pct50={params['pct50']}"
+            return name + suffix
+    return f"pct75={params['pct75']},pct50={params['pct50']}{suffix}"
+
+
+def completion_cases(base: dict[str, Any], completions: Sequence[str]) -> list[dict[str, Any]]:
+    """``base`` once per completion kind; check/clock at :data:`CHECK_RATE` unless a rate is set."""
+    cases = []
+    for completion in completions:
+        case = dict(base, completion=completion)
+        if case.get("rate") is None:
+            case["rate"] = 0.0 if completion == "force" else CHECK_RATE
+        cases.append(case)
+    return cases
 
 
 def run_purgatory_suite(
@@ -219,7 +240,11 @@ def _purgatory_args(p: argparse.ArgumentParser) -> None:
     d = purgatory_bench.DEFAULTS
     p.add_argument("--num", type=_positive_int, default=d["num"], help="requests")
     p.add_argument(
-        "--rate", type=_non_negative_float, default=d["rate"], help="req/s; 0 = back to back"
+        "--rate",
+        type=_non_negative_float,
+        default=None,
+        help=f"req/s; 0 = back to back (default: 0 for --completion force, "
+        f"{CHECK_RATE:g} for check and clock)",
     )
     p.add_argument("--timeout", type=_positive_float, default=d["timeout"], help="ms")
     p.add_argument(
@@ -236,6 +261,14 @@ def _purgatory_args(p: argparse.ArgumentParser) -> None:
         choices=(*purgatory_bench.SCENARIOS, "both"),
         default=None,
         help="Kafka's published pct75/pct50 pairs: low-timeout 60/20, high-timeout 400/200",
+    )
+    p.add_argument(
+        "--completion",
+        choices=(*purgatory_bench.COMPLETIONS, "all"),
+        default=d["completion"],
+        help="how requests complete: force = force_complete() from outside (Kafka's "
+        "TestPurgatoryPerformance), check = check_and_complete(key) with a flag "
+        "(Kafka's way), clock = check_and_complete(key), try_complete reads the clock",
     )
     p.add_argument("--keys", type=_positive_int, default=d["keys"])
     p.add_argument("--key-space-size", type=_positive_int, default=d["key_space_size"])
@@ -281,13 +314,27 @@ def _scenarios(args: argparse.Namespace) -> list[dict[str, Any]]:
             raise ValueError("--pct75 and --pct50 go together")
         if not args.pct50 < args.pct75:
             raise ValueError(f"--pct50 ({args.pct50}) must be below --pct75 ({args.pct75})")
-        return [dict(base, pct75=args.pct75, pct50=args.pct50)]
+        return completion_cases(
+            dict(base, pct75=args.pct75, pct50=args.pct50),
+            list(purgatory_bench.COMPLETIONS) if args.completion == "all" else [args.completion],
+        )
     names = (
         list(purgatory_bench.SCENARIOS)
         if args.scenario == "both"
         else [args.scenario or "low-timeout"]
     )
+    completions = (
+        list(purgatory_bench.COMPLETIONS) if args.completion == "all" else [args.completion]
+    )
     return [
-        dict(base, pct75=purgatory_bench.SCENARIOS[n][0], pct50=purgatory_bench.SCENARIOS[n][1])
+        case
         for n in names
+        for case in completion_cases(
+            dict(
+                base,
+                pct75=purgatory_bench.SCENARIOS[n][0],
+                pct50=purgatory_bench.SCENARIOS[n][1],
+            ),
+            completions,
+        )
     ]

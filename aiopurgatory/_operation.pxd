@@ -1,0 +1,39 @@
+# Declarations that compile _operation.py into a C extension (see setup.py); the
+# .py stays the pure-Python build and the one source of the logic.
+
+from aiopurgatory._timer cimport _TimerEntry
+
+
+cdef class DelayedOperation
+
+
+cdef class _Owner:
+    cdef public object _logger
+    cdef public object _name
+    cdef public object _recorder
+
+    cpdef _detach(self, DelayedOperation op, outcome)
+    cpdef _record(self, DelayedOperation op)
+
+
+cdef class DelayedOperation(_TimerEntry):
+    cdef public object _exception
+    cdef public tuple _keys
+    cdef public object _outcome
+    cdef public _Owner _purgatory
+    cdef public object _timeout
+    cdef public list _waiters
+
+    cpdef try_complete(self)
+    cpdef on_complete(self)
+    cpdef on_expiration(self)
+    cpdef bint force_complete(self) except -1
+    cpdef bint cancel(self) except -1
+    cpdef _add_waiter(self, future)
+    cpdef _result(self)
+    cpdef _finished(self)
+    cpdef _fire(self)
+    cpdef _expire(self)
+    cpdef _timer_closed(self)
+    cpdef _try_complete_failed(self, exc)
+    cpdef _callback_failed(self, exc, callback)

@@ -1,0 +1,52 @@
+# Declarations that compile _timer.py into a C extension (see setup.py); the .py
+# stays the pure-Python build and the one source of the logic.
+
+from aiopurgatory._wheel cimport Entry, TimingWheel
+
+
+cdef class _TimerEntry(Entry):
+    cdef public object _when
+
+    cpdef _fire(self)
+    cpdef _timer_closed(self)
+
+
+cdef class TimerHandle(_TimerEntry):
+    cdef public tuple _args
+    cdef public object _callback
+    cdef public bint _cancelled
+    cdef public object _context
+    cdef public Timer _timer
+
+    cpdef _fire(self)
+    cpdef _timer_closed(self)
+
+
+cdef class Timer:
+    cdef object __weakref__
+    cdef public object _armed
+    cdef public bint _closed
+    cdef public Py_ssize_t _count
+    cdef public object _driver
+    cdef public list _due_now
+    cdef public object _early_wake
+    cdef public bint _flush_requested
+    cdef public object _last_lag_log
+    cdef public object _logger
+    cdef public object _max_when
+    cdef public list _staged
+    cdef public object _tick
+    cdef public object _time
+    cdef public TimingWheel _wheel
+    cdef public object _wheel_size
+
+    cpdef _floor_tick(self, now)
+    cpdef _tick_of(self, when)
+    cpdef _schedule(self, _TimerEntry entry, when)
+    cpdef _unschedule(self, _TimerEntry entry)
+    cpdef _arm(self, expiration, not_before=*)
+    cpdef _disarm(self)
+    cpdef bint _insert(self, _TimerEntry entry) except -1
+    cpdef _compact(self)
+    cpdef _drive(self, armed)
+    cpdef _run(self, list due)

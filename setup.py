@@ -1,0 +1,85 @@
+"""Build of the optional compiled core; everything else is in pyproject.toml.
+
+The core modules (``_wheel``, ``_timer``, ``_operation``, ``_purgatory``) are plain
+Python. Where Cython and a C compiler are available, each is also compiled to a
+C extension from the very same ``.py`` file, with the types declared in the
+``.pxd`` file beside it (Cython's "augmenting .pxd" pure-Python mode). The
+extension, when present, is imported instead of the ``.py`` file.
+
+No compiler (or ``AIOPURGATORY_NO_EXTENSIONS=1`` at build time): the package is
+installed as pure Python, with a warning, never a failed install.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+# The compiled modules, in import order; aiopurgatory/_compiled.py keeps the same list.
+CORE = ("_wheel", "_timer", "_operation", "_purgatory")
+
+
+def _no_extensions() -> bool:
+    return os.environ.get("AIOPURGATORY_NO_EXTENSIONS", "") not in ("", "0")
+
+
+class OptionalBuildExt(build_ext):
+    """Build the extensions if possible; otherwise say so and install pure Python."""
+
+    failure: Exception | None = None
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # no compiler, missing headers, ...
+            self.failure = exc
+        if self.failure is not None:
+            # Leave no partial set behind: the compiled modules cimport each other.
+            for ext in self.extensions:
+                path = self.get_ext_fullpath(ext.name)
+                if os.path.exists(path):
+                    os.remove(path)
+            print(
+                f"WARNING: aiopurgatory's compiled core could not be built "
+                f"({self.failure}); installing the pure-Python implementation.",
+                file=sys.stderr,
+            )
+
+    def build_extension(self, ext: Extension) -> None:
+        if self.failure is not None:
+            return
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            self.failure = exc
+
+
+def _extensions() -> list[Extension]:
+    if _no_extensions():
+        print("AIOPURGATORY_NO_EXTENSIONS is set: pure-Python build.", file=sys.stderr)
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        print("WARNING: Cython is not installed: pure-Python build.", file=sys.stderr)
+        return []
+    modules = [Extension(f"aiopurgatory.{name}", [f"aiopurgatory/{name}.py"]) for name in CORE]
+    extensions: list[Extension] = cythonize(
+        modules,
+        compiler_directives={
+            "language_level": 3,
+            # Annotations are for mypy; Cython's types come from the .pxd files
+            # only, so that the compiled core checks and converts arguments exactly
+            # as the Python source does.
+            "annotation_typing": False,
+            "embedsignature": True,
+        },
+        quiet=True,
+    )
+    return extensions
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -1,0 +1,217 @@
+"""The compiled core and the pure-Python core: which one runs, and that users see no difference.
+
+``make test`` runs the whole suite twice: once on the compiled core and once with
+``AIOPURGATORY_NO_EXTENSIONS=1`` (``AIOPURGATORY_EXPECT`` tells these tests which
+one that run must be on). The packaging test builds an sdist and a wheel with
+``python -m build`` and installs them into fresh virtual environments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.machinery
+import os
+import subprocess
+import sys
+import textwrap
+import venv
+from pathlib import Path
+
+import pytest
+
+import aiopurgatory as ap
+from aiopurgatory import _compiled, _operation, _purgatory, _timer, _wheel, simulation
+
+ROOT = Path(__file__).resolve().parent.parent
+CORE = (_wheel, _timer, _operation, _purgatory)
+
+
+def _is_extension(module: object) -> bool:
+    path = str(module.__file__)  # type: ignore[attr-defined]
+    return path.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+
+
+def test_the_expected_implementation_is_active() -> None:
+    expected = os.environ.get("AIOPURGATORY_EXPECT")
+    assert [_is_extension(module) for module in CORE] == [ap.COMPILED] * len(CORE)
+    if expected is not None:  # set by `make test` for each of its two runs
+        assert expected in ("compiled", "python")
+        assert ap.COMPILED is (expected == "compiled")
+    assert set(_compiled.CORE_MODULES) == {module.__name__.rpartition(".")[2] for module in CORE}
+
+
+def _python(code: str, **env: str) -> str:
+    environment = {k: v for k, v in os.environ.items() if k != "AIOPURGATORY_NO_EXTENSIONS"}
+    environment.update(env)
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=60,
+        check=True,
+    )
+    return result.stdout.strip()
+
+
+def test_aiopurgatory_no_extensions_forces_pure_python() -> None:
+    code = """
+        import aiopurgatory as ap
+        from aiopurgatory import _timer
+        print(ap.COMPILED, _timer.__file__.endswith(".py"))
+    """
+    assert _python(code, AIOPURGATORY_NO_EXTENSIONS="1") == "False True"
+    installed = _compiled._extensions_installed()
+    assert _python(code) == f"{installed} {not installed}"
+    assert _python(code, AIOPURGATORY_NO_EXTENSIONS="0") == f"{installed} {not installed}"
+
+
+# -- users' subclasses behave the same on both ----------------------------------------
+
+
+class Slotted(ap.DelayedOperation):
+    __slots__ = ("events", "ready")
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(timeout)
+        self.ready = False
+        self.events: list[str] = []
+
+    def try_complete(self) -> bool:
+        return self.ready and self.force_complete()
+
+    def on_complete(self) -> None:
+        self.events.append("complete")
+
+    def on_expiration(self) -> None:
+        self.events.append("expired")
+
+
+class WithDict(Slotted):
+    # No __slots__: instances get a __dict__ (and take arbitrary attributes).
+    pass
+
+
+@pytest.mark.parametrize("cls", [Slotted, WithDict])
+def test_user_subclasses_complete_and_expire(cls: type[Slotted]) -> None:
+    async def main() -> list[object]:
+        purgatory: ap.Purgatory[Slotted] = ap.Purgatory("subclasses")
+        fast, slow = cls(1.0), cls(2.0)
+        if cls is WithDict:
+            fast.note = "free attribute"  # type: ignore[attr-defined]
+        else:
+            with pytest.raises(AttributeError):
+                fast.note = "no such slot"  # type: ignore[attr-defined]
+        assert not purgatory.try_complete_else_watch(fast, ["k"])
+        assert not purgatory.try_complete_else_watch(slow, ["k"])
+        fast.ready = True
+        assert purgatory.check_and_complete("k") == 1
+        outcome = await slow
+        return [
+            fast.outcome,
+            fast.events,
+            outcome,
+            slow.events,
+            asyncio.get_running_loop().time(),
+            purgatory.statistics().completed,
+            purgatory.statistics().expired,
+            purgatory.watched,
+        ]
+
+    assert simulation.run(main()) == [
+        ap.Outcome.COMPLETED,
+        ["complete"],
+        ap.Outcome.EXPIRED,
+        ["complete", "expired"],
+        2.0,
+        1,
+        1,
+        0,
+    ]
+
+
+def test_a_subclass_can_override_the_provided_methods_too() -> None:
+    calls: list[str] = []
+
+    class Audited(ap.DelayedOperation):
+        def force_complete(self) -> bool:
+            calls.append("force_complete")
+            return super().force_complete()
+
+        def cancel(self) -> bool:
+            calls.append("cancel")
+            return super().cancel()
+
+    async def main() -> None:
+        purgatory: ap.Purgatory[Audited] = ap.Purgatory()
+        first, second = Audited(1.0), Audited(1.0)
+        purgatory.try_complete_else_watch(first, ["k"])
+        purgatory.try_complete_else_watch(second, ["k"])
+        assert first.force_complete()
+        assert purgatory.cancel_for_key("k") == [second]
+
+    simulation.run(main())
+    assert calls == ["force_complete", "cancel"]
+
+
+def test_core_classes_are_the_same_kind_of_object_for_users() -> None:
+    op = ap.DelayedOperation(1.0)
+    assert isinstance(op, ap.DelayedOperation)
+    assert ap.DelayedOperation.__module__ == "aiopurgatory._operation"
+    with pytest.raises(TypeError, match="created by Timer"):
+        ap.TimerHandle()
+    assert issubclass(ap.Purgatory, _purgatory._PurgatoryCore)
+    assert ap.Purgatory[Slotted] is not None  # still generic
+
+
+# -- packaging: a wheel with the extensions, an sdist that installs without a compiler --
+
+
+@pytest.mark.skipif(
+    os.environ.get("AIOPURGATORY_NO_EXTENSIONS", "") not in ("", "0"),
+    reason="packaging is checked once, in the compiled run",
+)
+def test_wheel_is_compiled_and_sdist_installs_without_a_compiler(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(dist), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
+    (sdist,) = dist.glob("aiopurgatory-*.tar.gz")
+    (wheel,) = dist.glob("aiopurgatory-*.whl")
+    assert "-cp311-" in wheel.name or "-cp3" in wheel.name  # a platform wheel
+    check = (
+        "import asyncio, aiopurgatory as ap\n"
+        "async def main():\n"
+        "    p = ap.Purgatory('x')\n"
+        "    return await p.watch(ap.DelayedOperation(0.01), ['k'])\n"
+        "print(ap.COMPILED, asyncio.run(main()).name)\n"
+    )
+    results = {}
+    for name, target, env in (
+        ("wheel", wheel, {}),
+        ("sdist", sdist, {"CC": "false", "CXX": "false"}),  # no working C compiler
+    ):
+        home = tmp_path / f"venv-{name}"
+        venv.create(home, with_pip=True)
+        python = str(home / "bin" / "python")
+        subprocess.run(
+            [python, "-m", "pip", "install", "--quiet", str(target)],
+            check=True,
+            capture_output=True,
+            timeout=900,
+            env={**os.environ, **env, "AIOPURGATORY_NO_EXTENSIONS": ""},
+        )
+        out = subprocess.run(
+            [python, "-c", check],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env={k: v for k, v in os.environ.items() if k != "AIOPURGATORY_NO_EXTENSIONS"},
+        )
+        results[name] = out.stdout.strip()
+    assert results == {"wheel": "True EXPIRED", "sdist": "False EXPIRED"}
