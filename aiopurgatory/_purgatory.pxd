@@ -1,8 +1,16 @@
 # Declarations that compile _purgatory.py into a C extension (see setup.py); the
 # .py stays the pure-Python build and the one source of the logic.
 
+cimport cython
+
 from aiopurgatory._operation cimport DelayedOperation, _Owner
 from aiopurgatory._timer cimport Timer
+
+
+@cython.locals(i=Py_ssize_t, j=Py_ssize_t, h=Py_hash_t)
+cdef bint _distinct_and_hashable(tuple keys, Py_ssize_t n) except -1
+@cython.locals(n=Py_ssize_t)
+cpdef tuple _keys_of(keys)
 
 
 cdef class _PurgatoryCore(_Owner):
@@ -20,5 +28,10 @@ cdef class _PurgatoryCore(_Owner):
     cdef public Py_ssize_t _watched
     cdef public dict _watchers
 
+    @cython.locals(timer=Timer, watchers=dict, ops=dict)
+    cpdef bint _watch(self, DelayedOperation op, tuple keys) except -1
+    @cython.locals(op=DelayedOperation, completed=Py_ssize_t, ops=dict)
+    cpdef check_and_complete(self, key)
+    @cython.locals(watchers=dict, ops=dict, keys=tuple)
     cpdef _detach(self, DelayedOperation op, outcome)
     cpdef _record(self, DelayedOperation op)

@@ -23,7 +23,7 @@ import concurrent.futures
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Self, TypeVar
 
 from ._errors import OperationStateError, PurgatoryClosedError, PurgatoryFullError
 from ._logging import LazyLogger
@@ -64,8 +64,32 @@ class PurgatoryStatistics:
     failed: int
 
 
+# A tuple of up to this many keys is checked in place, with no dict built.
+_FEW_KEYS: Final = 8
+
+
+def _distinct_and_hashable(keys: tuple[Hashable, ...], n: int) -> bool:
+    """True if the ``n`` keys are hashable and no two are equal as dict keys would be."""
+    for i in range(n):
+        key = keys[i]
+        try:
+            h = hash(key)
+        except TypeError:
+            return False
+        for j in range(i):
+            other = keys[j]
+            if other is key or (hash(other) == h and other == key):
+                return False
+    return True
+
+
 def _keys_of(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
+    """``keys`` as a tuple of distinct hashable keys, or a TypeError/ValueError naming them."""
     cls = type(keys)
+    if cls is tuple:
+        n = len(keys)  # type: ignore[arg-type]
+        if 0 < n <= _FEW_KEYS and _distinct_and_hashable(keys, n):  # type: ignore[arg-type]
+            return keys  # type: ignore[return-value]  # immutable: safe to share
     if cls is tuple or cls is list:
         # The common case first (a str/bytes is neither): dict.fromkeys both
         # removes duplicates and rejects unhashable keys.
@@ -173,7 +197,10 @@ class _PurgatoryCore(_Owner):
         """
         if not isinstance(op, DelayedOperation):
             raise TypeError(f"op must be a DelayedOperation, got {type(op).__name__}")
-        keys = _keys_of(keys)
+        return self._watch(op, _keys_of(keys))
+
+    def _watch(self, op: DelayedOperation, keys: tuple[Hashable, ...]) -> bool:
+        """:meth:`try_complete_else_watch` for an operation and keys of the right types."""
         try:
             owner = op._purgatory
             outcome = op._outcome
@@ -203,7 +230,8 @@ class _PurgatoryCore(_Owner):
         timer = self._timer
         if timer._closed:
             raise PurgatoryClosedError(f"the timer of purgatory {self._name!r} is closed")
-        if timer._time() + op._timeout > timer._max_when:
+        deadline = timer._time() + op._timeout
+        if deadline > timer._max_when:
             raise timer._too_far("timeout", op._timeout)
 
         op._purgatory = self
@@ -241,11 +269,12 @@ class _PurgatoryCore(_Owner):
         outcome = op._outcome
         if outcome is not None:
             return outcome is COMPLETED
-        if timer.closed:  # closed by a callback of try_complete meanwhile
+        timer = self._timer
+        if timer._closed:  # closed by a callback of try_complete meanwhile
             op.cancel()
             return False
 
-        timer._schedule(op, timer._time() + op._timeout)
+        timer._schedule(op, deadline)
         self._delayed += 1
         return False
 
