@@ -24,6 +24,7 @@ cdef class DelayedOperation(_TimerEntry):
     cdef public object _timeout
     cdef public list _waiters
 
+    cpdef bint done(self) except -1
     cpdef try_complete(self)
     cpdef on_complete(self)
     cpdef on_expiration(self)

@@ -1,7 +1,13 @@
 # Declarations that compile _timer.py into a C extension (see setup.py); the .py
 # stays the pure-Python build and the one source of the logic.
 
+cimport cython
+
 from aiopurgatory._wheel cimport Entry, TimingWheel
+
+cdef object _copy_context
+cdef object _STAGED
+cdef Py_ssize_t _STAGE_LIMIT
 
 
 cdef class _TimerEntry(Entry):
@@ -35,18 +41,24 @@ cdef class Timer:
     cdef public object _logger
     cdef public object _max_when
     cdef public list _staged
-    cdef public object _tick
+    cdef public double _tick
     cdef public object _time
     cdef public TimingWheel _wheel
     cdef public object _wheel_size
 
-    cpdef _floor_tick(self, now)
-    cpdef _tick_of(self, when)
+    @cython.locals(tick=double, n=cython.longlong)
+    cpdef _floor_tick(self, double now)
+    @cython.locals(tick=double, e=cython.longlong)
+    cpdef _tick_of(self, double when)
+    @cython.locals(staged=list)
     cpdef _schedule(self, _TimerEntry entry, when)
     cpdef _unschedule(self, _TimerEntry entry)
     cpdef _arm(self, expiration, not_before=*)
     cpdef _disarm(self)
     cpdef bint _insert(self, _TimerEntry entry) except -1
+    @cython.locals(entry=_TimerEntry, due_now=list)
     cpdef _compact(self)
+    @cython.locals(wheel=TimingWheel, due=list)
     cpdef _drive(self, armed)
+    @cython.locals(entry=_TimerEntry, i=Py_ssize_t)
     cpdef _run(self, list due)

@@ -35,7 +35,7 @@ import contextvars
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from math import ceil, floor, inf
+from math import inf
 from typing import Any, Final, TypeVarTuple, Unpack
 
 from ._asyncio_driver import AsyncioDriver
@@ -425,21 +425,21 @@ class Timer:
         ``now >= n * tick >= e * tick >= when``: never early.
         """
         tick = self._tick
-        n = floor(now / tick)
-        if n * tick > now:
+        # A first guess within a tick or two (the division rounds), then exact.
+        n = int(now / tick)
+        while n * tick > now:
             n -= 1
-        elif (n + 1) * tick <= now:
+        while (n + 1) * tick <= now:
             n += 1
         return n
 
     def _tick_of(self, when: float) -> int:
         """The least tick ``e`` with ``e * tick >= when`` (see :meth:`_floor_tick`)."""
         tick = self._tick
-        e = ceil(when / tick)
-        # Correct the division's rounding with the product the driver compares against.
-        if e * tick < when:
+        e = int(when / tick)
+        while e * tick < when:
             e += 1
-        elif (e - 1) * tick >= when:
+        while (e - 1) * tick >= when:
             e -= 1
         return e
 

@@ -20,6 +20,9 @@ cdef class _Level:
     cdef public object width
 
 
+cimport cython
+
+
 cdef class TimingWheel:
     cdef public list _levels
     cdef public list _queue
@@ -27,8 +30,12 @@ cdef class TimingWheel:
     cdef public object current
     cdef public object wheel_size
 
+    @cython.locals(level=_Level, bucket=Bucket, entries=dict)
     cpdef bint add(self, Entry entry) except -1
     cpdef _Level _grow(self, e)
+    @cython.locals(queue=list, bucket=Bucket)
     cpdef next_expiration(self)
+    @cython.locals(queue=list, bucket=Bucket, entries=dict, entry=Entry, due=list)
     cpdef list advance(self, now)
+    @cython.locals(level=_Level)
     cpdef _set_clock(self, tick)

@@ -228,10 +228,9 @@ class TimingWheel:
             if not entries:
                 continue
             self._set_clock(key)
-            add = self.add
             for entry in entries.values():
                 entry._bucket = None
-                if not add(entry):
+                if not self.add(entry):
                     due.append(entry)
         self._set_clock(now)
         return due
