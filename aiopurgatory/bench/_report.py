@@ -160,7 +160,7 @@ def _print_report(report: dict[str, Any]) -> None:
     ]
     if targets:
         print_table(
-            "targets (issue 4)",
+            "targets (issue 11)",
             ("target", "measured", "goal", "met"),
             (
                 (

@@ -50,17 +50,26 @@ def run_timer_suite(
         ap_cell = _cell(cells, loop=loop, impl=timer_bench.IMPLS["ap"])
         base = _cell(cells, loop=loop, impl=timer_bench.IMPLS["loop"])
         cpu = _ratio(base["cpu_s"], ap_cell["cpu_s"])
+        add_cancel = _ratio(base["add_cancel_ns_per_op"], ap_cell["add_cancel_ns_per_op"])
         ratios.append(
             {
                 "loop": loop,
                 "what": "CPU loop.call_later / ap.Timer",
                 "value": cpu,
-                "add_cancel": _ratio(base["add_cancel_ns_per_op"], ap_cell["add_cancel_ns_per_op"]),
+                "add_cancel": add_cancel,
             }
         )
         goal = TIMER_CPU_VS_ASYNCIO if loop != "uvloop" else TIMER_CPU_VS_UVLOOP
         targets.append(
             _target(f"timer CPU vs loop.call_later on {loop}", cpu, goal, higher_is_better=True)
+        )
+        targets.append(
+            _target(
+                f"timer add+cancel CPU vs loop.call_later on {loop}",
+                add_cancel,
+                goal,
+                higher_is_better=True,
+            )
         )
         targets.append(
             _target(
