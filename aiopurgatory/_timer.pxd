@@ -40,16 +40,16 @@ cdef class Timer:
     cdef public bint _flush_requested
     cdef public object _last_lag_log
     cdef public object _logger
-    cdef public object _max_when
+    cdef public double _max_when
     cdef public list _staged
     cdef public double _tick
     cdef public object _time
     cdef public TimingWheel _wheel
     cdef public object _wheel_size
 
-    @cython.locals(tick=double, n=cython.longlong)
+    @cython.locals(tick=double, limit=double, q=double, n=cython.longlong)
     cpdef _floor_tick(self, double now)
-    @cython.locals(tick=double, e=cython.longlong)
+    @cython.locals(tick=double, limit=double, q=double, e=cython.longlong)
     cpdef _tick_of(self, double when)
     @cython.locals(staged=list)
     cpdef _schedule(self, _TimerEntry entry, when)

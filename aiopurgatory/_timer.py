@@ -425,21 +425,37 @@ class Timer:
         ``now >= n * tick >= e * tick >= when``: never early.
         """
         tick = self._tick
-        # A first guess within a tick or two (the division rounds), then exact.
-        n = int(now / tick)
-        while n * tick > now:
+        limit = self._max_when
+        # Nothing can be scheduled beyond 2**62 ticks either way (see _too_far):
+        # clamped, the tick fits a C long long in the compiled core.
+        if now > limit:
+            now = limit
+        elif now < -limit:
+            now = -limit
+        q = now / tick
+        n = int(q)
+        if n > q:  # int() truncates toward zero: make it floor(q)
             n -= 1
-        while (n + 1) * tick <= now:
+        if n * tick > now:
+            n -= 1
+        elif (n + 1) * tick <= now:
             n += 1
         return n
 
     def _tick_of(self, when: float) -> int:
         """The least tick ``e`` with ``e * tick >= when`` (see :meth:`_floor_tick`)."""
         tick = self._tick
-        e = int(when / tick)
-        while e * tick < when:
+        limit = self._max_when
+        if when < -limit:  # long past: due now, whatever its exact tick
+            when = -limit
+        q = when / tick
+        e = int(q)
+        if e < q:  # int() truncates toward zero: make it ceil(q)
             e += 1
-        while (e - 1) * tick >= when:
+        # Correct the division's rounding with the product the driver compares against.
+        if e * tick < when:
+            e += 1
+        elif (e - 1) * tick >= when:
             e -= 1
         return e
 

@@ -320,3 +320,39 @@ def test_argument_errors_name_the_argument_and_change_nothing() -> None:
 
 def test_shared_timer_module_state_is_weak() -> None:
     assert isinstance(_timer._shared, weakref.WeakValueDictionary)
+
+
+# -- extreme instants: ticks stay in range (they are C integers in the compiled core) ------
+
+
+def test_a_when_in_the_far_past_is_simply_due() -> None:
+    async def main() -> tuple[list[str], int]:
+        timer = ap.Timer()
+        ran: list[str] = []
+        timer.call_at(-1e300, ran.append, "far past")
+        timer.call_at(-(2.0**70), ran.append, "past")
+        await asyncio.sleep(0.01)
+        return ran, len(timer)
+
+    assert simulation.run(main()) == (["far past", "past"], 0)
+
+
+@pytest.mark.parametrize("start", [1e300, -1e300, 2.0**62 * 0.001, -(2.0**63)])
+def test_a_clock_beyond_the_tick_range_neither_hangs_nor_crashes(start: float) -> None:
+    async def main() -> list[object]:
+        timer = ap.Timer()
+        results: list[object] = []
+        try:
+            timer.call_later(1.0, results.append, "fired")
+        except ValueError as exc:  # the deadline is beyond what the wheel counts
+            results.append("too far" if "too far" in str(exc) else exc)
+        await asyncio.sleep(2.0)
+        results.append(len(timer))
+        return results
+
+    results = simulation.run(main(), start=start)
+    if start > 0:
+        assert results == ["too far", 0]
+    else:
+        # start + 1.0 is start itself at these magnitudes: due at once.
+        assert results == ["fired", 0]
