@@ -436,6 +436,11 @@ async def _workload(
     push, pop = heapq.heappush, heapq.heappop
     rss_before = rss_mib()
 
+    # uvloop rounds timers to whole milliseconds, down: a shorter sleep returns at
+    # once, and an open-loop generator would spin until its next arrival, burning
+    # CPU that counts against every implementation alike. Sleep a millisecond at
+    # least there (asyncio's selector rounds its timeout up to one anyway).
+    min_sleep = 0.001 if type(loop).__module__.startswith("uvloop") else 0.0
     cpu0 = time.process_time()
     start = first = last = clock()
     arrived = False
@@ -477,6 +482,8 @@ async def _workload(
             # Only timer-driven expiries remain: look again a tick from now.
             wake = clock() + 0.001
         delay = wake - clock()
+        if 0 < delay < min_sleep:
+            delay = min_sleep
         await asyncio.sleep(delay if delay > 0 else 0)
     cpu = time.process_time() - cpu0
     end = clock()
