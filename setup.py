@@ -66,7 +66,17 @@ def _extensions() -> list[Extension]:
     except ImportError:
         print("WARNING: Cython is not installed: pure-Python build.", file=sys.stderr)
         return []
-    modules = [Extension(f"aiopurgatory.{name}", [f"aiopurgatory/{name}.py"]) for name in CORE]
+    modules = [
+        Extension(
+            f"aiopurgatory.{name}",
+            [f"aiopurgatory/{name}.py"],
+            # Cython caches "this class does not override that cpdef method" by
+            # the version of the instance's own class dict; a method patched onto
+            # a base class later (unittest.mock.patch.object) would be missed.
+            define_macros=[("CYTHON_USE_DICT_VERSIONS", "0")],
+        )
+        for name in CORE
+    ]
     extensions: list[Extension] = cythonize(
         modules,
         compiler_directives={

@@ -9,7 +9,9 @@ package, decides which of the two the process uses:
   where the extensions are installed (a finder on ``sys.meta_path`` loads those
   modules from their ``.py`` files);
 * otherwise the extensions, if all of them are installed, else pure Python (the
-  compiled modules use each other's C types, so it is all or nothing).
+  compiled modules use each other's C types, so it is all or nothing). Only
+  where some extension is present is the import of the core steered; a pure
+  install imports as Python always does.
 
 :data:`aiopurgatory.COMPILED` tells which one was chosen.
 """
@@ -49,21 +51,27 @@ class _PurePythonFinder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_file_location(fullname, _HERE / f"{name}.py")
 
 
-def _extensions_installed() -> bool:
-    suffixes = importlib.machinery.EXTENSION_SUFFIXES
-    return all(
-        any((_HERE / f"{name}{suffix}").is_file() for suffix in suffixes) for name in CORE_MODULES
+def _extension_present(name: str) -> bool:
+    return any(
+        (_HERE / f"{name}{suffix}").is_file() for suffix in importlib.machinery.EXTENSION_SUFFIXES
     )
 
 
+def _extensions_installed() -> bool:
+    return all(_extension_present(name) for name in CORE_MODULES)
+
+
 def _choose() -> bool:
-    if os.environ.get("AIOPURGATORY_NO_EXTENSIONS", "") not in ("", "0"):
-        use = False
-    else:
-        use = _extensions_installed()
-    if not use:
+    present = [_extension_present(name) for name in CORE_MODULES]
+    forced = os.environ.get("AIOPURGATORY_NO_EXTENSIONS", "") not in ("", "0")
+    if all(present) and not forced:
+        return True
+    if any(present):
+        # Asked for pure Python, or only some extensions are there: load the
+        # sources. (A pure-Python install, perhaps sourceless or zipped, has no
+        # extension at all and imports as usual.)
         sys.meta_path.insert(0, _PurePythonFinder())
-    return use
+    return False
 
 
 #: True when the compiled core (C extensions) is in use, False for pure Python.

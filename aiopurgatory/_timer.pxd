@@ -17,7 +17,6 @@ cdef class _TimerEntry(Entry):
     cpdef _timer_closed(self)
 
 
-@cython.freelist(256)
 cdef class TimerHandle(_TimerEntry):
     cdef public tuple _args
     cdef public object _callback

@@ -50,7 +50,7 @@ The rules, after Kafka's ``TimingWheel``:
 from __future__ import annotations
 
 from heapq import heappop, heappush
-from typing import Final
+from typing import Any, Final
 
 __all__ = ["Bucket", "Entry", "TimingWheel"]
 
@@ -72,6 +72,12 @@ class Entry:
         self._tick: int | None = None
         self._bucket: dict[int, Entry] | None = None
         self._key = 0
+
+    def __reduce_ex__(self, protocol: object) -> Any:
+        # A copy would share the original's identity key and bucket, and an
+        # operation's copy its purgatory's watch lists: refused, in both builds
+        # (the compiled one could not copy a subclass's own slots anyway).
+        raise TypeError(f"{type(self).__name__} objects cannot be pickled or copied")
 
 
 class Bucket:

@@ -114,6 +114,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             "to run async tests: pip install pytest-asyncio",
             pytrace=False,
         )
+    if not hasattr(item.config.hook, "pytest_asyncio_loop_factories"):
+        pytest.fail(
+            f"{item.nodeid}: virtual time needs pytest-asyncio 1.4 or later "
+            "(its pytest_asyncio_loop_factories hook chooses the test's loop)",
+            pytrace=False,
+        )
     if not is_async_test(item):
         pytest.fail(
             f"{item.nodeid}: virtual time applies to async tests that pytest-asyncio "

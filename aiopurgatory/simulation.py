@@ -149,15 +149,21 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         # by the loop as ``when - now`` (capped at one day). Land on ``when``
         # exactly, and never past it. ``now + (when - now)`` is exact when the
         # subtraction is (Sterbenz: when <= 2 * now), which ``timeout <= now``
-        # shows for a positive clock; a capped timeout only falls short. In the
-        # other cases the sum can be an ulp off either way: step back two ulps,
-        # and the next iteration closes the tiny, exact rest.
+        # shows for a positive clock; a capped timeout only falls short. Otherwise
+        # both the subtraction and the sum may have rounded: step back by more than
+        # both errors, and the next iteration closes the small, exact rest.
         now = self._virtual_now
         target = now + timeout
         if now < 0 or (now > 0 and timeout > now):
-            below = math.nextafter(math.nextafter(target, -math.inf), -math.inf)
+            below = target - (math.ulp(timeout) + 2 * math.ulp(target))
             if below > now:
                 target = below
+            elif now + timeout / 2 > now:
+                target = now + timeout / 2
+        if target <= now:
+            # The step is below the clock's resolution here (a huge clock): the
+            # next representable instant is at or before ``when`` (> now).
+            target = math.nextafter(now, math.inf)
         self._virtual_now = target
 
 

@@ -9,8 +9,10 @@ one that run must be on). The packaging test builds an sdist and a wheel with
 from __future__ import annotations
 
 import asyncio
+import copy
 import importlib.machinery
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -215,3 +217,19 @@ def test_wheel_is_compiled_and_sdist_installs_without_a_compiler(tmp_path: Path)
         )
         results[name] = out.stdout.strip()
     assert results == {"wheel": "True EXPIRED", "sdist": "False EXPIRED"}
+
+
+@pytest.mark.parametrize("how", [copy.copy, copy.deepcopy, pickle.dumps])
+def test_operations_and_handles_refuse_to_be_copied(how: object) -> None:
+    # A copy would share the original's identity key and watch lists; the
+    # compiled build could not copy a subclass's own slots either.
+    with pytest.raises(TypeError, match="cannot be pickled or copied"):
+        how(Slotted(1.0))  # type: ignore[operator]
+
+    async def main() -> None:
+        handle = ap.Timer().call_later(1.0, print)
+        with pytest.raises(TypeError, match="cannot be pickled or copied"):
+            how(handle)  # type: ignore[operator]
+        handle.cancel()
+
+    simulation.run(main())

@@ -13,7 +13,7 @@ import random
 import threading
 import time
 from collections.abc import Coroutine
-from math import ceil, inf, nan
+from math import ceil, inf, nan, ulp
 from typing import Any
 
 import pytest
@@ -432,3 +432,36 @@ def test_an_hour_with_100k_timers_on_the_default_tick() -> None:
     assert fired == 10**5 - cancelled
     assert early == 0
     assert end == 3601
+
+
+@pytest.mark.parametrize(
+    ("start", "when"),
+    [
+        (-1.0, 1e-09),  # a negative clock: the subtraction's own rounding dominates
+        (-548.798761388153, 0.07758376499599652),
+        (-1e10, 0.1),
+        (0.1, 1e6 + 0.3),
+    ],
+)
+def test_a_handle_runs_at_exactly_its_when_from_a_negative_or_small_clock(
+    start: float, when: float
+) -> None:
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[float] = loop.create_future()
+        loop.call_at(when, lambda: future.set_result(now()))
+        return await future
+
+    assert simulation.run(main(), start=start) == when
+
+
+@pytest.mark.timeout(30)
+def test_a_huge_clock_still_moves_forward() -> None:
+    # At 2**71 s one ulp is about six days: a day's select timeout rounds away.
+    async def main() -> float:
+        await asyncio.sleep(1e6)
+        return now()
+
+    start = 2.0**71
+    end = simulation.run(main(), start=start)
+    assert start < end <= start + 1e6 + ulp(start)
