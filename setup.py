@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-# The compiled modules, in import order; aiopurgatory/_compiled.py keeps the same list.
-CORE = ("_wheel", "_timer", "_operation", "_purgatory")
+# A core module is compiled where it has a .pxd file beside it (the same set as
+# aiopurgatory/_compiled.py's CORE_MODULES; a test checks that).
+CORE = sorted(path.stem for path in Path(__file__).parent.glob("aiopurgatory/_*.pxd"))
 
 
 def _no_extensions() -> bool:

@@ -34,7 +34,7 @@ _stdlib = logging.getLogger(LOGGER_NAME)
 
 
 class _KeyValues:
-    """The fields of an event, rendered only if a handler formats the record."""
+    """The fields of an event (`` k=v`` each), rendered only if a handler formats the record."""
 
     __slots__ = ("fields",)
 
@@ -42,7 +42,7 @@ class _KeyValues:
         self.fields = fields
 
     def __str__(self) -> str:
-        return " ".join(f"{key}={value!r}" for key, value in self.fields.items())
+        return "".join(f" {key}={value!r}" for key, value in self.fields.items())
 
 
 class LazyLogger:
@@ -75,8 +75,9 @@ class LazyLogger:
         fields = {**self._initial, **kw}
         _stdlib.log(
             level,
-            "%s %s" if fields else "%s",
-            *((event, _KeyValues(fields)) if fields else (event,)),
+            "%s%s",
+            event,
+            _KeyValues(fields),
             exc_info=exc_info,
             extra={"aiopurgatory": {"event": event, **fields}},
         )

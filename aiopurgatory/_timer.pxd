@@ -52,6 +52,7 @@ cdef class Timer:
     cpdef _tick_of(self, double when)
     @cython.locals(staged=list)
     cpdef _schedule(self, _TimerEntry entry, when)
+    cpdef _request_flush(self)
     cpdef _unschedule(self, _TimerEntry entry)
     cpdef _arm(self, expiration, not_before=*)
     cpdef _disarm(self)

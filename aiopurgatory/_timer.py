@@ -473,8 +473,7 @@ class Timer:
         """
         if not self._flush_requested:
             # First, so that a closed loop refuses before anything has changed.
-            self._driver.request_flush()  # type: ignore[union-attr]
-            self._flush_requested = True
+            self._request_flush()
         entry._when = when
         entry._tick = _STAGED
         self._count += 1
@@ -482,6 +481,11 @@ class Timer:
         staged.append(entry)
         if len(staged) >= _STAGE_LIMIT:
             self._compact()
+
+    def _request_flush(self) -> None:
+        """Have the driver call :meth:`_on_flush` on a later loop iteration (once)."""
+        self._driver.request_flush()  # type: ignore[union-attr]
+        self._flush_requested = True
 
     def _unschedule(self, entry: _TimerEntry) -> None:
         """Withdraw a pending ``entry`` (``entry._tick`` is not None)."""
@@ -600,8 +604,7 @@ class Timer:
                     entry._tick = _STAGED
                 self._staged.extend(rest)  # type: ignore[arg-type]
                 if not self._flush_requested:
-                    self._driver.request_flush()  # type: ignore[union-attr]
-                    self._flush_requested = True
+                    self._request_flush()
             raise
         finally:
             if not self._count:

@@ -40,6 +40,9 @@ def test_the_expected_implementation_is_active() -> None:
         assert expected in ("compiled", "python")
         assert ap.COMPILED is (expected == "compiled")
     assert set(_compiled.CORE_MODULES) == {module.__name__.rpartition(".")[2] for module in CORE}
+    # setup.py compiles the modules that have a .pxd file: the same set.
+    pxds = {path.stem for path in (ROOT / "aiopurgatory").glob("_*.pxd")}
+    assert pxds == set(_compiled.CORE_MODULES)
 
 
 def _python(code: str, **env: str) -> str:

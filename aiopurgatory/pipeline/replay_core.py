@@ -406,11 +406,10 @@ def _plan(requests: pd.DataFrame, params: ReplayParams) -> tuple[list[Any], ...]
 
 
 async def _sleep_until(loop: simulation.VirtualTimeLoop, when: float) -> None:
-    """Let the loop run until virtual time ``when``, then set the clock to exactly ``when``.
+    """Let the loop run until virtual time ``when``.
 
-    The virtual loop runs a handle only once its clock has reached the handle's
-    ``when``, so the wait ends at ``when``; the clock is set all the same, so
-    that every event happens at its own time whatever runs meanwhile.
+    The virtual loop jumps its clock to a handle's ``when`` exactly and runs it
+    only then, so the wait ends with the clock at ``when``.
     """
     future: asyncio.Future[None] = loop.create_future()
     handle = loop.call_at(when, future.set_result, None)
@@ -418,8 +417,6 @@ async def _sleep_until(loop: simulation.VirtualTimeLoop, when: float) -> None:
         await future
     finally:
         handle.cancel()
-    if loop.time() < when:
-        loop.advance_to(when)
 
 
 async def _run_plain(
