@@ -12,11 +12,16 @@ timer:
   iteration, never inside the calling one (the timer asks at most once per
   iteration);
 * ``report(exc, entry)``: where an exception from a callback goes;
-* ``close()``: drop the wake-up and the flush.
+* ``close()``: drop the wake-up and the flush;
+* ``owner`` (the loop, or trio's run token) and ``is_current()``: whether the
+  calling code runs on it;
+* ``new_waiter()``: something ``watch()`` parks the calling task on;
+* ``call_soon_threadsafe(fn)``: run ``fn()`` on the loop, from any thread.
 
 This one is for asyncio (and uvloop, and any ``asyncio.AbstractEventLoop``):
 one ``loop.call_at`` handle and one ``loop.call_soon`` per iteration with new
-entries. A driver for another backend sits beside it on the same wheel.
+entries. The trio driver (:mod:`aiopurgatory._trio_driver`) sits beside it on
+the same wheel; :mod:`aiopurgatory._backends` picks one at first use.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import time
 from collections.abc import Callable
 
 __all__ = ["AsyncioDriver"]
+
+_get_running_loop = asyncio._get_running_loop  # C; None outside a running loop
 
 
 class AsyncioDriver:
@@ -39,11 +46,24 @@ class AsyncioDriver:
         RuntimeError: no running event loop.
     """
 
-    __slots__ = ("_handle", "_on_flush", "_on_wake", "_soon", "loop", "time")
+    __slots__ = (
+        "_handle",
+        "_on_flush",
+        "_on_wake",
+        "_soon",
+        "call_soon_threadsafe",
+        "loop",
+        "new_waiter",
+        "owner",
+        "time",
+    )
+
+    #: The backend's name.
+    backend = "asyncio"
 
     def __init__(self, on_wake: Callable[[], None], on_flush: Callable[[], None]) -> None:
         #: The loop this driver (and its timer) belongs to.
-        self.loop = loop = asyncio.get_running_loop()
+        self.loop = self.owner = loop = asyncio.get_running_loop()
         # asyncio's BaseEventLoop.time() is time.monotonic() behind a Python
         # method; calling the C function directly saves a frame per timer.
         # Loops with their own clock (uvloop, virtual time, a time() replaced
@@ -55,6 +75,16 @@ class AsyncioDriver:
         self._on_flush = on_flush
         self._handle: asyncio.TimerHandle | None = None
         self._soon: asyncio.Handle | None = None
+        #: A future to park a task on (``loop.create_future``).
+        self.new_waiter: Callable[[], asyncio.Future[None]] = loop.create_future
+        #: ``loop.call_soon_threadsafe``.
+        self.call_soon_threadsafe: Callable[[Callable[[], object]], object] = (
+            loop.call_soon_threadsafe
+        )
+
+    def is_current(self) -> bool:
+        """True if called from a coroutine or callback running on this driver's loop."""
+        return _get_running_loop() is self.loop
 
     def arm(self, when: float) -> None:
         """Call ``on_wake()`` at loop time ``when``, instead of any earlier arming."""
@@ -74,9 +104,14 @@ class AsyncioDriver:
         """Call ``on_flush()`` on a later loop iteration (once per request).
 
         Raises:
-            RuntimeError: the loop is closed (nothing has changed then).
+            RuntimeError: called from outside the loop (another loop, or trio), or
+                the loop is closed (nothing has changed then).
         """
-        self._soon = self.loop.call_soon(self._flush)
+        loop = self.loop
+        if _get_running_loop() is not loop:
+            closed = " (closed)" if loop.is_closed() else ""
+            raise RuntimeError(f"this timer is bound to another event loop{closed}")
+        self._soon = loop.call_soon(self._flush)
 
     def close(self) -> None:
         """Drop the armed wake-up and a requested flush."""

@@ -25,12 +25,12 @@ An operation is *new* until a purgatory takes it, *pending* while watched, and
 
 from __future__ import annotations
 
-import asyncio
 import enum
 from collections.abc import Callable, Generator, Hashable
 from types import TracebackType
 from typing import Any
 
+from ._backends import new_waiter
 from ._errors import as_seconds
 from ._logging import LazyLogger
 from ._timer import _TimerEntry
@@ -117,7 +117,8 @@ class DelayedOperation(_TimerEntry):
         # traceback each time (as asyncio.Future does), so that repeated awaits
         # do not grow it and keep their frames alive.
         self._exception: tuple[Exception, TracebackType | None] | None = None
-        self._waiters: list[asyncio.Future[None]] | None = None
+        # asyncio futures, or trio waiters (aiopurgatory._trio_driver.TrioWaiter).
+        self._waiters: list[Any] | None = None
 
     def __repr__(self) -> str:
         state = self._outcome.value if self._outcome is not None else "pending"
@@ -236,22 +237,22 @@ class DelayedOperation(_TimerEntry):
             Exception: the exception a callback of this operation raised.
         """
         if self._outcome is None:
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._add_waiter(future)
+            waiter = new_waiter()  # an asyncio future, or trio's equivalent
+            self._add_waiter(waiter)
             try:
-                yield from future.__await__()
-            except asyncio.CancelledError:
-                # An observer gave up (wait_for polling, say): forget its future now
-                # rather than when the operation finishes.
+                yield from waiter.__await__()
+            except BaseException:
+                # An observer gave up (wait_for polling, a cancel scope): forget its
+                # waiter now rather than when the operation finishes.
                 waiters = self._waiters
-                if waiters is not None and future in waiters:
-                    waiters.remove(future)
+                if waiters is not None and waiter in waiters:
+                    waiters.remove(waiter)
                 raise
         return self._result()
 
     # -- internals ---------------------------------------------------------------------
 
-    def _add_waiter(self, future: asyncio.Future[None]) -> None:
+    def _add_waiter(self, future: Any) -> None:
         waiters = self._waiters
         if waiters is None:
             self._waiters = [future]

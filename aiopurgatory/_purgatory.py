@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, Self, TypeVar
 
+from ._backends import current_owner
 from ._errors import OperationStateError, PurgatoryClosedError, PurgatoryFullError
 from ._logging import LazyLogger
 from ._operation import CANCELLED, COMPLETED, EXPIRED, DelayedOperation, Outcome, _Owner
@@ -156,7 +157,8 @@ class _PurgatoryCore(_Owner):
     )
 
     _timer: Timer
-    _loop: asyncio.AbstractEventLoop | None
+    # The asyncio loop, or the trio run's token, this purgatory is bound to.
+    _loop: object
     _watchers: dict[Hashable, dict[int, Any]]
     _max_pending: int | None
     _closed: bool
@@ -225,7 +227,7 @@ class _PurgatoryCore(_Owner):
         loop = self._loop
         if loop is None:
             loop = self._bind()
-        elif _get_running_loop() is not loop:
+        elif _get_running_loop() is not loop and not self._timer._driver.is_current():  # type: ignore[union-attr]
             raise RuntimeError(f"purgatory {self._name!r} is bound to another event loop")
         timer = self._timer
         if timer._closed:
@@ -342,20 +344,21 @@ class _PurgatoryCore(_Owner):
         except Exception as exc:
             self._logger.error("aiopurgatory.recorder_failed", error=repr(exc), exc_info=exc)
 
-    def _bind(self) -> asyncio.AbstractEventLoop:
+    def _bind(self) -> object:
         try:
-            loop = asyncio.get_running_loop()
+            owner = current_owner()
         except RuntimeError:
             raise RuntimeError(
-                f"purgatory {self._name!r} is bound to a running event loop on first use"
+                f"purgatory {self._name!r} is bound to a running event loop "
+                "(asyncio, uvloop or trio) on first use"
             ) from None
-        timer_loop = self._timer.loop
-        if timer_loop is None:
-            self._timer._bind()
-        elif timer_loop is not loop:
+        timer = self._timer
+        if timer._driver is None:
+            timer._bind()
+        elif timer._driver.owner is not owner:
             raise RuntimeError(f"the timer of purgatory {self._name!r} is bound to another loop")
-        self._loop = loop
-        return loop
+        self._loop = owner
+        return owner
 
     def _detach(self, op: DelayedOperation, outcome: Outcome) -> None:
         """Count a finishing ``op``'s outcome; take it out of its watch lists and the timer."""
@@ -447,7 +450,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         self._name = name
         self._timer = timer
         self._max_pending = max_pending
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: object = None
         self._watchers: dict[Hashable, dict[int, OpT]] = {}
         self._closed = False
         self._pending = 0
@@ -533,9 +536,9 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
     async def watch(self, op: OpT, keys: Iterable[Hashable]) -> Outcome:
         """:meth:`try_complete_else_watch`, then wait until ``op`` finishes.
 
-        The caller owns the operation: if the awaiting task is cancelled (asyncio,
-        or an anyio cancel scope on the asyncio backend) the operation is cancelled
-        and ``CancelledError`` propagates. Raises everything that
+        The caller owns the operation: if the awaiting task is cancelled (asyncio
+        task cancellation, a trio or anyio cancel scope, on any backend) the
+        operation is cancelled and the cancellation propagates. Raises everything that
         :meth:`try_complete_else_watch` raises, and also what is listed below.
 
         Returns:
@@ -546,16 +549,22 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             RuntimeError: awaited on another loop than the one the purgatory is bound to.
             Exception: whatever a callback of ``op`` raised (the op is finished).
         """
-        loop = asyncio.get_running_loop()
-        if self._loop is not None and loop is not self._loop:
+        loop = self._loop
+        if (
+            loop is not None
+            and _get_running_loop() is not loop
+            and not self._timer._driver.is_current()  # type: ignore[union-attr]
+        ):
             raise RuntimeError(f"purgatory {self._name!r} is bound to another event loop")
         self.try_complete_else_watch(op, keys)
         if op._outcome is None:
-            future: asyncio.Future[None] = loop.create_future()
-            op._add_waiter(future)
+            waiter = self._timer._driver.new_waiter()  # type: ignore[union-attr]
+            op._add_waiter(waiter)
             try:
-                await future
-            except asyncio.CancelledError:
+                await waiter
+            except BaseException:
+                # Cancelled (asyncio's CancelledError, trio's Cancelled, an anyio
+                # cancel scope) or abandoned: the caller owns the op, withdraw it.
                 op.cancel()
                 raise
         return op._result()
@@ -565,21 +574,23 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
     def check_and_complete_threadsafe(self, key: Hashable) -> concurrent.futures.Future[int]:
         """Run :meth:`check_and_complete` on the purgatory's loop, from any thread.
 
+        On asyncio through ``loop.call_soon_threadsafe``, on trio through the run's
+        ``TrioToken.run_sync_soon``.
+
         Returns:
             A future with the count. A purgatory not yet bound to a loop has nothing
             watched: the future is already done with 0.
 
         Raises:
             TypeError: ``key`` is unhashable.
-            RuntimeError: the bound loop is closed.
+            RuntimeError: the bound loop is closed (or the trio run has finished).
         """
         try:
             hash(key)
         except TypeError as exc:
             raise _unhashable_key(key, exc) from None
         result: concurrent.futures.Future[int] = concurrent.futures.Future()
-        loop = self._loop
-        if loop is None:
+        if self._loop is None:
             result.set_result(0)
             return result
 
@@ -590,7 +601,8 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
                 except BaseException as exc:
                     result.set_exception(exc)
 
-        loop.call_soon_threadsafe(run)
+        # asyncio: loop.call_soon_threadsafe; trio: the run's TrioToken.run_sync_soon.
+        self._timer._driver.call_soon_threadsafe(run)  # type: ignore[union-attr]
         return result
 
     # -- closing -------------------------------------------------------------------------

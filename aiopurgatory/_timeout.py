@@ -3,6 +3,11 @@
 The context manager needs only ``call_at(when, callback)`` from its timer, so it
 depends on nothing else of the timer (:mod:`aiopurgatory._timer` makes it, from
 ``Timer.timeout()``, ``ap.timeout()`` and ``ap.timeout_at()``).
+
+On asyncio the deadline cancels the enclosing task, as ``asyncio.timeout`` does.
+On trio the block runs in a cancel scope that the deadline cancels (trio's
+deadlines are per scope, not per task); leaving the block then raises the same
+``TimeoutError``, as anyio's ``fail_after`` does on every backend.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
+from ._backends import current_backend
 from ._errors import as_seconds
 
 __all__ = ["Timeout"]
@@ -42,7 +48,7 @@ class Timeout:
     ``TimeoutError`` (chained from the ``CancelledError``).
     """
 
-    __slots__ = ("_cancelling", "_handle", "_state", "_task", "_timer", "_when")
+    __slots__ = ("_cancelling", "_handle", "_scope", "_state", "_task", "_timer", "_when")
 
     def __init__(self, timer: _Scheduler, when: float | None) -> None:
         self._timer = timer
@@ -51,6 +57,7 @@ class Timeout:
         self._state = _State.CREATED
         self._task: asyncio.Task[Any] | None = None
         self._cancelling = 0
+        self._scope: Any = None  # trio: the cancel scope around the block
 
     def __repr__(self) -> str:
         return f"<Timeout [{self._state.value}] when={self._when}>"
@@ -84,11 +91,18 @@ class Timeout:
     async def __aenter__(self) -> Timeout:
         if self._state is not _State.CREATED:
             raise RuntimeError("Timeout has already been entered")
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("Timeout should be used inside a task")
-        self._task = task
-        self._cancelling = task.cancelling()
+        if current_backend() == "trio":
+            import trio
+
+            scope = trio.CancelScope()
+            scope.__enter__()
+            self._scope = scope
+        else:
+            task = asyncio.current_task()
+            if task is None:
+                raise RuntimeError("Timeout should be used inside a task")
+            self._task = task
+            self._cancelling = task.cancelling()
         self._state = _State.ENTERED
         self.reschedule(self._when)
         return self
@@ -102,6 +116,17 @@ class Timeout:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        scope = self._scope
+        if scope is not None:
+            self._scope = None
+            swallowed = scope.__exit__(exc_type, exc_val, exc_tb)
+            if self._state is _State.EXPIRING:
+                self._state = _State.EXPIRED
+                if swallowed:
+                    raise TimeoutError from exc_val
+            elif self._state is _State.ENTERED:
+                self._state = _State.EXITED
+            return
         if self._state is _State.EXPIRING:
             self._state = _State.EXPIRED
             task = self._task
@@ -112,7 +137,10 @@ class Timeout:
             self._state = _State.EXITED
 
     def _on_timeout(self) -> None:
-        assert self._task is not None
-        self._task.cancel()
+        if self._scope is not None:
+            self._scope.cancel()
+        else:
+            assert self._task is not None
+            self._task.cancel()
         self._state = _State.EXPIRING
         self._handle = None

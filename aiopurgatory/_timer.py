@@ -2,8 +2,10 @@
 
 A :class:`Timer` keeps its entries in a sans-IO timing wheel in integer ticks
 (:mod:`aiopurgatory._wheel`) and decides in loop-time seconds when it next has
-work to do; a *driver* (:mod:`aiopurgatory._asyncio_driver`) gives it the loop's
-clock and its wake-ups. Data flows one way: delayed operations and handles are
+work to do; a *driver* (:mod:`aiopurgatory._asyncio_driver` on asyncio and
+uvloop, :mod:`aiopurgatory._trio_driver` on trio, picked by
+:mod:`aiopurgatory._backends` at first use) gives it the loop's clock and its
+wake-ups. Data flows one way: delayed operations and handles are
 entries of the timer, the timer files them in the wheel, and the driver wakes
 the timer up from the loop. The rules:
 
@@ -38,7 +40,7 @@ from collections.abc import Callable, Sequence
 from math import inf
 from typing import Any, Final, TypeVarTuple, Unpack
 
-from ._asyncio_driver import AsyncioDriver
+from ._backends import Driver, current_owner, current_time, new_driver
 from ._errors import PurgatoryClosedError, as_seconds
 from ._logging import LazyLogger
 from ._timeout import Timeout
@@ -195,7 +197,7 @@ class Timer:
         self._tick = tick
         self._wheel_size = wheel_size
         # Set on first use (_bind): the driver, and its clock.
-        self._driver: AsyncioDriver | None = None
+        self._driver: Driver | None = None
         self._time: Callable[[], float] = time.monotonic
         self._wheel = TimingWheel(int(wheel_size))
         # Tick the driver is armed for; inf when unarmed.
@@ -230,9 +232,15 @@ class Timer:
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
-        """The loop this timer is bound to, or None before first use."""
+        """The asyncio loop this timer is bound to; None before first use or on trio."""
         driver = self._driver
         return None if driver is None else driver.loop
+
+    @property
+    def backend(self) -> str | None:
+        """``"asyncio"`` (uvloop included) or ``"trio"`` once bound; None before first use."""
+        driver = self._driver
+        return None if driver is None else driver.backend
 
     def __len__(self) -> int:
         """Number of pending entries: scheduled, not yet fired, not cancelled."""
@@ -334,7 +342,7 @@ class Timer:
         if delay is None:
             return Timeout(self, None)
         delay = as_seconds(delay, "delay")
-        return Timeout(self, asyncio.get_running_loop().time() + delay)
+        return Timeout(self, current_time() + delay)
 
     def timeout_at(self, when: float | None) -> Timeout:
         """Like :meth:`timeout` with an absolute loop time (``asyncio.timeout_at``)."""
@@ -393,19 +401,22 @@ class Timer:
 
     # -- internals shared with delayed operations -----------------------------------
 
-    def _bind(self) -> asyncio.AbstractEventLoop:
+    def _bind(self) -> object:
+        """Bind to the running loop or trio run on first use; return its owner."""
         if self._closed:
             raise PurgatoryClosedError("the timer is closed")
         driver = self._driver
         if driver is None:
             try:
-                driver = AsyncioDriver(self._on_wake, self._on_flush)
+                driver = new_driver(self._on_wake, self._on_flush)
             except RuntimeError:
-                raise RuntimeError("a Timer binds to a running event loop on first use") from None
+                raise RuntimeError(
+                    "a Timer binds to a running event loop (asyncio, uvloop or trio) on first use"
+                ) from None
             self._driver = driver
             self._time = driver.time
             self._wheel = TimingWheel(int(self._wheel_size), self._floor_tick(driver.time()))
-        return driver.loop
+        return driver.owner
 
     def _too_far(self, name: str, value: float) -> ValueError:
         return ValueError(
@@ -611,23 +622,23 @@ class Timer:
                 self._disarm()
 
 
-# Keyed by id(loop), values held weakly: a Timer refers to its loop, so a
-# WeakKeyDictionary would keep every loop that ever used ap.timeout() alive. A
-# Timer with pending work is kept alive by its loop's handles; an idle one is
-# cheap to make again.
+# Keyed by id(loop) (or id of the trio run's token), values held weakly: a Timer
+# refers to its loop, so a WeakKeyDictionary would keep every loop that ever used
+# ap.timeout() alive. A Timer with pending work is kept alive by its loop (a
+# handle) or run; an idle one is cheap to make again.
 _shared: weakref.WeakValueDictionary[int, Timer] = weakref.WeakValueDictionary()
 
 
 def shared_timer() -> Timer:
-    """The running loop's shared :class:`Timer` (default settings), created on demand.
+    """The running loop's (or trio run's) shared :class:`Timer`, created on demand.
 
     Raises:
         RuntimeError: no running event loop.
     """
-    loop = asyncio.get_running_loop()
-    timer = _shared.get(id(loop))
-    if timer is None or timer.loop is not loop:
-        timer = _shared[id(loop)] = Timer()
+    owner = current_owner()
+    timer = _shared.get(id(owner))
+    if timer is None or timer._driver.owner is not owner:  # type: ignore[union-attr]
+        timer = _shared[id(owner)] = Timer()
         timer._bind()
     return timer
 

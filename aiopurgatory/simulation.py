@@ -23,21 +23,29 @@ loop turns) use :meth:`VirtualTimeLoop.advance_to` and
 
 Use :func:`new_event_loop` as a loop factory (``asyncio.Runner``, pytest-asyncio)
 to get the same loop elsewhere.
+
+On trio, :func:`run_trio` runs an async function on trio's autojumping
+``MockClock``: the same jumps, driven by trio's own deadlines (the timer's driver
+sleeps in a cancel scope whose deadline is the next bucket). trio shuffles the
+order of tasks woken together; ``seed`` makes that order, and so the whole run,
+the same on every run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import selectors
-from collections.abc import Coroutine, Mapping
-from typing import Any, TypeAlias, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from typing import Any, TypeAlias, TypeVar, TypeVarTuple, Unpack
 
 from ._errors import as_seconds
 
-__all__ = ["VirtualTimeLoop", "new_event_loop", "run"]
+__all__ = ["VirtualTimeLoop", "new_event_loop", "run", "run_trio"]
 
 T = TypeVar("T")
+_Ts = TypeVarTuple("_Ts")
 
 # What selectors accept as a file object: a file descriptor or anything with fileno().
 _FileObject: TypeAlias = Any
@@ -195,3 +203,78 @@ def run(main: Coroutine[Any, Any, T], *, start: float = 0.0) -> T:
         raise
     with asyncio.Runner(loop_factory=lambda: VirtualTimeLoop(start)) as runner:
         return runner.run(main)
+
+
+def run_trio(
+    main: Callable[[Unpack[_Ts]], Awaitable[T]],
+    *args: *_Ts,
+    start: float = 0.0,
+    seed: int | None = 0,
+) -> T:
+    """Run ``trio.run(main, *args)`` on virtual time and return its result.
+
+    The clock is trio's ``MockClock(autojump_threshold=0)``: ``trio.current_time()``
+    starts at ``start`` and, whenever every task is blocked, jumps straight to the
+    next deadline (a ``trio.sleep``, a cancel scope's deadline, the next bucket of
+    an aiopurgatory timer), so ``await trio.sleep(3600)`` returns at once.
+
+    Args:
+        main: an async function (as ``trio.run`` takes it), and its ``args``.
+        start: the clock's start, in seconds; not negative (a ``MockClock`` counts
+            from zero).
+        seed: seeds trio's scheduler, which otherwise shuffles the order in which
+            tasks woken at the same moment run: with a seed (default 0), a
+            program gives the same times, order and results on every run. None
+            leaves trio's scheduling as it is.
+
+    Raises:
+        TypeError: ``main`` is not callable, ``start`` not a number or ``seed``
+            not an int or None.
+        ValueError: ``start`` is negative or not finite.
+        ModuleNotFoundError: trio is not installed (``pip install aiopurgatory[trio]``).
+    """
+    if not callable(main):
+        raise TypeError(f"main must be an async function, got {type(main).__name__}")
+    start = as_seconds(start, "start")
+    if start < 0:
+        raise ValueError(f"start must not be negative on trio's mock clock, got {start!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    import trio
+    import trio.testing
+
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    if start:
+        clock.jump(start)
+    with _seeded_trio_scheduler(seed):
+        return trio.run(main, *args, clock=clock)
+
+
+@contextlib.contextmanager
+def _seeded_trio_scheduler(seed: int | None) -> Iterator[None]:
+    """Make trio's scheduling order a function of ``seed`` while the block runs.
+
+    trio runs each batch of ready tasks in an order drawn from its module-level
+    ``random.Random``, after sorting the batch by spawn order when deterministic
+    scheduling is on (the switch trio itself turns on for Hypothesis). Both are
+    internals of ``trio._core._run``; they are set for the run and restored after.
+    """
+    if seed is None:
+        yield
+        return
+    from trio._core import _run as trio_run
+
+    rng = getattr(trio_run, "_r", None)
+    if rng is None or not hasattr(trio_run, "_ALLOW_DETERMINISTIC_SCHEDULING"):
+        raise RuntimeError(
+            "this trio version has no scheduler seed hook; pass seed=None to run unseeded"
+        )
+    saved_state = rng.getstate()
+    saved_flag = trio_run._ALLOW_DETERMINISTIC_SCHEDULING
+    rng.seed(seed)
+    trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        trio_run._ALLOW_DETERMINISTIC_SCHEDULING = saved_flag  # type: ignore[misc]
+        rng.setstate(saved_state)

@@ -12,8 +12,18 @@ import aiopurgatory
 PACKAGE = Path(aiopurgatory.__file__).parent
 
 # The flow of data: operations -> purgatory -> timer (and its timeout) -> wheel and
-# driver -> loop. A module may import only modules to its right.
-CORE_ORDER = ["_purgatory", "_operation", "_timer", "_timeout", "_asyncio_driver", "_wheel"]
+# driver (the backend's: asyncio or trio) -> loop. A module may import only modules
+# to its right.
+CORE_ORDER = [
+    "_purgatory",
+    "_operation",
+    "_timer",
+    "_timeout",
+    "_backends",
+    "_trio_driver",
+    "_asyncio_driver",
+    "_wheel",
+]
 SHARED = {"_errors", "_logging"}
 
 

@@ -18,12 +18,13 @@ import random
 import threading
 from collections.abc import Callable, Coroutine
 from math import ceil, inf, nan
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 import aiopurgatory as ap
 from aiopurgatory import simulation
+from aiopurgatory._asyncio_driver import AsyncioDriver
 
 TICK = 0.001
 
@@ -62,7 +63,7 @@ def exceptions() -> list[dict[str, Any]]:
 
 def armed_handle(timer: ap.Timer) -> asyncio.TimerHandle | None:
     """The driver's armed ``loop.call_at`` handle (white box, see the module docstring)."""
-    driver = timer._driver
+    driver = cast("AsyncioDriver | None", timer._driver)
     return None if driver is None else driver._handle
 
 

@@ -1,0 +1,298 @@
+"""The trio driver of a :class:`~aiopurgatory.Timer`, and trio's waiter.
+
+The same interface as :class:`~aiopurgatory._asyncio_driver.AsyncioDriver` (see
+there), on trio: one *system task* per timer sleeps in a cancel scope whose
+deadline is the armed instant, so trio's own deadline machinery wakes it (never
+early by ``trio.current_time()``, and a mock clock jumps straight to it). A
+flush request reschedules the sleeping task; it then runs on a later scheduler
+batch, never inside the calling code. With nothing armed the task sleeps with no
+deadline: no polling, no CPU, nothing for an autojumping clock to jump to.
+
+The task is spawned on first use and ends when the timer is closed, when the
+trio run ends, or when the timer is garbage-collected. It holds the driver only
+weakly while it sleeps; an armed or flushing driver is kept alive by its run
+(as asyncio keeps a timer alive through its ``call_at`` handle), so dropping a
+busy timer does not lose its callbacks and dropping an idle one leaks nothing.
+
+This module imports trio; :mod:`aiopurgatory._backends` imports it only once a
+trio run asks for a driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Generator
+from math import inf
+from typing import Any
+
+import trio
+
+from ._logging import LazyLogger
+
+__all__ = ["TrioDriver", "TrioWaiter"]
+
+_current_trio_token = trio.lowlevel.current_trio_token
+_reschedule = trio.lowlevel.reschedule
+_SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
+
+# Drivers that are armed or have a flush pending, per trio run: what keeps a busy
+# timer alive (the run variable dies with its run).
+_BUSY: trio.lowlevel.RunVar[dict[int, TrioDriver]] = trio.lowlevel.RunVar("aiopurgatory_busy")
+
+_log = LazyLogger()
+
+
+def _busy_drivers() -> dict[int, TrioDriver]:
+    try:
+        return _BUSY.get()
+    except LookupError:
+        busy: dict[int, TrioDriver] = {}
+        _BUSY.set(busy)
+        return busy
+
+
+class _Bed:
+    """Where the driver task sleeps: shared by the task and its driver.
+
+    The task holds this strongly and the driver weakly; the driver holds this.
+    """
+
+    __slots__ = ("__weakref__", "scope", "task", "token")
+
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        self.token = token
+        #: The sleeping task (None while it runs, or once woken).
+        self.task: trio.lowlevel.Task | None = None
+        #: The cancel scope it sleeps in (its deadline is the armed instant).
+        self.scope: trio.CancelScope | None = None
+
+    def wake(self) -> None:
+        task = self.task
+        if task is not None:
+            self.task = None
+            _reschedule(task)
+
+    def abort(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
+        self.task = None
+        return _SUCCEEDED
+
+    def driver_collected(self, _ref: object) -> None:
+        # Garbage collection may run in any thread: go through the run's token.
+        with contextlib.suppress(trio.RunFinishedError):
+            self.token.run_sync_soon(self.wake)
+
+
+class TrioDriver:
+    """Wakes a timer up in the running trio run (see the module documentation).
+
+    Args:
+        on_wake: called from the driver task when the armed instant has come.
+        on_flush: called from the driver task after a :meth:`request_flush`.
+
+    Raises:
+        RuntimeError: no active trio run in this thread.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_armed",
+        "_bed",
+        "_busy",
+        "_closed",
+        "_flush",
+        "_on_flush",
+        "_on_wake",
+        "_ref",
+        "_spawned",
+        "owner",
+        "time",
+    )
+
+    #: The backend's name.
+    backend = "trio"
+    #: Not an asyncio loop.
+    loop = None
+
+    def __init__(self, on_wake: Callable[[], None], on_flush: Callable[[], None]) -> None:
+        #: The run this driver belongs to (its ``TrioToken``).
+        self.owner = token = _current_trio_token()
+        #: The run's clock, in seconds (``trio.current_time()``, one call less).
+        self.time: Callable[[], float] = trio.lowlevel.current_clock().current_time
+        self._on_wake = on_wake
+        self._on_flush = on_flush
+        self._armed = inf
+        self._flush = False
+        self._closed = False
+        self._spawned = False
+        self._bed = bed = _Bed(token)
+        self._busy = _busy_drivers()
+        self._ref = weakref.ref(self, bed.driver_collected)
+
+    def is_current(self) -> bool:
+        """True if called from inside this driver's trio run."""
+        try:
+            return _current_trio_token() is self.owner
+        except RuntimeError:
+            return False
+
+    def new_waiter(self) -> TrioWaiter:
+        """A waiter to park a task on."""
+        return TrioWaiter()
+
+    def call_soon_threadsafe(self, fn: Callable[[], object]) -> None:
+        """Run ``fn()`` in the run, from any thread (``TrioToken.run_sync_soon``).
+
+        Raises:
+            RuntimeError: the run has finished (``trio.RunFinishedError``).
+        """
+        self.owner.run_sync_soon(fn)
+
+    # -- the driver interface ---------------------------------------------------------
+
+    def arm(self, when: float) -> None:
+        """Call ``on_wake()`` at time ``when``, instead of any earlier arming."""
+        self._armed = when
+        self._busy[id(self)] = self
+        scope = self._bed.scope
+        if scope is not None:
+            scope.deadline = when
+        elif not self._spawned:
+            self._spawn()
+
+    def disarm(self) -> None:
+        """Drop the armed wake-up, if any."""
+        if self._armed != inf:
+            self._armed = inf
+            if not self._flush:
+                self._busy.pop(id(self), None)
+            scope = self._bed.scope
+            if scope is not None:
+                scope.deadline = inf
+
+    def request_flush(self) -> None:
+        """Call ``on_flush()`` from the driver task on a later scheduler batch.
+
+        Raises:
+            RuntimeError: called from outside this driver's trio run.
+        """
+        if not self.is_current():
+            raise RuntimeError("this timer is bound to another trio run or event loop")
+        self._flush = True
+        self._busy[id(self)] = self
+        if not self._spawned:
+            self._spawn()
+        else:
+            self._bed.wake()
+
+    def close(self) -> None:
+        """Drop the armed wake-up and a requested flush; the driver task ends."""
+        self._closed = True
+        self._armed = inf
+        self._flush = False
+        self._busy.pop(id(self), None)
+        self._bed.wake()
+
+    def report(self, exc: BaseException, entry: object) -> None:
+        """Log an exception from a timer callback (trio has no loop exception handler)."""
+        _log.error(
+            "aiopurgatory.timer_callback_failed",
+            entry=repr(entry),
+            error=repr(exc),
+            exc_info=exc,
+        )
+
+    # -- the driver task -----------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        self._spawned = True
+        trio.lowlevel.spawn_system_task(
+            _serve, self._ref, self._bed, name=f"aiopurgatory timer driver {id(self):#x}"
+        )
+
+    def _serve_once(self) -> None:
+        """Run what is due: the flush, then the wake-up if its instant has come."""
+        if self._flush:
+            self._flush = False
+            self._on_flush()
+        if self._armed <= self.time():
+            self._armed = inf
+            self._on_wake()
+        if self._armed == inf and not self._flush:
+            self._busy.pop(id(self), None)
+
+
+async def _serve(ref: weakref.ref[TrioDriver], bed: _Bed) -> None:
+    """The driver task: sleep until the armed instant or a flush request, serve, repeat.
+
+    Holds its driver only while serving it, so an idle timer can be collected.
+    """
+    wait = trio.lowlevel.wait_task_rescheduled
+    current_task = trio.lowlevel.current_task
+    while True:
+        driver = ref()
+        if driver is None or driver._closed:
+            return
+        if driver._flush:
+            # Asked for within this step (by a callback): serve on a later batch.
+            del driver
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        else:
+            with trio.CancelScope(deadline=driver._armed) as scope:
+                del driver
+                bed.scope = scope
+                bed.task = current_task()
+                try:
+                    await wait(bed.abort)
+                finally:
+                    bed.scope = None
+                    bed.task = None
+        driver = ref()
+        if driver is None or driver._closed:
+            return
+        try:
+            driver._serve_once()
+        except Exception as exc:  # the timer contains callbacks; this is a last resort
+            driver.report(exc, driver)
+        del driver
+
+
+class TrioWaiter:
+    """A one-shot waiter for trio, shaped like the asyncio future ``watch()`` uses.
+
+    ``set_result(None)`` wakes the task awaiting it; ``await`` returns at once
+    once set. Cancelling the awaiting task (a cancel scope) raises ``Cancelled``
+    out of the ``await``, as trio does.
+    """
+
+    __slots__ = ("_set", "_task")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._task: trio.lowlevel.Task | None = None
+
+    def done(self) -> bool:
+        """True once :meth:`set_result` was called."""
+        return self._set
+
+    def set_result(self, _result: None) -> None:
+        """Mark as set and wake the waiting task, if any."""
+        self._set = True
+        task = self._task
+        if task is not None:
+            self._task = None
+            _reschedule(task)
+
+    def _abort(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
+        self._task = None
+        return _SUCCEEDED
+
+    async def _wait(self) -> None:
+        if self._set:
+            await trio.lowlevel.checkpoint()
+            return
+        self._task = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._abort)
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self._wait().__await__()

@@ -1,0 +1,312 @@
+"""The Timer on every backend: asyncio, uvloop and trio (real time), and virtual time.
+
+The asyncio-only details (the loop's exception handler, uvloop's early wake-ups,
+parity with ``loop.call_later``) are in ``test_timer.py``; these are the promises
+that hold on trio too. See ``tests/backends.py`` for how they run.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import random
+import weakref
+from math import inf
+from typing import cast
+
+import anyio
+import anyio.lowlevel
+import pytest
+import trio
+import trio.testing
+
+import aiopurgatory as ap
+from aiopurgatory._backends import current_owner
+from aiopurgatory._trio_driver import TrioDriver
+
+from .backends import each_backend, now, run_on, settle
+
+
+@each_backend(virtual=True)
+async def test_callbacks_run_in_deadline_order_at_exact_ticks() -> None:
+    timer = ap.Timer()
+    start = now()
+    fired: list[tuple[str, float]] = []
+
+    def fire(name: str) -> None:
+        fired.append((name, now()))
+
+    for name, delay in [("c", 0.0305), ("a", 0.001), ("b", 0.0102), ("d", 2.5)]:
+        timer.call_later(delay, fire, name)
+    assert len(timer) == 4
+    await anyio.sleep(3)
+    # Deadlines round up to the 1 ms tick; virtual time lands exactly there.
+    assert [name for name, _ in fired] == ["a", "b", "c", "d"]
+    expected = [start + 0.001, start + 0.011, start + 0.031, start + 2.5]
+    assert [at for _, at in fired] == pytest.approx(expected, abs=1e-9)
+    assert len(timer) == 0
+    assert timer.next_due() is None
+
+
+@each_backend
+async def test_never_early_by_the_backends_clock() -> None:
+    timer = ap.Timer()
+    rng = random.Random(7)
+    late: list[float] = []
+    done = anyio.Event()
+    count = 300
+
+    def fire(when: float) -> None:
+        late.append(now() - when)
+        if len(late) == count:
+            done.set()
+
+    start = now()
+    for _ in range(count):
+        when = start + rng.uniform(0.0, 0.05)
+        timer.call_at(when, fire, when)
+    with anyio.fail_after(10):
+        await done.wait()
+    assert min(late) >= 0.0  # never early
+    assert sorted(late)[count // 2] < 0.5  # and not wildly late (tolerance: a loaded machine)
+
+
+@each_backend(virtual=True)
+async def test_cancelled_handles_never_run_and_leave_the_timer_idle() -> None:
+    timer = ap.Timer()
+    ran: list[int] = []
+    handles = [timer.call_later(1.0 + i, ran.append, i) for i in range(5)]
+    await settle()  # the handles reach the wheel; the driver is armed
+    assert timer._driver is not None
+    assert timer._armed != inf
+    for handle in handles[1:]:
+        handle.cancel()
+    assert len(timer) == 1
+    await anyio.sleep(10)
+    assert ran == [0]
+    assert all(h.cancelled() for h in handles[1:])
+    # Idle: nothing pending, nothing armed.
+    assert len(timer) == 0
+    assert timer._armed == inf
+    assert timer.next_due() is None
+
+
+@each_backend(virtual=True)
+async def test_cancel_within_the_iteration_never_reaches_the_wheel() -> None:
+    timer = ap.Timer()
+    ran: list[int] = []
+    timer.call_later(0.5, ran.append, 1).cancel()
+    await anyio.sleep(1)
+    assert ran == []
+    assert len(timer) == 0
+
+
+@each_backend
+async def test_zero_and_past_delays_run_later_never_inside_the_call() -> None:
+    timer = ap.Timer()
+    ran: list[str] = []
+    all_ran = anyio.Event()
+
+    def run(name: str) -> None:
+        ran.append(name)
+        if len(ran) == 3:
+            all_ran.set()
+
+    timer.call_later(0, run, "zero")
+    timer.call_later(-1.0, run, "negative")
+    timer.call_at(now() - 5, run, "past")
+    assert ran == []
+    with anyio.fail_after(5):
+        await all_ran.wait()
+    assert sorted(ran) == ["negative", "past", "zero"]
+
+
+@each_backend
+async def test_a_failing_callback_is_contained(backend: str) -> None:
+    timer = ap.Timer()
+    ran: list[int] = []
+    reported: list[BaseException] = []
+    events = [anyio.Event() for _ in range(3)]
+
+    def run(i: int) -> None:
+        ran.append(i)
+        events[i - 1].set()
+
+    def boom() -> None:
+        raise ZeroDivisionError("boom")
+
+    if backend == "trio":
+        # trio has no loop exception handler: the failure is logged.
+        class Capture(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                assert record.exc_info is not None
+                assert record.exc_info[1] is not None
+                reported.append(record.exc_info[1])
+
+        handler = Capture(level=logging.ERROR)
+        logging.getLogger("aiopurgatory").addHandler(handler)
+    else:
+        loop = current_owner()
+        loop.set_exception_handler(  # type: ignore[attr-defined]
+            lambda _loop, context: reported.append(context["exception"])
+        )
+    try:
+        timer.call_later(0.001, run, 1)
+        timer.call_later(0.001, boom)
+        timer.call_later(0.001, run, 2)
+        with anyio.fail_after(5):
+            await events[1].wait()
+    finally:
+        if backend == "trio":
+            logging.getLogger("aiopurgatory").removeHandler(handler)
+    assert ran == [1, 2]
+    assert len(reported) == 1
+    assert isinstance(reported[0], ZeroDivisionError)
+    # The timer goes on working.
+    timer.call_later(0.001, run, 3)
+    with anyio.fail_after(5):
+        await events[2].wait()
+    assert ran == [1, 2, 3]
+
+
+@each_backend
+async def test_close_cancels_pending_handles_and_refuses_new_ones() -> None:
+    timer = ap.Timer()
+    ran: list[int] = []
+    handle = timer.call_later(0.01, ran.append, 1)
+    timer.close()
+    assert handle.cancelled()
+    assert len(timer) == 0
+    with pytest.raises(ap.PurgatoryClosedError):
+        timer.call_later(0.01, ran.append, 2)
+    await anyio.sleep(0.05)
+    assert ran == []
+    timer.close()  # idempotent
+
+
+@each_backend
+async def test_binds_to_the_backend_in_use(backend: str) -> None:
+    assert ap.Timer().backend is None
+    assert ap.Timer().loop is None
+    timer = ap.Timer()
+    timer.call_later(0.001, lambda: None)
+    expected = "trio" if backend == "trio" else "asyncio"
+    assert timer.backend == expected
+    if backend == "trio":
+        assert timer.loop is None
+    else:
+        assert timer.loop is current_owner()
+    await anyio.sleep(0.01)
+
+
+@each_backend
+async def test_shared_timer_is_one_per_loop_or_run() -> None:
+    first = ap.shared_timer()
+    assert ap.shared_timer() is first
+    assert first._driver is not None
+    assert first._driver.owner is current_owner()
+
+
+def test_shared_timers_differ_between_runs() -> None:
+    async def get() -> ap.Timer:
+        return ap.shared_timer()
+
+    # Kept alive, so the second run cannot reuse the first one's id.
+    first = run_on("trio", get)
+    second = run_on("trio", get)
+    assert first is not second
+
+
+def test_a_timer_bound_to_one_backend_refuses_another() -> None:
+    timer = ap.Timer()
+
+    async def use() -> None:
+        timer.call_later(0.001, lambda: None)
+        await anyio.sleep(0.01)
+
+    run_on("trio", use)
+    with pytest.raises(RuntimeError, match="bound to another"):
+        run_on("asyncio", use)
+    with pytest.raises(RuntimeError, match="bound to another"):
+        run_on("trio", use)  # another trio run
+    other = ap.Timer()
+    run_on("asyncio", lambda: _use(other))
+    with pytest.raises(RuntimeError, match="bound to another"):
+        run_on("trio", lambda: _use(other))
+
+
+async def _use(timer: ap.Timer) -> None:
+    timer.call_later(0.001, lambda: None)
+    await anyio.sleep(0.01)
+
+
+def test_trio_first_use_outside_a_run_is_a_clear_error() -> None:
+    with pytest.raises(RuntimeError, match="running event loop"):
+        ap.Timer().call_later(1.0, lambda: None)
+
+
+# -- the trio driver's life cycle ---------------------------------------------------
+
+
+def test_trio_an_idle_dropped_timer_is_collected_and_its_task_ends() -> None:
+    async def main() -> None:
+        timer = ap.Timer()
+        timer.call_later(0.001, lambda: None)
+        await trio.sleep(0.01)  # fired: idle again
+        tasks_before = trio.lowlevel.current_statistics().tasks_living
+        ref = weakref.ref(timer)
+        del timer
+        gc.collect()
+        assert ref() is None
+        await trio.sleep(0.01)
+        # The driver task of the collected timer has ended.
+        tasks_after = trio.lowlevel.current_statistics().tasks_living
+        assert tasks_after == tasks_before - 1
+
+    trio.run(main)
+
+
+def test_trio_a_busy_dropped_timer_still_runs_its_callbacks() -> None:
+    async def main() -> list[int]:
+        ran: list[int] = []
+        timer = ap.Timer()
+        timer.call_later(0.5, ran.append, 1)  # a fire-and-forget handle
+        await trio.testing.wait_all_tasks_blocked()  # armed
+        timer.call_later(0.6, ran.append, 2)  # staged: a flush is pending
+        del timer
+        gc.collect()
+        await trio.sleep(1)
+        return ran
+
+    assert run_on("trio-virtual", main) == [1, 2]
+
+
+def test_trio_close_ends_the_driver_task() -> None:
+    async def main() -> None:
+        timer = ap.Timer()
+        timer.call_later(10, lambda: None)
+        await trio.testing.wait_all_tasks_blocked()
+        before = trio.lowlevel.current_statistics().tasks_living
+        timer.close()
+        await trio.testing.wait_all_tasks_blocked()
+        assert trio.lowlevel.current_statistics().tasks_living == before - 1
+
+    run_on("trio-virtual", main)
+
+
+def test_trio_nothing_armed_when_idle() -> None:
+    async def main() -> None:
+        timer = ap.Timer()
+        handle = timer.call_later(50.0, lambda: None)
+        await trio.testing.wait_all_tasks_blocked()  # in the wheel: the driver sleeps till 50 s
+        driver = cast("TrioDriver", timer._driver)
+        assert driver._bed.scope is not None
+        assert driver._bed.scope.deadline == pytest.approx(50.0)
+        handle.cancel()
+        # The sleeping driver task's deadline is gone: no wake-up, no clock jump.
+        assert driver._armed == inf
+        assert driver._bed.scope.deadline == inf
+        await trio.sleep(7)
+        assert trio.current_time() == 7.0
+
+    run_on("trio-virtual", main)
