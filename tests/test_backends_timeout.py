@@ -1,0 +1,133 @@
+"""``ap.timeout()`` / ``Timer.timeout()`` on every backend, and virtual time on trio.
+
+On asyncio the deadline cancels the task (as ``asyncio.timeout``); on trio it
+cancels a cancel scope around the block. Either way the block is interrupted at
+the deadline, never before, and leaving it raises ``TimeoutError``.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+import trio
+
+import aiopurgatory as ap
+from aiopurgatory import simulation
+
+from .backends import each_backend, now
+
+
+@each_backend(virtual=True)
+async def test_the_deadline_interrupts_the_block_with_timeout_error() -> None:
+    start = now()
+    reached = False
+    with pytest.raises(TimeoutError):  # noqa: PT012
+        async with ap.timeout(1.5) as cm:
+            await anyio.sleep(10)
+            reached = True
+    assert not reached
+    assert now() == start + 1.5
+    assert cm.expired()
+    assert cm.when() == start + 1.5
+
+
+@each_backend
+async def test_the_deadline_is_never_early_in_real_time() -> None:
+    start = now()
+    with pytest.raises(TimeoutError):
+        async with ap.timeout(0.02):
+            await anyio.sleep(5)
+    elapsed = now() - start
+    assert elapsed >= 0.02
+    assert elapsed < 2.0  # tolerance for a loaded machine
+
+
+@each_backend(virtual=True)
+async def test_a_block_that_finishes_in_time_is_left_alone() -> None:
+    timer = ap.Timer()
+    async with timer.timeout(1.0) as cm:
+        await anyio.sleep(0.5)
+    assert not cm.expired()
+    assert len(timer) == 0  # the deadline's handle is gone with the block
+    await anyio.sleep(1.0)  # and never fires later
+
+
+@each_backend(virtual=True)
+async def test_reschedule_and_none() -> None:
+    start = now()
+    async with ap.timeout(None) as cm:
+        await anyio.sleep(100)
+        assert cm.when() is None
+        cm.reschedule(now() + 1)
+        with pytest.raises(TypeError):
+            cm.reschedule("soon")  # type: ignore[arg-type]
+        await anyio.sleep(0.5)
+        cm.reschedule(None)
+        await anyio.sleep(5)
+    assert not cm.expired()
+    with pytest.raises(TimeoutError):  # noqa: PT012
+        async with ap.timeout_at(now() + 2) as cm2:
+            cm2.reschedule(now() + 3)
+            await anyio.sleep(10)
+    assert now() == start + 105.5 + 3
+
+
+@each_backend(virtual=True)
+async def test_zero_and_negative_delays_are_already_due() -> None:
+    start = now()
+    for delay in (0, -1.0):
+        with pytest.raises(TimeoutError):
+            async with ap.timeout(delay):
+                await anyio.sleep(1)
+    assert now() == start
+
+
+@each_backend(virtual=True)
+async def test_an_outer_cancel_scope_is_not_turned_into_timeout_error() -> None:
+    start = now()
+    with anyio.move_on_after(1) as outer:
+        async with ap.timeout(5) as cm:
+            await anyio.sleep(10)
+    assert outer.cancelled_caught
+    assert not cm.expired()
+    assert now() == start + 1
+
+
+@each_backend(virtual=True)
+async def test_nested_timeouts_the_inner_one_fires() -> None:
+    start = now()
+    async with ap.timeout(5) as outer:
+        with pytest.raises(TimeoutError):
+            async with ap.timeout(1) as inner:
+                await anyio.sleep(10)
+    assert inner.expired()
+    assert not outer.expired()
+    assert now() == start + 1
+
+
+@each_backend
+async def test_a_timeout_is_entered_once() -> None:
+    cm = ap.timeout(1)
+    async with cm:
+        pass
+    with pytest.raises(RuntimeError, match="already been entered"):
+        async with cm:
+            pass
+
+
+def test_trio_timeout_on_trio_time_matches_trio_fail_after() -> None:
+    # The same block under trio's own fail_after and under ap.timeout ends at the
+    # same virtual instant.
+    async def ours() -> float:
+        with pytest.raises(TimeoutError):
+            async with ap.timeout(2.5):
+                await trio.sleep_forever()
+        return trio.current_time()
+
+    async def theirs() -> float:
+        with pytest.raises(trio.TooSlowError):
+            with trio.fail_after(2.5):
+                await trio.sleep_forever()
+        return trio.current_time()
+
+    assert simulation.run_trio(ours) == simulation.run_trio(theirs) == 2.5
