@@ -1,8 +1,9 @@
 """anyio cancel scopes around Purgatory.watch() on the asyncio backend.
 
 pytest-asyncio runs these tests (on asyncio and uvloop, the loops anyio's asyncio
-backend runs on); anyio's own pytest plugin is not used, since it conflicts with
-pytest-asyncio's auto mode.
+backend runs on). The same promises on trio too are in ``test_backends_*.py``,
+which run on every backend without anyio's pytest plugin (see ``tests/backends.py``
+for why and how).
 """
 
 from __future__ import annotations
