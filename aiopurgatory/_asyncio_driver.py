@@ -108,7 +108,9 @@ class AsyncioDriver:
                 the loop is closed (nothing has changed then).
         """
         loop = self.loop
-        if _get_running_loop() is not loop:
+        # Not running: this code runs on another loop, or under trio (a loop runs
+        # in one thread at a time). Cheaper than asking for the running loop.
+        if not loop.is_running():
             closed = " (closed)" if loop.is_closed() else ""
             raise RuntimeError(f"this timer is bound to another event loop{closed}")
         self._soon = loop.call_soon(self._flush)
