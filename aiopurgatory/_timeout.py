@@ -91,20 +91,29 @@ class Timeout:
     async def __aenter__(self) -> Timeout:
         if self._state is not _State.CREATED:
             raise RuntimeError("Timeout has already been entered")
+        scope = None
         if current_backend() == "trio":
             import trio
 
             scope = trio.CancelScope()
-            scope.__enter__()
-            self._scope = scope
         else:
             task = asyncio.current_task()
             if task is None:
                 raise RuntimeError("Timeout should be used inside a task")
             self._task = task
             self._cancelling = task.cancelling()
+        self._scope = scope
         self._state = _State.ENTERED
-        self.reschedule(self._when)
+        try:
+            self.reschedule(self._when)
+        except BaseException:  # a closed timer, one bound elsewhere: not entered
+            self._state = _State.CREATED
+            self._scope = self._task = None
+            raise
+        if scope is not None:
+            # After scheduling, which may fail; the deadline's callback cannot run
+            # before this (never inside the scheduling call).
+            scope.__enter__()
         return self
 
     async def __aexit__(

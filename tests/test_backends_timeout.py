@@ -14,7 +14,7 @@ import trio
 import aiopurgatory as ap
 from aiopurgatory import simulation
 
-from .backends import each_backend, now
+from .backends import each_backend, now, run_on
 
 
 @each_backend(virtual=True)
@@ -131,3 +131,41 @@ def test_trio_timeout_on_trio_time_matches_trio_fail_after() -> None:
         return trio.current_time()
 
     assert simulation.run_trio(ours) == simulation.run_trio(theirs) == 2.5
+
+
+def test_a_timer_of_another_run_refuses_to_time_a_block_cleanly() -> None:
+    timer = ap.Timer()
+
+    async def bind() -> None:
+        async with timer.timeout(1):
+            pass
+
+    run_on("asyncio", bind)
+
+    async def use_on_trio() -> str:
+        cm = timer.timeout_at(trio.current_time() + 1)
+        task = trio.lowlevel.current_task()
+        before = task._cancel_status
+        with pytest.raises(RuntimeError, match="bound to another"):
+            async with cm:
+                pass
+        # The block was not entered: no cancel scope was left open on the task.
+        assert task._cancel_status is before
+        with trio.move_on_after(0.01) as scope:
+            await trio.sleep(1)
+        return "intact" if scope.cancelled_caught else "broken"
+
+    assert run_on("trio", use_on_trio) == "intact"
+
+
+@each_backend
+async def test_a_closed_timer_refuses_to_time_a_block() -> None:
+    timer = ap.Timer()
+    timer.close()
+    cm = timer.timeout(1)
+    with pytest.raises(ap.PurgatoryClosedError):
+        async with cm:
+            pass
+    with anyio.move_on_after(0.01) as scope:  # cancel scopes still work
+        await anyio.sleep(1)
+    assert scope.cancelled_caught
