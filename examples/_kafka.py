@@ -2,8 +2,11 @@
 
 Nothing here is part of aiopurgatory; it is the small amount of Kafka vocabulary
 the examples have in common, plus the plumbing every example needs (a log-normal
-latency model, percentiles, running on virtual or wall-clock time, argparse
-checks, structlog set-up).
+latency model, percentiles, running on virtual or wall-clock time with asyncio,
+uvloop or trio, argparse checks, structlog set-up).
+
+The examples' bodies are written with anyio (task groups, ``anyio.sleep``,
+``anyio.Event``), so the same code runs on every loop :func:`run_main` offers.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable, Collection, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
@@ -24,12 +27,13 @@ import structlog
 from aiopurgatory import simulation
 
 __all__ = [
+    "LOOPS",
+    "VIRTUAL_LOOPS",
     "Errors",
     "LogNormal",
     "Runner",
     "TopicPartition",
     "add_runtime_arguments",
-    "cancel_and_wait",
     "checked_config",
     "configure_logging",
     "non_negative_float",
@@ -38,10 +42,16 @@ __all__ = [
     "positive_int",
     "run_main",
     "run_timed",
+    "running_clock",
 ]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
+
+#: What ``--loop`` takes: the example bodies are anyio code and run on each.
+LOOPS = ("asyncio", "uvloop", "trio")
+#: The loops with a virtual clock: asyncio's ``VirtualTimeLoop`` and trio's ``MockClock``.
+VIRTUAL_LOOPS = ("asyncio", "trio")
 
 # z-score of the 99th percentile of the standard normal distribution.
 _Z99 = 2.3263478740408408
@@ -119,11 +129,27 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-async def cancel_and_wait(tasks: Collection[asyncio.Future[Any]]) -> None:
-    """Cancel ``tasks`` and wait until all have finished, ignoring their outcomes."""
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+def running_clock() -> Callable[[], float]:
+    """The running loop's clock (seconds), as a function to keep and call anywhere in the run.
+
+    ``loop.time`` on asyncio and uvloop, ``trio.current_time`` on trio. Unlike
+    ``anyio.current_time()``, the function also works where no task runs, such as
+    in a ``DelayedOperation``'s ``on_complete`` called by the timer on expiry
+    (anyio finds its backend through the current task, and an asyncio callback has
+    none).
+
+    Raises:
+        RuntimeError: neither an asyncio loop nor a trio run is active.
+    """
+    try:
+        return asyncio.get_running_loop().time
+    except RuntimeError:
+        pass
+    import trio  # lazily: only trio programs pay for the import
+
+    if not trio.lowlevel.in_trio_run():
+        raise RuntimeError("no running event loop (asyncio, uvloop or trio)")
+    return trio.current_time
 
 
 # -- command line --------------------------------------------------------------------
@@ -168,7 +194,12 @@ def _float(text: str) -> float:
 
 def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every example shares: seed, clock, loop, verbosity."""
-    parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=1,
+        help="random seed (default 1); on trio's virtual time it also seeds trio's scheduler",
+    )
     parser.add_argument(
         "--real-time",
         action="store_true",
@@ -176,9 +207,12 @@ def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--loop",
-        choices=("asyncio", "uvloop"),
+        choices=LOOPS,
         default="asyncio",
-        help="event loop for --real-time (default asyncio)",
+        help=(
+            "event loop (default asyncio); virtual time runs on asyncio or on trio's mock "
+            "clock, uvloop needs --real-time"
+        ),
     )
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="show aiopurgatory's info logs on stderr"
@@ -192,8 +226,11 @@ def checked_config(
 
     A bad ``--loop`` combination or a ValueError from ``make`` exits with a usage error.
     """
-    if args.loop != "asyncio" and not args.real_time:
-        parser.error("--loop applies to --real-time only (virtual time has its own loop)")
+    if args.loop not in VIRTUAL_LOOPS and not args.real_time:
+        parser.error(
+            f"--loop {args.loop} needs --real-time "
+            f"(virtual time runs on {' or '.join(VIRTUAL_LOOPS)})"
+        )
     try:
         return make()
     except ValueError as exc:
@@ -237,19 +274,37 @@ def configure_logging(verbose: bool) -> None:
 
 
 def run_main(
-    main: Callable[[], Coroutine[Any, Any, T]], *, real_time: bool, loop: str = "asyncio"
+    main: Callable[[], Coroutine[Any, Any, T]],
+    *,
+    real_time: bool,
+    loop: str = "asyncio",
+    seed: int = 0,
 ) -> T:
-    """Run ``main()`` on virtual time (default) or on the wall clock with ``loop``.
+    """Run ``main()`` on ``loop``, on virtual time (default) or on the wall clock.
+
+    Virtual time is :func:`aiopurgatory.simulation.run` on asyncio and
+    :func:`aiopurgatory.simulation.run_trio` (trio's autojumping ``MockClock``) on
+    trio; ``seed`` seeds trio's scheduler there, which otherwise shuffles the
+    order of tasks woken at the same instant. uvloop runs on the wall clock only.
 
     Raises:
-        ValueError: ``loop`` is neither ``"asyncio"`` nor ``"uvloop"``.
+        ValueError: ``loop`` is not one of :data:`LOOPS`, or is ``"uvloop"``
+            without ``real_time``.
     """
-    if loop not in ("asyncio", "uvloop"):
-        raise ValueError(f"loop must be 'asyncio' or 'uvloop', got {loop!r}")
+    if loop not in LOOPS:
+        raise ValueError(f"loop must be one of {', '.join(LOOPS)}; got {loop!r}")
     if not real_time:
-        if loop != "asyncio":
-            raise ValueError("loop applies to real time only: virtual time has its own loop")
+        if loop not in VIRTUAL_LOOPS:
+            raise ValueError(
+                f"{loop} runs on real time only: virtual time runs on {' or '.join(VIRTUAL_LOOPS)}"
+            )
+        if loop == "trio":
+            return simulation.run_trio(main, seed=seed)
         return simulation.run(main())
+    if loop == "trio":
+        import trio  # lazily: an optional extra
+
+        return trio.run(main)
     factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
     if loop == "uvloop":
         import uvloop  # lazily: an optional extra

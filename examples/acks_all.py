@@ -1,8 +1,8 @@
 """acks=all produce requests waiting in a purgatory for the in-sync replicas.
 
 A simulated Kafka partition leader (broker 0) with ``--replication-factor``
-replicas per partition and ``min.insync.replicas``. Every follower broker is an
-asyncio task that fetches from the leader in a loop (log-normal round trips); the
+replicas per partition and ``min.insync.replicas``. Every follower broker is a
+task that fetches from the leader in a loop (log-normal round trips); the
 leader tracks each follower's log end offset, shrinks the ISR when a follower
 lags more than ``replica.lag.time.max`` and grows it back when the follower
 catches up to the high watermark, which is the minimum log end offset over the
@@ -15,14 +15,14 @@ topic-partitions, until every partition's high watermark reaches the batch
 append (``NOT_ENOUGH_REPLICAS``). Follower fetches long-poll in a second
 purgatory (``FollowerFetch``, woken by appends) that shares the timing wheel.
 
-Runs on virtual time (fast, deterministic for a ``--seed``) unless ``--real-time``.
+Runs on virtual time (fast, deterministic for a ``--seed``) unless ``--real-time``,
+on asyncio unless ``--loop`` says otherwise (uvloop, trio: the body is anyio code).
 ``python -m examples.acks_all --scenario follower-crash`` (or ``make demo``).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import functools
 import itertools
@@ -33,6 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, TextIO
+
+import anyio
+import anyio.abc
 
 if __name__ == "__main__" and not __package__:
     # Run as a script (python examples/acks_all.py): make the examples package importable.
@@ -45,7 +48,6 @@ from examples._kafka import (
     LogNormal,
     TopicPartition,
     add_runtime_arguments,
-    cancel_and_wait,
     checked_config,
     non_negative_float,
     percentile,
@@ -53,6 +55,7 @@ from examples._kafka import (
     positive_int,
     run_main,
     run_timed,
+    running_clock,
 )
 
 __all__ = [
@@ -449,8 +452,7 @@ class Leader:
         self, request_id: int, batches: Sequence[tuple[TopicPartition, int]]
     ) -> ProduceResponse:
         """Handle an acks=all produce request; return when it is answered."""
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = anyio.current_time()
         statuses: dict[TopicPartition, _PartitionStatus] = {}
         for tp, records in batches:
             partition = self.partitions[tp]
@@ -467,13 +469,13 @@ class Leader:
         # answers them without the purgatory); going through it keeps one event per request.
         outcome = await self.produce_purgatory.watch(op, list(statuses))
         assert op.response is not None
-        return ProduceResponse(request_id, outcome, op.response, loop.time() - started)
+        return ProduceResponse(request_id, outcome, op.response, anyio.current_time() - started)
 
     async def fetch_from_follower(
         self, broker_id: int, offsets: dict[TopicPartition, int]
     ) -> dict[TopicPartition, int]:
         """Handle a follower's fetch; return, per partition, the offset it may copy up to."""
-        now = asyncio.get_running_loop().time()
+        now = anyio.current_time()
         for tp, offset in offsets.items():
             partition = self.partitions[tp]
             before = tuple(sorted(partition.isr))
@@ -492,11 +494,10 @@ class Leader:
 
     async def isr_expiration(self) -> None:
         """Shrink ISRs every ``replica.lag.time.max / 2``, as Kafka's isr-expiration task."""
-        loop = asyncio.get_running_loop()
         lag = self.config.replica_lag_time_max
         while True:
-            await asyncio.sleep(lag / 2)
-            now = loop.time()
+            await anyio.sleep(lag / 2)
+            now = anyio.current_time()
             for partition in self.partitions.values():
                 out = partition.out_of_sync_followers(now, lag)
                 if not out:
@@ -528,9 +529,9 @@ async def _replicate(
     """A follower's fetcher: fetch from the leader, copy what it returns, repeat."""
     while True:
         round_trip = plan.latency.sample(rng)
-        await asyncio.sleep(round_trip / 2)
+        await anyio.sleep(round_trip / 2)
         upto = await leader.fetch_from_follower(plan.broker_id, dict(log))
-        await asyncio.sleep(round_trip / 2)
+        await anyio.sleep(round_trip / 2)
         log.update(upto)
 
 
@@ -542,7 +543,6 @@ async def _follower(
     lifecycle: list[tuple[float, int, str]],
 ) -> None:
     """One follower broker over the run: replicate, crash and restart as planned."""
-    loop = asyncio.get_running_loop()
     # The follower's log survives a crash (it is on disk); it resumes from its end.
     log = dict.fromkeys(leader.partitions, 0)
     if plan.crash_at is None:
@@ -551,11 +551,11 @@ async def _follower(
     with contextlib.suppress(TimeoutError):
         async with leader.timer.timeout_at(start + plan.crash_at):
             await _replicate(leader, plan, log, rng)
-    lifecycle.append((loop.time() - start, plan.broker_id, "crash"))
+    lifecycle.append((anyio.current_time() - start, plan.broker_id, "crash"))
     if plan.restart_at is None:
         return
-    await asyncio.sleep(max(0.0, start + plan.restart_at - loop.time()))
-    lifecycle.append((loop.time() - start, plan.broker_id, "restart"))
+    await anyio.sleep(max(0.0, start + plan.restart_at - anyio.current_time()))
+    lifecycle.append((anyio.current_time() - start, plan.broker_id, "restart"))
     await _replicate(leader, plan, log, rng)
 
 
@@ -623,61 +623,54 @@ async def simulate(config: Config, *, events: TextIO | None = None) -> AcksAllRe
         events: a text file for the produce purgatory's op event log (schema 1),
             one JSON line per request.
     """
-    loop = asyncio.get_running_loop()
-    start = loop.time()
+    now = running_clock()
+    start = now()
     timer = ap.Timer()
     leader = Leader(config, timer, start)
     recorder: EventRecorder | None = None
     if events is not None:
         # Event timestamps follow the loop's clock, so virtual-time logs are reproducible.
-        recorder = EventRecorder(events, clock=loop.time)
+        recorder = EventRecorder(events, clock=now)
         recorder.attach(leader.produce_purgatory)
 
     lifecycle: list[tuple[float, int, str]] = []
-    background = [
-        asyncio.create_task(
-            _follower(
-                leader, plan, start, random.Random(f"{config.seed}-f{plan.broker_id}"), lifecycle
-            )
-        )
-        for plan in follower_plans(config)
-    ]
-    background.append(asyncio.create_task(leader.isr_expiration()))
-
     request_ids = itertools.count()
-    requests: set[asyncio.Task[ProduceResponse]] = set()
     responses: list[ProduceResponse] = []
     tps = config.topic_partitions
     end = start + config.duration
 
-    async def send(request_id: int, batches: list[tuple[TopicPartition, int]]) -> ProduceResponse:
-        response = await leader.produce(request_id, batches)
-        responses.append(response)
-        return response
+    async def send(request_id: int, batches: list[tuple[TopicPartition, int]]) -> None:
+        responses.append(await leader.produce(request_id, batches))
 
-    async def producer(index: int) -> None:
+    async def producer(index: int, requests: anyio.abc.TaskGroup) -> None:
         rng = random.Random(f"{config.seed}-p{index}")
         per_producer = config.rate / config.producers
         while True:
             gap = rng.expovariate(per_producer)
-            if loop.time() + gap >= end:
+            if now() + gap >= end:
                 return
-            await asyncio.sleep(gap)
+            await anyio.sleep(gap)
             width = rng.randint(1, min(config.max_partitions_per_request, len(tps)))
             batches = [(tp, config.batch_records) for tp in rng.sample(tps, width)]
-            task = asyncio.create_task(send(next(request_ids), batches))
-            requests.add(task)
-            task.add_done_callback(requests.discard)
+            requests.start_soon(send, next(request_ids), batches)
 
     try:
-        # A backstop only: every request is answered by its own timeout.
-        async with asyncio.timeout(config.duration + config.request_timeout + 60.0):
-            await asyncio.gather(*(producer(i) for i in range(config.producers)))
-            while requests:
-                await asyncio.gather(*list(requests))
+        async with anyio.create_task_group() as background:
+            for plan in follower_plans(config):
+                rng = random.Random(f"{config.seed}-f{plan.broker_id}")
+                background.start_soon(_follower, leader, plan, start, rng, lifecycle)
+            background.start_soon(leader.isr_expiration)
+            # A backstop only: every request is answered by its own timeout.
+            with anyio.fail_after(config.duration + config.request_timeout + 60.0):
+                # The requests' group outlives the producers': leaving it is the drain.
+                async with (
+                    anyio.create_task_group() as requests,
+                    anyio.create_task_group() as producers,
+                ):
+                    for index in range(config.producers):
+                        producers.start_soon(producer, index, requests)
+            background.cancel_scope.cancel()
     finally:
-        await cancel_and_wait(background)
-        await cancel_and_wait(requests)
         statistics = leader.produce_purgatory.statistics()
         fetch_statistics = leader.fetch_purgatory.statistics()
         await leader.produce_purgatory.close()
@@ -706,7 +699,7 @@ async def simulate(config: Config, *, events: TextIO | None = None) -> AcksAllRe
         fetch_statistics=fetch_statistics,
         high_watermarks={str(tp): p.high_watermark for tp, p in leader.partitions.items()},
         log_end_offsets={str(tp): p.log_end_offset for tp, p in leader.partitions.items()},
-        elapsed=loop.time() - start,
+        elapsed=now() - start,
         events_written=recorder.events if recorder is not None else 0,
     )
 
@@ -724,12 +717,15 @@ def run(
         config: the run's parameters.
         events: a path for the op event log (overwritten), or None.
         real_time: run on the wall clock instead of virtual time.
-        loop: ``"asyncio"`` or ``"uvloop"`` (real time only).
+        loop: ``"asyncio"``, ``"uvloop"`` (real time only) or ``"trio"``; on trio's
+            virtual time ``config.seed`` also seeds trio's scheduler.
     """
     if events is None:
-        return run_main(lambda: simulate(config), real_time=real_time, loop=loop)
+        return run_main(lambda: simulate(config), real_time=real_time, loop=loop, seed=config.seed)
     with open(events, "w", encoding="utf-8") as file:
-        return run_main(lambda: simulate(config, events=file), real_time=real_time, loop=loop)
+        return run_main(
+            lambda: simulate(config, events=file), real_time=real_time, loop=loop, seed=config.seed
+        )
 
 
 # -- output -----------------------------------------------------------------------------------

@@ -14,14 +14,14 @@ Timeline of the default run: ``--members`` consumers start and form generation 1
 at ``--new-member-at`` one more consumer joins, which starts a rebalance; members
 notice it on their next heartbeat and rejoin after finishing their current batch
 (log-normal delay), except ``--late`` members whose batch takes longer than the
-rebalance timeout. Runs on virtual time unless ``--real-time``.
+rebalance timeout. Runs on virtual time unless ``--real-time``, on asyncio unless
+``--loop`` says otherwise (uvloop, trio: the body is anyio code).
 ``python -m examples.group_join --members 6 --late 2``.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
 import itertools
 import math
@@ -30,6 +30,8 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import anyio
 
 if __name__ == "__main__" and not __package__:
     # Run as a script (python examples/group_join.py): make the examples package importable.
@@ -40,13 +42,13 @@ from examples._kafka import (
     Errors,
     LogNormal,
     add_runtime_arguments,
-    cancel_and_wait,
     checked_config,
     non_negative_float,
     positive_float,
     positive_int,
     run_main,
     run_timed,
+    running_clock,
 )
 
 __all__ = [
@@ -141,13 +143,36 @@ class Rebalance:
     removed: tuple[str, ...]
 
 
+class _PendingJoin:
+    """A JoinGroup the coordinator holds: answered once, then its request returns."""
+
+    __slots__ = ("_answered", "response")
+
+    def __init__(self) -> None:
+        self._answered = anyio.Event()
+        self.response: JoinResponse | None = None
+
+    def answered(self) -> bool:
+        return self._answered.is_set()
+
+    def answer(self, response: JoinResponse) -> None:
+        # May run in a timer callback (the join expired): Event.set() needs no task.
+        self.response = response
+        self._answered.set()
+
+    async def wait(self) -> JoinResponse:
+        await self._answered.wait()
+        assert self.response is not None
+        return self.response
+
+
 class _Member:
     __slots__ = ("awaiting_join", "member_id", "rebalance_timeout")
 
     def __init__(self, member_id: str, rebalance_timeout: float) -> None:
         self.member_id = member_id
         self.rebalance_timeout = rebalance_timeout
-        self.awaiting_join: asyncio.Future[JoinResponse] | None = None
+        self.awaiting_join: _PendingJoin | None = None
 
 
 class DelayedJoin(ap.DelayedOperation):
@@ -217,20 +242,19 @@ class GroupCoordinator:
 
     async def join_group(self, member_id: str) -> JoinResponse:
         """A JoinGroup request: wait until the join phase ends, then get the generation."""
-        loop = asyncio.get_running_loop()
         if member_id and member_id not in self.members:
             return JoinResponse(Errors.UNKNOWN_MEMBER_ID, member_id)
         if not member_id:
             member_id = f"consumer-{next(self._member_ids)}"
             self.members[member_id] = _Member(member_id, self.config.rebalance_timeout)
             self.new_member_added = True
-        future: asyncio.Future[JoinResponse] = loop.create_future()
-        self.members[member_id].awaiting_join = future
+        pending = _PendingJoin()
+        self.members[member_id].awaiting_join = pending
         if self.state in ("Empty", "Stable"):
             self._prepare_rebalance()
         else:
             self.purgatory.check_and_complete(self.key)
-        return await future
+        return await pending.wait()
 
     def heartbeat(self, member_id: str, generation: int) -> Errors:
         """A Heartbeat: tells a member whether it must rejoin."""
@@ -251,8 +275,7 @@ class GroupCoordinator:
         self.purgatory.try_complete_else_watch(op, [self.key])
 
     def _prepare_rebalance(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._join_started = loop.time() - self.origin
+        self._join_started = anyio.current_time() - self.origin
         op: DelayedJoin
         if self.state == "Empty":
             delay = min(self.config.initial_rebalance_delay, self.config.rebalance_timeout)
@@ -266,7 +289,9 @@ class GroupCoordinator:
 
     def complete_join(self, op: DelayedJoin) -> None:
         """Remove members that did not rejoin, bump the generation, answer the joiners."""
-        loop = asyncio.get_running_loop()
+        # When the join expires this runs in the timer's callback, where no task runs:
+        # anyio.current_time() would not find its backend there (on asyncio).
+        now = running_clock()()
         removed = tuple(m for m, s in self.members.items() if s.awaiting_join is None)
         for member_id in removed:
             del self.members[member_id]
@@ -282,16 +307,16 @@ class GroupCoordinator:
                 self._first_op_type,
                 op.outcome.value,
                 self._join_started,
-                loop.time() - self.origin,
+                now - self.origin,
                 joined,
                 removed,
             )
         )
         for member_id, member in self.members.items():
-            future, member.awaiting_join = member.awaiting_join, None
-            assert future is not None
-            if not future.done():
-                future.set_result(
+            pending, member.awaiting_join = member.awaiting_join, None
+            assert pending is not None
+            if not pending.answered():
+                pending.answer(
                     JoinResponse(
                         Errors.NONE,
                         member_id,
@@ -322,9 +347,12 @@ class GroupResult:
 
 
 async def simulate(config: Config) -> GroupResult:
-    """Run the group's members and coordinator on the running loop; return what happened."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
+    """Run the group's members and coordinator on the running loop; return what happened.
+
+    anyio code: runs on asyncio, uvloop and trio alike.
+    """
+    now = running_clock()
+    start = now()
     coordinator = GroupCoordinator(config, origin=start)
     join_errors: Counter[str] = Counter()
     sent = 0
@@ -338,10 +366,10 @@ async def simulate(config: Config) -> GroupResult:
 
     async def consumer(index: int, starts_at: float, late: bool) -> None:
         rng = random.Random(f"{config.seed}-member{index}")
-        await asyncio.sleep(starts_at)
+        await anyio.sleep(starts_at)
         response = await join("")
         while True:
-            await asyncio.sleep(config.heartbeat_interval)
+            await anyio.sleep(config.heartbeat_interval)
             error = coordinator.heartbeat(response.member_id, response.generation)
             if error is Errors.NONE:
                 continue
@@ -351,7 +379,7 @@ async def simulate(config: Config) -> GroupResult:
                 if late:
                     delay += config.rebalance_timeout
                     late = False
-                await asyncio.sleep(delay)
+                await anyio.sleep(delay)
                 response = await join(response.member_id)
             if response.error is Errors.UNKNOWN_MEMBER_ID or error is Errors.UNKNOWN_MEMBER_ID:
                 # Removed from the group: start over as a new member.
@@ -359,19 +387,17 @@ async def simulate(config: Config) -> GroupResult:
 
     starter = random.Random(f"{config.seed}-start")
     late_members = set(starter.sample(range(config.members), config.late))
-    tasks = [
-        asyncio.create_task(
-            # Members start within the initial rebalance delay, in a random order.
-            consumer(i, starter.uniform(0, config.initial_rebalance_delay), i in late_members)
-        )
-        for i in range(config.members)
-    ]
-    if config.new_member_at is not None:
-        tasks.append(asyncio.create_task(consumer(config.members, config.new_member_at, False)))
     try:
-        await asyncio.sleep(config.duration)
+        async with anyio.create_task_group() as members:
+            for i in range(config.members):
+                # Members start within the initial rebalance delay, in a random order.
+                starts_at = starter.uniform(0, config.initial_rebalance_delay)
+                members.start_soon(consumer, i, starts_at, i in late_members)
+            if config.new_member_at is not None:
+                members.start_soon(consumer, config.members, config.new_member_at, False)
+            await anyio.sleep(config.duration)
+            members.cancel_scope.cancel()
     finally:
-        await cancel_and_wait(tasks)
         statistics = coordinator.purgatory.statistics()
         await coordinator.purgatory.close()
     return GroupResult(
@@ -384,13 +410,20 @@ async def simulate(config: Config) -> GroupResult:
         members=tuple(coordinator.members),
         state=coordinator.state,
         statistics=statistics,
-        elapsed=loop.time() - start,
+        elapsed=now() - start,
     )
 
 
 def run(config: Config, *, real_time: bool = False, loop: str = "asyncio") -> GroupResult:
-    """Run a whole simulation (virtual time unless ``real_time``) and return its result."""
-    return run_main(lambda: simulate(config), real_time=real_time, loop=loop)
+    """Run a whole simulation (virtual time unless ``real_time``) and return its result.
+
+    Args:
+        config: the run's parameters.
+        real_time: run on the wall clock instead of virtual time.
+        loop: ``"asyncio"``, ``"uvloop"`` (real time only) or ``"trio"``; on trio's
+            virtual time ``config.seed`` also seeds trio's scheduler.
+    """
+    return run_main(lambda: simulate(config), real_time=real_time, loop=loop, seed=config.seed)
 
 
 def format_summary(result: GroupResult, wall: float) -> str:

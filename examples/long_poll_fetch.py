@@ -8,14 +8,14 @@ watched under the requested topic-partitions. Every append calls
 accumulated, or expires after ``max.wait`` and returns whatever is there (possibly
 nothing). Raising ``min.bytes`` trades latency for fewer, fuller responses.
 
-Runs on virtual time (fast, deterministic for a ``--seed``) unless ``--real-time``.
+Runs on virtual time (fast, deterministic for a ``--seed``) unless ``--real-time``,
+on asyncio unless ``--loop`` says otherwise (uvloop, trio: the body is anyio code).
 ``python -m examples.long_poll_fetch --rate 200 --fetch-min-bytes 16384``.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
 import itertools
 import math
@@ -25,6 +25,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
+
 if __name__ == "__main__" and not __package__:
     # Run as a script (python examples/long_poll_fetch.py): make the examples package importable.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,7 +35,6 @@ import aiopurgatory as ap
 from examples._kafka import (
     TopicPartition,
     add_runtime_arguments,
-    cancel_and_wait,
     checked_config,
     non_negative_float,
     percentile,
@@ -41,6 +42,7 @@ from examples._kafka import (
     positive_int,
     run_main,
     run_timed,
+    running_clock,
 )
 
 __all__ = ["Config", "DelayedFetch", "FetchResult", "PartitionLog", "main", "run", "simulate"]
@@ -222,9 +224,12 @@ class FetchResult:
 
 
 async def simulate(config: Config) -> FetchResult:
-    """Run producers and long-polling consumers on the running loop; return what happened."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
+    """Run producers and long-polling consumers on the running loop; return what happened.
+
+    anyio code: runs on asyncio, uvloop and trio alike.
+    """
+    now = running_clock()
+    start = now()
     end = start + config.duration
     tps = [TopicPartition(config.topic, n) for n in range(config.partitions)]
     logs = {tp: PartitionLog(tp) for tp in tps}
@@ -241,11 +246,11 @@ async def simulate(config: Config) -> FetchResult:
         rng = random.Random(f"{config.seed}-producer")
         while True:
             gap = rng.expovariate(config.rate)
-            if loop.time() + gap >= end:
+            if now() + gap >= end:
                 return
-            await asyncio.sleep(gap)
+            await anyio.sleep(gap)
             tp = tps[rng.randrange(len(tps))]
-            logs[tp].append(rng.randint(*config.record_bytes), loop.time())
+            logs[tp].append(rng.randint(*config.record_bytes), now())
             # New bytes: fetches waiting on this partition may now have enough.
             purgatory.check_and_complete(tp)
 
@@ -254,7 +259,7 @@ async def simulate(config: Config) -> FetchResult:
         if not assigned:
             return
         position = dict.fromkeys(assigned, 0)
-        while loop.time() < end or any(logs[tp].log_end_offset > position[tp] for tp in assigned):
+        while now() < end or any(logs[tp].log_end_offset > position[tp] for tp in assigned):
             op = DelayedFetch(
                 next(fetch_ids),
                 dict(position),
@@ -264,27 +269,27 @@ async def simulate(config: Config) -> FetchResult:
                 config.fetch_max_wait,
             )
             ops.append(op)
-            sent = loop.time()
+            sent = now()
             outcome = await purgatory.watch(op, assigned)
-            now = loop.time()
+            received = now()
             assert op.response is not None
             size = 0
             for tp, data in op.response.items():
                 size += data.size
                 for offset in range(data.start, data.end):
                     consumed_offsets[tp].append(offset)
-                    delivery.append(now - logs[tp].appended_at[offset])
+                    delivery.append(received - logs[tp].appended_at[offset])
                 position[tp] = data.end
-            fetch_log.append((op.op_id, outcome.value, now - sent, size))
+            fetch_log.append((op.op_id, outcome.value, received - sent, size))
 
-    tasks = [asyncio.create_task(producer())]
-    tasks += [asyncio.create_task(consumer(i)) for i in range(config.consumers)]
     try:
         # Backstop only: consumers stop once caught up after the producer stops.
-        async with asyncio.timeout(config.duration + 10 * config.fetch_max_wait + 60.0):
-            await asyncio.gather(*tasks)
+        with anyio.fail_after(config.duration + 10 * config.fetch_max_wait + 60.0):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(producer)
+                for index in range(config.consumers):
+                    tasks.start_soon(consumer, index)
     finally:
-        await cancel_and_wait(tasks)
         statistics = purgatory.statistics()
         await purgatory.close()
 
@@ -308,13 +313,20 @@ async def simulate(config: Config) -> FetchResult:
         duplicates=duplicates,
         gaps=gaps,
         statistics=statistics,
-        elapsed=loop.time() - start,
+        elapsed=now() - start,
     )
 
 
 def run(config: Config, *, real_time: bool = False, loop: str = "asyncio") -> FetchResult:
-    """Run a whole simulation (virtual time unless ``real_time``) and return its result."""
-    return run_main(lambda: simulate(config), real_time=real_time, loop=loop)
+    """Run a whole simulation (virtual time unless ``real_time``) and return its result.
+
+    Args:
+        config: the run's parameters.
+        real_time: run on the wall clock instead of virtual time.
+        loop: ``"asyncio"``, ``"uvloop"`` (real time only) or ``"trio"``; on trio's
+            virtual time ``config.seed`` also seeds trio's scheduler.
+    """
+    return run_main(lambda: simulate(config), real_time=real_time, loop=loop, seed=config.seed)
 
 
 def format_summary(result: FetchResult, wall: float) -> str:

@@ -1,13 +1,25 @@
-"""The examples, run small on virtual time, with the outcomes each scenario must produce."""
+"""The examples, run small on virtual time, with the outcomes each scenario must produce.
+
+The examples' bodies are anyio code: the scenario checks run on asyncio's virtual
+time and on trio's (``--loop trio``: ``simulation.run_trio``, a seeded autojumping
+``MockClock``), and a trio run must give what the asyncio run of the same scenario
+and seed gives. Where two tasks are woken at the same instant, asyncio resumes them
+in FIFO order and trio in its own (seeded, shuffled) order; the tests below name
+the few results whose *order* depends on that and compare those as multisets.
+A few short runs on the wall clock (``realtime``) cover asyncio, uvloop and trio.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
+import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 import structlog
@@ -18,6 +30,9 @@ from examples import acks_all, group_join, long_poll_fetch
 from examples._kafka import Errors, LogNormal, TopicPartition, percentile
 
 TICK = 0.001  # the default wheel tick: expiry is never early and at most one tick late
+VIRTUAL = ("asyncio", "trio")  # the loops with a virtual clock (--loop without --real-time)
+
+R = TypeVar("R")
 
 
 @pytest.fixture(autouse=True)
@@ -33,14 +48,43 @@ def small(scenario: str, **overrides: object) -> acks_all.Config:
     return acks_all.Config(**settings)  # type: ignore[arg-type]
 
 
-_cache: dict[acks_all.Config, acks_all.AcksAllResult] = {}
+_cache: dict[tuple[object, str], Any] = {}
 
 
-def run_acks(config: acks_all.Config) -> acks_all.AcksAllResult:
-    # Runs are deterministic, so each configuration is simulated once per session.
-    if config not in _cache:
-        _cache[config] = acks_all.run(config)
-    return _cache[config]
+def cached(run: Callable[..., R], config: object, loop: str) -> R:
+    # Virtual-time runs are deterministic, so each (config, loop) is simulated once
+    # per session: the scenario checks and the cross-backend comparisons share it.
+    key = (config, loop)
+    if key not in _cache:
+        _cache[key] = run(config, loop=loop)
+    result: R = _cache[key]
+    return result
+
+
+def run_acks(config: acks_all.Config, loop: str = "asyncio") -> acks_all.AcksAllResult:
+    return cached(acks_all.run, config, loop)
+
+
+def assert_same_run(expected: object, actual: object, *, unordered: tuple[str, ...] = ()) -> None:
+    """Every field of two results equal; those named in ``unordered`` as multisets.
+
+    Exact equality, floats included: both virtual clocks land exactly on each deadline.
+    """
+    assert dataclasses.is_dataclass(expected)
+    assert dataclasses.is_dataclass(actual)
+    names = [f.name for f in dataclasses.fields(expected)]
+    assert set(unordered) <= set(names)
+    for name in names:
+        want, got = getattr(expected, name), getattr(actual, name)
+        if name in unordered:
+            assert Counter(map(repr, got)) == Counter(map(repr, want)), name
+        else:
+            assert got == want, name
+
+
+def without_wall_time(text: str) -> str:
+    # "... simulated in 0.42 s": the only part of a summary that is not simulated.
+    return re.sub(r"simulated in \d+\.\d+ s", "simulated in WALL s", text)
 
 
 def assert_answered_exactly_once(result: acks_all.AcksAllResult) -> None:
@@ -103,8 +147,9 @@ def test_follower_caught_up_as_of_previous_fetch() -> None:
     assert p.out_of_sync_followers(now=1.6, lag_time_max=1.0) == [1]
 
 
-def test_healthy_has_no_timeouts_and_no_isr_changes() -> None:
-    result = run_acks(small("healthy"))
+@pytest.mark.parametrize("loop", VIRTUAL)
+def test_healthy_has_no_timeouts_and_no_isr_changes(loop: str) -> None:
+    result = run_acks(small("healthy"), loop)
     assert_answered_exactly_once(result)
     assert result.by_outcome_error == {("completed", "NONE"): result.requests}
     assert result.isr_changes == []
@@ -112,8 +157,9 @@ def test_healthy_has_no_timeouts_and_no_isr_changes() -> None:
     assert result.high_watermarks == result.log_end_offsets
 
 
-def test_follower_crash_shrinks_the_isr_and_still_succeeds() -> None:
-    result = run_acks(small("follower-crash"))
+@pytest.mark.parametrize("loop", VIRTUAL)
+def test_follower_crash_shrinks_the_isr_and_still_succeeds(loop: str) -> None:
+    result = run_acks(small("follower-crash"), loop)
     assert_answered_exactly_once(result)
     assert result.errors == {"NONE": sum(result.errors.values())}
     assert result.follower_events == [(1.0, 2, "crash"), (3.0, 2, "restart")]
@@ -135,20 +181,22 @@ def test_follower_crash_shrinks_the_isr_and_still_succeeds() -> None:
     assert result.latency_percentiles()["max"] < 1.5 + 0.1
 
 
-def test_slow_follower_leaves_and_rejoins_the_isr() -> None:
-    result = run_acks(small("slow-follower"))
+@pytest.mark.parametrize("loop", VIRTUAL)
+def test_slow_follower_leaves_and_rejoins_the_isr(loop: str) -> None:
+    result = run_acks(small("slow-follower"), loop)
     assert_answered_exactly_once(result)
     assert result.outcomes == {"completed": result.requests}
     kinds = Counter(c.kind for c in result.isr_changes)
     assert kinds["shrink"] >= 1
     assert kinds["expand"] >= 1
     assert {b for c in result.isr_changes for b in set(c.before) ^ set(c.after)} == {2}
-    healthy = run_acks(small("healthy"))
+    healthy = run_acks(small("healthy"), loop)
     assert result.latency_percentiles()["p99"] > 5 * healthy.latency_percentiles()["p99"]
 
 
-def test_two_down_never_acknowledges() -> None:
-    result = run_acks(small("two-down"))
+@pytest.mark.parametrize("loop", VIRTUAL)
+def test_two_down_never_acknowledges(loop: str) -> None:
+    result = run_acks(small("two-down"), loop)
     assert_answered_exactly_once(result)
     assert "NONE" not in result.errors
     assert set(result.errors) <= {
@@ -171,16 +219,18 @@ def test_two_down_never_acknowledges() -> None:
     assert max(refused) == 0.0
 
 
-def test_two_down_with_a_short_timeout_gives_timeouts_or_not_enough_replicas() -> None:
-    result = run_acks(small("two-down", duration=3.0, ack_timeout=0.5))
+@pytest.mark.parametrize("loop", VIRTUAL)
+def test_two_down_with_a_short_timeout_gives_timeouts_or_not_enough_replicas(loop: str) -> None:
+    result = run_acks(small("two-down", duration=3.0, ack_timeout=0.5), loop)
     assert_answered_exactly_once(result)
     assert result.errors["REQUEST_TIMED_OUT"] > 0
     assert result.errors["NOT_ENOUGH_REPLICAS"] > 0
     assert "NONE" not in result.errors
 
 
-def test_timeouts_scenario_answers_request_timed_out_never_early() -> None:
-    result = run_acks(small("timeouts"))
+@pytest.mark.parametrize("loop", VIRTUAL)
+def test_timeouts_scenario_answers_request_timed_out_never_early(loop: str) -> None:
+    result = run_acks(small("timeouts"), loop)
     assert_answered_exactly_once(result)
     timeout = result.config.request_timeout
     assert result.outcomes["expired"] > 0
@@ -195,6 +245,26 @@ def test_timeouts_scenario_answers_request_timed_out_never_early() -> None:
         else:
             assert error == "NONE"
             assert latency <= timeout + TICK
+
+
+@pytest.mark.parametrize("scenario", acks_all.SCENARIOS)
+def test_acks_all_on_trio_virtual_time_equals_asyncio(scenario: str) -> None:
+    config = small(scenario)
+    # Exactly the same requests, latencies, ISR changes and statistics on both clocks.
+    # One difference of order: in two-down both followers are down from the start, so
+    # their timeouts at 0 wake both tasks at the same instant, and each appends its
+    # "crash" line when it runs: asyncio runs tasks woken together in FIFO (broker)
+    # order, trio in its seeded shuffled order, so the two lines may come swapped.
+    unordered = ("follower_events",) if scenario == "two-down" else ()
+    assert_same_run(run_acks(config), run_acks(config, "trio"), unordered=unordered)
+
+
+def test_acks_all_on_trio_same_seed_same_run_ties_included() -> None:
+    # Seeded, trio's scheduler shuffles tasks woken together the same way every run.
+    config = small("two-down", duration=1.0, seed=3)
+    first, second = acks_all.run(config, loop="trio"), acks_all.run(config, loop="trio")
+    assert first == second
+    assert [when for when, _, _ in first.follower_events] == [0.0, 0.0]
 
 
 def test_same_seed_same_result_and_seed_matters() -> None:
@@ -242,6 +312,16 @@ def test_events_file_has_one_schema_1_line_per_request(tmp_path: Path) -> None:
         assert (event["lateness"] is None) == (event["outcome"] == "completed")
 
 
+def test_events_file_on_trio_is_the_asyncio_file(tmp_path: Path) -> None:
+    # The recorder's clock is the running backend's: virtual times, byte for byte.
+    config = small("timeouts", duration=1.0)
+    on_asyncio, on_trio = tmp_path / "asyncio.jsonl", tmp_path / "trio.jsonl"
+    result = acks_all.run(config, events=on_asyncio)
+    assert acks_all.run(config, events=on_trio, loop="trio").events_written == result.requests
+    assert on_trio.read_text() == on_asyncio.read_text()
+    assert len(on_trio.read_text().splitlines()) == result.requests > 0
+
+
 def test_config_rejects_bad_values_naming_the_field() -> None:
     with pytest.raises(ValueError, match="scenario"):
         acks_all.Config(scenario="nope")
@@ -287,8 +367,63 @@ def test_cli_bad_flags_are_usage_errors(
     assert "usage:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("main", "argv"),
+    [
+        (acks_all.main, ["--scenario", "follower-crash", "--duration", "2", "--rate", "100"]),
+        (long_poll_fetch.main, ["--duration", "2", "--seed", "3"]),
+        (group_join.main, ["--members", "3", "--late", "1", "--duration", "6"]),
+    ],
+    ids=["acks_all", "long_poll_fetch", "group_join"],
+)
+def test_cli_loop_trio_prints_what_asyncio_prints(
+    main: Callable[[list[str]], int], argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 0
+    on_asyncio = capsys.readouterr().out
+    assert main([*argv, "--loop", "trio"]) == 0
+    on_trio = capsys.readouterr().out
+    assert "simulated in" in on_trio
+    assert without_wall_time(on_trio) == without_wall_time(on_asyncio)
+
+
+@pytest.mark.parametrize(
+    "main",
+    [acks_all.main, long_poll_fetch.main, group_join.main],
+    ids=["acks_all", "long_poll_fetch", "group_join"],
+)
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--loop", "bogus"], "argument --loop: invalid choice: 'bogus'"),
+        (["--loop", "Trio"], "argument --loop: invalid choice: 'Trio'"),
+        (["--loop", "uvloop"], "--loop uvloop needs --real-time"),
+    ],
+)
+def test_cli_bad_loop_is_a_usage_error(
+    main: Callable[[list[str]], int],
+    argv: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err
+    assert message in err
+
+
+def test_run_rejects_a_bad_loop() -> None:
+    config = long_poll_fetch.Config(duration=0.1)
+    with pytest.raises(ValueError, match="loop must be one of asyncio, uvloop, trio"):
+        long_poll_fetch.run(config, loop="bogus")
+    with pytest.raises(ValueError, match="uvloop runs on real time only"):
+        long_poll_fetch.run(config, loop="uvloop")
+
+
 @pytest.mark.realtime
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
 def test_real_time_run_answers_everything(loop: str) -> None:
     result = acks_all.run(small("healthy", duration=0.3, rate=100.0), real_time=True, loop=loop)
     assert_answered_exactly_once(result)
@@ -297,9 +432,14 @@ def test_real_time_run_answers_everything(loop: str) -> None:
 # -- long_poll_fetch ----------------------------------------------------------------------------
 
 
-def test_fetch_completes_with_min_bytes_or_expires_with_less() -> None:
+def run_fetch(config: long_poll_fetch.Config, loop: str = "asyncio") -> long_poll_fetch.FetchResult:
+    return cached(long_poll_fetch.run, config, loop)
+
+
+@pytest.mark.parametrize("loop", VIRTUAL)
+def test_fetch_completes_with_min_bytes_or_expires_with_less(loop: str) -> None:
     config = long_poll_fetch.Config(duration=5.0)
-    result = long_poll_fetch.run(config)
+    result = run_fetch(config, loop)
     assert Counter(result.answers.values()) == {1: result.fetches}
     assert result.outcomes["completed"] > 0
     assert result.outcomes["expired"] > 0
@@ -317,17 +457,19 @@ def test_fetch_completes_with_min_bytes_or_expires_with_less() -> None:
     assert result.statistics.pending == 0
 
 
-def test_fetch_without_producers_expires_empty_after_max_wait() -> None:
+@pytest.mark.parametrize("loop", VIRTUAL)
+def test_fetch_without_producers_expires_empty_after_max_wait(loop: str) -> None:
     config = long_poll_fetch.Config(rate=0, duration=2.0, fetch_max_wait=0.25)
-    result = long_poll_fetch.run(config)
+    result = run_fetch(config, loop)
     assert result.outcomes == {"expired": result.fetches}
     assert result.empty_responses == result.fetches >= config.consumers * 4
     assert all(0.25 <= wait <= 0.25 + TICK + 1e-9 for _, wait, _ in result.fetch_log)
 
 
-def test_lower_min_bytes_means_shorter_waits() -> None:
-    eager = long_poll_fetch.run(long_poll_fetch.Config(duration=3.0, fetch_min_bytes=1))
-    batched = long_poll_fetch.run(long_poll_fetch.Config(duration=3.0, fetch_min_bytes=32_000))
+@pytest.mark.parametrize("loop", VIRTUAL)
+def test_lower_min_bytes_means_shorter_waits(loop: str) -> None:
+    eager = run_fetch(long_poll_fetch.Config(duration=3.0, fetch_min_bytes=1), loop)
+    batched = run_fetch(long_poll_fetch.Config(duration=3.0, fetch_min_bytes=32_000), loop)
     assert eager.fetches > 5 * batched.fetches
     assert eager.wait_percentiles("completed")["p50"] < batched.wait_percentiles("completed")["p50"]
     assert eager.records_consumed == eager.records_produced
@@ -346,6 +488,61 @@ def test_fetch_max_bytes_caps_responses() -> None:
     assert result.duplicates == result.gaps == 0
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        long_poll_fetch.Config(duration=5.0),
+        long_poll_fetch.Config(rate=0, duration=2.0, fetch_max_wait=0.25),
+        long_poll_fetch.Config(duration=3.0, fetch_min_bytes=1),
+        long_poll_fetch.Config(duration=3.0, fetch_min_bytes=32_000),
+    ],
+    ids=["default", "no-producer", "min-bytes-1", "min-bytes-32000"],
+)
+def test_long_poll_fetch_on_trio_virtual_time_equals_asyncio(
+    config: long_poll_fetch.Config,
+) -> None:
+    # The same fetches (outcome, wait, size), records, deliveries and statistics on
+    # both clocks. Only the order of two lists can differ: consumers that send at the
+    # same instant (all of them at the start; and after fetches sent together expire
+    # in the same timer tick) take fetch ids in the order they run, FIFO on asyncio
+    # and seeded-shuffled on trio; fetch_log is in fetch id order and
+    # delivery_latencies in delivery order, so they hold the same entries in another order.
+    assert_same_run(
+        run_fetch(config),
+        run_fetch(config, "trio"),
+        unordered=("fetch_log", "delivery_latencies"),
+    )
+
+
+@pytest.mark.realtime
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_long_poll_fetch_real_time(loop: str) -> None:
+    config = long_poll_fetch.Config(
+        duration=0.3, rate=400, fetch_min_bytes=8 * 1024, fetch_max_wait=0.1
+    )
+    result = long_poll_fetch.run(config, real_time=True, loop=loop)
+    assert result.fetches > 0
+    assert Counter(result.answers.values()) == {1: result.fetches}
+    for outcome, wait, size in result.fetch_log:
+        if outcome == "completed":
+            assert size >= config.fetch_min_bytes
+        else:
+            assert size < config.fetch_min_bytes
+            assert wait >= config.fetch_max_wait  # never early, by the loop's own clock
+    assert result.records_consumed == result.records_produced > 0
+    assert result.duplicates == result.gaps == 0
+    assert result.statistics.pending == 0
+    assert result.elapsed >= config.duration
+
+
+@pytest.mark.realtime
+def test_long_poll_fetch_cli_real_time_on_trio(capsys: pytest.CaptureFixture[str]) -> None:
+    # The exit status is 0 only if every fetch was answered once, with no record lost.
+    argv = ["--real-time", "--loop", "trio", "--duration", "0.2", "--fetch-max-wait", "0.05"]
+    assert long_poll_fetch.main(argv) == 0
+    assert "fetches:" in capsys.readouterr().out
+
+
 def test_long_poll_fetch_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert long_poll_fetch.main(["--duration", "1", "--seed", "3"]) == 0
     assert "fetches:" in capsys.readouterr().out
@@ -360,10 +557,11 @@ def test_long_poll_fetch_cli(capsys: pytest.CaptureFixture[str]) -> None:
 # -- group_join --------------------------------------------------------------------------------
 
 
-def test_late_members_are_removed_when_the_join_expires() -> None:
+@pytest.mark.parametrize("loop", VIRTUAL)
+def test_late_members_are_removed_when_the_join_expires(loop: str) -> None:
     config = group_join.Config(members=5, late=2, duration=8.0)
     assert config.new_member_at is not None
-    result = group_join.run(config)
+    result = group_join.run(config, loop=loop)
     first, second, third = result.rebalances
     assert (first.generation, first.op_type, first.outcome) == (1, "InitialDelayedJoin", "expired")
     assert len(first.members) == 5
@@ -387,10 +585,11 @@ def test_late_members_are_removed_when_the_join_expires() -> None:
     assert result.statistics.pending == 0
 
 
-def test_join_completes_when_every_member_has_joined() -> None:
+@pytest.mark.parametrize("loop", VIRTUAL)
+def test_join_completes_when_every_member_has_joined(loop: str) -> None:
     config = group_join.Config(members=4, late=0, duration=5.0)
     assert config.new_member_at is not None
-    result = group_join.run(config)
+    result = group_join.run(config, loop=loop)
     assert [r.outcome for r in result.rebalances] == ["expired", "completed"]
     second = result.rebalances[1]
     assert second.removed == ()
@@ -408,6 +607,57 @@ def test_group_join_cli_and_determinism(capsys: pytest.CaptureFixture[str]) -> N
     assert exc.value.code == 2
     config = group_join.Config(seed=4)
     assert group_join.run(config).rebalances == group_join.run(config).rebalances
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_group_join_on_trio_virtual_time_equals_asyncio(seed: int) -> None:
+    # Exactly equal, order included: every join, heartbeat and expiry of this model
+    # happens at its own instant, so no two tasks are ever woken together.
+    config = group_join.Config(seed=seed)
+    assert group_join.run(config, loop="trio") == group_join.run(config)
+
+
+@pytest.mark.parametrize("loop", VIRTUAL)
+def test_group_join_default_run_prints_what_the_page_shows(loop: str) -> None:
+    page = Path(__file__).resolve().parents[1] / "docs" / "examples" / "group_join.md"
+    shown = re.search(r"```text\n(.*?)```", page.read_text(encoding="utf-8"), re.DOTALL)
+    assert shown is not None
+    result = group_join.run(group_join.Config(), loop=loop)
+    summary = [line.strip() for line in group_join.format_summary(result, 0.0).splitlines()]
+    for line in shown[1].splitlines():
+        assert line in summary
+
+
+@pytest.mark.realtime
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_group_join_real_time(loop: str) -> None:
+    # The default timeline scaled down about tenfold: generation 1 forms by about
+    # 0.07 s, the new member joins at 0.15 s, members rejoin within about 0.15 s of
+    # the rebalance (well inside its 0.3 s timeout) but the late one only after it,
+    # and generation 3 completes by about 0.7 s.
+    config = group_join.Config(
+        members=3,
+        late=1,
+        new_member_at=0.15,
+        rebalance_timeout=0.3,
+        initial_rebalance_delay=0.03,
+        heartbeat_interval=0.02,
+        rejoin_delay=LogNormal(0.06, 0.12),
+        duration=0.85,
+    )
+    result = group_join.run(config, real_time=True, loop=loop)
+    first, second, third = result.rebalances
+    assert (first.op_type, first.outcome, len(first.members)) == (
+        "InitialDelayedJoin",
+        "expired",
+        3,
+    )
+    assert (second.op_type, second.outcome, len(second.removed)) == ("DelayedJoin", "expired", 1)
+    assert second.finished - second.started >= config.rebalance_timeout  # never early
+    assert (third.outcome, len(third.members)) == ("completed", 4)
+    assert result.join_errors["UNKNOWN_MEMBER_ID"] == 1
+    assert (result.generation, result.state) == (3, "Stable")
+    assert result.statistics.pending == 0
 
 
 # -- core issue found while writing the examples ----------------------------------------------
