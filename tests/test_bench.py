@@ -55,7 +55,12 @@ def test_timer_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="max_delay"):
         run_timer("ap", "virtual", n=10, max_delay=0)
     with pytest.raises(ValueError, match="loop"):
-        run_timer("ap", "trio", n=10)
+        run_timer("ap", "curio", n=10)
+    # Each loop has its own baselines: trio has no loop.call_later, asyncio no trio tasks.
+    with pytest.raises(ValueError, match="impl"):
+        run_timer("loop", "trio-virtual", n=10)
+    with pytest.raises(ValueError, match="impl"):
+        run_timer("task", "virtual", n=10)
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "virtual"])
@@ -311,3 +316,165 @@ def test_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
         bench_cli.main(["purgatory", "--rate", "-5"])
     err = capsys.readouterr().err
     assert "--pct50" in err
+
+
+# -- trio: ap.Timer and ap.Purgatory against trio's own deadlines ----------------------
+
+TRIO_LOOPS = ["trio", "trio-virtual"]
+
+
+@pytest.mark.parametrize("loop", TRIO_LOOPS)
+@pytest.mark.parametrize("impl", ["ap", "task", "scope"])
+def test_trio_timer_counts_and_never_early(impl: str, loop: str) -> None:
+    r = run_timer(impl, loop, n=2000, batch=500, max_delay=0.05)
+    assert r["loop"] == loop
+    assert r["n"] == 2000
+    assert 0 < r["cancelled"] < 2000
+    # Every kept timer fired (the run waits for them) and no cancelled one did.
+    assert r["fired"] == r["n"] - r["cancelled"]
+    assert r["lateness"]["count"] == r["fired"]
+    # ap.Timer promises never early; trio's deadlines expire at or after their instant.
+    assert r["early"] == 0
+    assert r["lateness"]["min"] >= 0
+    assert r["cpu_s"] > 0
+
+
+def test_trio_timer_same_inputs_and_exact_times_on_virtual_time() -> None:
+    runs = {
+        impl: run_timer(impl, "trio-virtual", n=3000, seed=3) for impl in ("ap", "task", "scope")
+    }
+    asyncio_run = run_timer("ap", "virtual", n=3000, seed=3)
+    assert {r["cancelled"] for r in runs.values()} == {asyncio_run["cancelled"]}
+    # On trio's autojumping clock trio's own deadlines fire exactly on time; the
+    # wheel rounds a deadline up to its 1 ms tick, never more.
+    for impl in ("task", "scope"):
+        assert runs[impl]["lateness"]["max"] == 0.0
+    assert 0.0 < runs["ap"]["lateness"]["max"] <= 0.001
+
+
+@pytest.mark.parametrize("impl", ["ap", "hand", "floor"])
+def test_trio_purgatory_every_request_finishes_once(impl: str) -> None:
+    r = run_purgatory(impl, "trio-virtual", num=1500, pct75=400, pct50=200, memory_ops=200)
+    assert r["completed"] + r["expired"] == 1500
+    assert 300 < r["expired"] < 1200
+    assert r["expiry_lateness"]["count"] == r["expired"]
+    # Nobody learns of an expiry before the op's deadline on trio's clock.
+    assert r["expiry_lateness"]["min"] >= 0
+    assert r["memory_per_pending_op_bytes"] > 0
+    # The same requests expire as on asyncio: those whose latency exceeds the timeout.
+    same = run_purgatory("floor", "virtual", num=1500, pct75=400, pct50=200, memory_ops=0)
+    assert (r["completed"], r["expired"]) == (same["completed"], same["expired"])
+
+
+@pytest.mark.parametrize("completion", ["force", "check", "clock"])
+def test_trio_purgatory_outcomes_agree(completion: str) -> None:
+    # Every implementation completes and expires the very same requests on
+    # virtual time, whichever way they complete.
+    counts = {
+        impl: (r["completed"], r["expired"])
+        for impl in ("ap", "hand", "floor")
+        for r in [
+            run_purgatory(
+                impl, "trio-virtual", num=1000, rate=20_000, memory_ops=0, completion=completion
+            )
+        ]
+    }
+    assert len(set(counts.values())) == 1, counts
+    completed, expired = counts["ap"]
+    assert completed + expired == 1000
+    assert 0 < expired < completed
+
+
+def test_trio_purgatory_on_the_wall_clock() -> None:
+    # Real trio, a rate it keeps up with: every request finishes exactly once.
+    # Which side of its deadline a completion lands can depend on the machine's
+    # load here, so the implementations are only asked to agree within a few.
+    results = {
+        impl: run_purgatory(impl, "trio", num=600, rate=5000, memory_ops=0)
+        for impl in ("ap", "hand", "floor")
+    }
+    for r in results.values():
+        assert r["completed"] + r["expired"] == 600
+        assert r["expiry_lateness"]["count"] == r["expired"]
+        assert r["expiry_lateness"]["min"] >= 0
+    expired = [r["expired"] for r in results.values()]
+    assert min(expired) > 0
+    assert max(expired) - min(expired) <= 30
+
+
+@pytest.mark.parametrize("completion", ["force", "check"])
+def test_trio_purgatory_completion_due_before_the_request_task_ran(completion: str) -> None:
+    # Back to back arrivals with latencies of about 10 us on the wall clock: most
+    # completions come due before the task of their request has run (and watched
+    # its op). They must wait for it, not fail or get lost, in every implementation.
+    for impl in ("ap", "hand", "floor"):
+        r = run_purgatory(
+            impl,
+            "trio",
+            num=2000,
+            timeout=5000,  # no expiry even on a loaded machine
+            pct75=0.02,
+            pct50=0.01,
+            memory_ops=0,
+            completion=completion,
+        )
+        assert (r["completed"], r["expired"]) == (2000, 0), impl
+
+
+def test_cli_timer_every_loop_with_trio(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "timer.json"
+    argv = ["timer", "-n", "600", "--max-delay", "0.02", "--loop", "all", "--repeat", "1"]
+    assert bench_cli.main([*argv, "--no-isolate", "--no-progress", "--json", str(out)]) == 0
+    data = _load(out)
+    assert data["machine"]["trio"]
+    t = data["timer"]
+    assert {(c["loop"], c["impl"]) for c in t["cells"]} == {
+        ("asyncio", "ap.Timer"),
+        ("asyncio", "loop.call_later"),
+        ("uvloop", "ap.Timer"),
+        ("uvloop", "loop.call_later"),
+        ("trio", "ap.Timer"),
+        ("trio", "trio task + sleep_until"),
+        ("trio", "trio.move_on_at"),
+    }
+    for c in t["cells"]:
+        if c["loop"] == "trio":
+            assert c["median"]["fired"] == 600 - c["median"]["cancelled"]
+            assert c["median"]["early_total"] == 0
+    trio_ratios = [r for r in t["ratios"] if r["loop"] == "trio"]
+    assert {r["baseline"] for r in trio_ratios} == {"trio task + sleep_until", "trio.move_on_at"}
+    assert all(r["value"] > 0 and r["add_cancel"] > 0 for r in trio_ratios)
+    # The targets of issue 11 are for asyncio and uvloop only.
+    assert t["targets"]
+    assert not [x for x in t["targets"] if "trio" in x["name"]]
+    assert "timer on trio" in capsys.readouterr().out
+
+
+def test_cli_purgatory_on_trio(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "purgatory.json"
+    argv = ["purgatory", "--num", "600", "--loop", "trio-virtual", "--repeat", "1"]
+    argv += ["--completion", "all", "--memory-ops", "50", "--no-isolate", "--no-progress"]
+    assert bench_cli.main([*argv, "--json", str(out)]) == 0
+    p = _load(out)["purgatory"]
+    assert {c["impl"] for c in p["cells"]} == {
+        "ap.Purgatory.watch",
+        "hand-written trio",
+        "floor trio (no timer)",
+    }
+    for scenario in ("low-timeout", "low-timeout/check", "low-timeout/clock"):
+        outcomes = {
+            (c["median"]["completed"], c["median"]["expired"])
+            for c in p["cells"]
+            if c["scenario"] == scenario
+        }
+        assert len(outcomes) == 1, (scenario, outcomes)
+    assert len(p["ratios"]) == 3
+    assert all(r["memory_ap_over_hand"] > 0 for r in p["ratios"])
+    assert p["targets"] == []
+    assert "purgatory on trio" in capsys.readouterr().out
+
+
+def test_cli_scale_refuses_trio() -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_cli.main(["scale", "--loop", "trio", "--no-progress"])
+    assert exc.value.code == 2

@@ -9,9 +9,13 @@ invocation so that machine noise hits every implementation alike:
   workload (``ap.Purgatory`` vs a hand-written asyncio purgatory vs a no-timer floor).
 * :mod:`~aiopurgatory.bench.scale`: cost per add+cancel as pending timers grow.
 
+The timer and purgatory workloads also run on trio (``--loop trio``), against
+trio's own deadlines: :mod:`~aiopurgatory.bench.trio_timer` and
+:mod:`~aiopurgatory.bench.trio_purgatory`.
+
 The command line lives in :mod:`aiopurgatory.bench.cli`. This subpackage needs the
 ``bench`` extra (rich, matplotlib) only for progress bars and plots; the workloads
-themselves use the standard library, aiopurgatory and, optionally, uvloop.
+themselves use the standard library, aiopurgatory and, optionally, uvloop and trio.
 """
 
 from __future__ import annotations

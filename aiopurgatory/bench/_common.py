@@ -35,7 +35,12 @@ T = TypeVar("T")
 
 #: Loops a benchmark can run on. "virtual" is aiopurgatory's virtual-time loop:
 #: sleeps cost no wall time, which makes it handy for tests (timings meaningless).
-LOOP_NAMES = ("asyncio", "uvloop", "virtual")
+#: "trio" is ``trio.run``; "trio-virtual" is trio on its autojumping mock clock
+#: (:func:`aiopurgatory.simulation.run_trio`), the same for trio.
+LOOP_NAMES = ("asyncio", "uvloop", "virtual", "trio", "trio-virtual")
+
+#: The loop names of :data:`LOOP_NAMES` that are trio runs, not asyncio loops.
+TRIO_LOOPS = ("trio", "trio-virtual")
 
 Spec = dict[str, Any]
 Result = dict[str, Any]
@@ -45,9 +50,11 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
     """The event loop factory for a loop name of :data:`LOOP_NAMES`.
 
     Raises:
-        ValueError: unknown name.
+        ValueError: unknown name, or a trio name (trio has no event loop object).
         RuntimeError: uvloop asked for but not installed.
     """
+    if name in TRIO_LOOPS:
+        raise ValueError(f"{name!r} is a trio run, not an asyncio loop: use run_on()")
     if name == "asyncio":
         return asyncio.new_event_loop
     if name == "uvloop":
@@ -67,11 +74,24 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
 
 
 def run_on(loop_name: str, main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run ``main()`` to completion on a new loop of the given kind.
+    """Run ``main()`` to completion on a new loop (or trio run) of the given kind.
 
     Raises:
         ValueError: unknown loop name (before ``main`` is called).
+        RuntimeError: uvloop or trio asked for but not installed.
     """
+    if loop_name in TRIO_LOOPS:
+        try:
+            import trio
+        except ImportError:  # pragma: no cover - trio is in the dev install
+            raise RuntimeError(
+                f"--loop {loop_name} needs trio: pip install 'aiopurgatory[trio]'"
+            ) from None
+        if loop_name == "trio":
+            return trio.run(main)
+        from aiopurgatory import simulation
+
+        return simulation.run_trio(main)
     factory = loop_factory(loop_name)
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main())

@@ -6,6 +6,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ._common import TRIO_LOOPS
+
 __all__ = ["_print_report"]
 
 
@@ -78,6 +80,16 @@ def _print_report(report: dict[str, Any]) -> None:
             ),
             rows,
         )
+        trio_rows = [r for r in t["ratios"] if r["loop"] in TRIO_LOOPS]
+        if trio_rows:
+            print_table(
+                "timer on trio: trio's own deadlines against ap.Timer (ratios of medians)",
+                ("loop", "baseline", "CPU baseline / ap.Timer", "add+cancel baseline / ap.Timer"),
+                (
+                    (r["loop"], r["baseline"], _fmt(r["value"]), _fmt(r["add_cancel"]))
+                    for r in trio_rows
+                ),
+            )
     if "purgatory" in report:
         p = report["purgatory"]
         rows = []
@@ -119,6 +131,28 @@ def _print_report(report: dict[str, Any]) -> None:
             ),
             rows,
         )
+        trio_rows = [r for r in p["ratios"] if r["loop"] in TRIO_LOOPS]
+        if trio_rows:
+            print_table(
+                "purgatory on trio: awaited requests (ratios of medians)",
+                (
+                    "scenario",
+                    "loop",
+                    "CPU hand-written / ap",
+                    "CPU ap / floor",
+                    "memory ap / hand-written",
+                ),
+                (
+                    (
+                        r["scenario"],
+                        r["loop"],
+                        _fmt(r["cpu_hand_over_ap"]),
+                        _fmt(r["cpu_ap_over_floor"]),
+                        _fmt(r["memory_ap_over_hand"]),
+                    )
+                    for r in trio_rows
+                ),
+            )
         if "sweep" in p:
             print_table(
                 "rate sweep: saturation (highest rate kept within 5%)",

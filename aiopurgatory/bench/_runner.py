@@ -101,10 +101,18 @@ _SHOWN_PARAMS = ("n", "num", "rate", "pct50", "pending")
 
 
 def _interleaved(
-    bench: str, impls: Sequence[str], loops: Sequence[str], params: dict[str, Any], repeat: int
+    bench: str,
+    impls: Sequence[str] | Callable[[str], Sequence[str]],
+    loops: Sequence[str],
+    params: dict[str, Any],
+    repeat: int,
 ) -> list[Spec]:
-    """Specs for ``repeat`` rounds; each round runs every (loop, impl), rotated."""
-    cells = [(loop, impl) for loop in loops for impl in impls]
+    """Specs for ``repeat`` rounds; each round runs every (loop, impl), rotated.
+
+    ``impls`` is the implementations of every loop, or a function from a loop to
+    its implementations (trio has other baselines than asyncio).
+    """
+    cells = [(loop, impl) for loop in loops for impl in (impls(loop) if callable(impls) else impls)]
     specs: list[Spec] = []
     for r in range(repeat):
         k = r % len(cells)

@@ -35,6 +35,10 @@ Measured per run: achieved arrival rate, CPU per request (``process_time`` from
 the first arrival until every op finished), completed/expired counts, expiry
 lateness (``loop.time()`` at expiry minus the op's deadline), peak RSS and, with
 ``tracemalloc`` after the timed part, memory per pending op.
+
+On trio (``loop="trio"`` or ``"trio-virtual"``) each request is a task that
+awaits its outcome, against a hand-written trio version of the same waits: see
+:mod:`aiopurgatory.bench.trio_purgatory`.
 """
 
 from __future__ import annotations
@@ -46,15 +50,37 @@ import random
 import time
 import tracemalloc
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from typing import Any, Generic, Protocol, TypeVar
 
-from ._common import Result, Spec, latency_summary, peak_rss_mib, rss_mib, run_on
+from ._common import TRIO_LOOPS, Result, Spec, latency_summary, peak_rss_mib, rss_mib, run_on
 
-__all__ = ["COMPLETIONS", "IMPLS", "SCENARIOS", "run_purgatory", "run_spec"]
+__all__ = [
+    "COMPLETIONS",
+    "IMPLS",
+    "SCENARIOS",
+    "TRIO_IMPLS",
+    "impls",
+    "run_purgatory",
+    "run_spec",
+]
 
-#: Implementation key -> label used in tables and JSON.
+#: Implementation key -> label used in tables and JSON (asyncio and uvloop).
 IMPLS = {"ap": "ap.Purgatory", "hand": "hand-written", "floor": "floor (no timer)"}
+
+#: The same on trio, where every request is a task that awaits its outcome
+#: (see :mod:`.trio_purgatory`).
+TRIO_IMPLS = {
+    "ap": "ap.Purgatory.watch",
+    "hand": "hand-written trio",
+    "floor": "floor trio (no timer)",
+}
+
+
+def impls(loop: str) -> dict[str, str]:
+    """The implementations (key -> label) that run on ``loop``."""
+    return TRIO_IMPLS if loop in TRIO_LOOPS else IMPLS
+
 
 #: Kafka's published scenarios: (pct75, pct50) in ms.
 SCENARIOS = {"low-timeout": (60.0, 20.0), "high-timeout": (400.0, 200.0)}
@@ -407,41 +433,42 @@ def _inputs(
     return offsets, latencies, keysets
 
 
-async def _workload(
-    impl_name: str,
+async def _generate(
+    impl: Any,
+    offsets: list[float],
+    latencies: list[float],
+    keysets: list[tuple[int, ...]],
     *,
-    num: int,
-    rate: float,
-    timeout: float,  # noqa: ASYNC109 - the ops' timeout in ms, not a deadline for this call
-    pct75: float,
-    pct50: float,
-    keys: int,
-    key_space_size: int,
+    timeout_s: float,
     batch: int,
-    memory_ops: int,
-    seed: int,
     completion: str,
-) -> Result:
-    loop = asyncio.get_running_loop()
-    clock = loop.time
-    offsets, latencies, keysets = _inputs(num, rate, pct75, pct50, keys, key_space_size, seed)
-    timeout_s = timeout / 1000.0
-    late: list[float] = []
-    impl = _IMPL_CLASSES[impl_name](late, clock, completion)
+    clock: Callable[[], float],
+    sleep: Callable[[float], Awaitable[object]],
+    min_sleep: float = 0.0,
+    deferred: bool = False,
+) -> tuple[float, float]:
+    """Issue the requests to ``impl`` and complete them on schedule, until all finished.
+
+    The open-loop generator every implementation is driven by, on every loop:
+    arrivals at ``offsets`` (s), each op watched under its key tuple and, if its
+    latency is below the timeout, completed that long after it arrived (a heap of
+    pending completions, as Kafka's ``CompletionQueue``); ``sleep`` is the loop's
+    sleep, never shorter than ``min_sleep`` unless zero. With ``deferred`` (trio,
+    where each request's own task watches its op when it first runs, and the ops
+    have a ``started`` flag that it sets), a completion that comes due before its
+    op's task has started waits for the generator's next wake-up.
+
+    Returns:
+        The clock readings at the start and when the last request had arrived.
+    """
     make, watch, complete, poll = impl.make, impl.watch, impl.complete, impl.poll
     check = impl.check
+    num = len(offsets)
     forced = completion == "force"
     flagged = completion == "check"
     completions: list[tuple[float, int, Any]] = []
+    waiting: list[tuple[float, int, Any]] = []
     push, pop = heapq.heappush, heapq.heappop
-    rss_before = rss_mib()
-
-    # uvloop rounds timers to whole milliseconds, down: a shorter sleep returns at
-    # once, and an open-loop generator would spin until its next arrival, burning
-    # CPU that counts against every implementation alike. Sleep a millisecond at
-    # least there (asyncio's selector rounds its timeout up to one anyway).
-    min_sleep = 0.001 if type(loop).__module__.startswith("uvloop") else 0.0
-    cpu0 = time.process_time()
     start = first = last = clock()
     arrived = False
     i = 0
@@ -463,13 +490,21 @@ async def _workload(
             arrived = True
             last = clock()
         while completions and completions[0][0] <= now:
-            _, j, op = pop(completions)
+            item = pop(completions)
+            op = item[2]
+            if deferred and not op.started:
+                waiting.append(item)
+                continue
             if forced:
                 complete(op)
             else:
                 if flagged:
                     op.ready = True
-                check(keysets[j][0])
+                check(keysets[item[1]][0])
+        if waiting:
+            for item in waiting:
+                push(completions, item)
+            waiting.clear()
         poll(now)
         if i == num and not completions and not impl.pending():
             break
@@ -484,7 +519,51 @@ async def _workload(
         delay = wake - clock()
         if 0 < delay < min_sleep:
             delay = min_sleep
-        await asyncio.sleep(delay if delay > 0 else 0)
+        await sleep(delay if delay > 0 else 0)
+    return first, last
+
+
+async def _workload(
+    impl_name: str,
+    *,
+    num: int,
+    rate: float,
+    timeout: float,  # noqa: ASYNC109 - the ops' timeout in ms, not a deadline for this call
+    pct75: float,
+    pct50: float,
+    keys: int,
+    key_space_size: int,
+    batch: int,
+    memory_ops: int,
+    seed: int,
+    completion: str,
+) -> Result:
+    loop = asyncio.get_running_loop()
+    clock = loop.time
+    offsets, latencies, keysets = _inputs(num, rate, pct75, pct50, keys, key_space_size, seed)
+    timeout_s = timeout / 1000.0
+    late: list[float] = []
+    impl = _IMPL_CLASSES[impl_name](late, clock, completion)
+    rss_before = rss_mib()
+
+    # uvloop rounds timers to whole milliseconds, down: a shorter sleep returns at
+    # once, and an open-loop generator would spin until its next arrival, burning
+    # CPU that counts against every implementation alike. Sleep a millisecond at
+    # least there (asyncio's selector rounds its timeout up to one anyway).
+    min_sleep = 0.001 if type(loop).__module__.startswith("uvloop") else 0.0
+    cpu0 = time.process_time()
+    first, last = await _generate(
+        impl,
+        offsets,
+        latencies,
+        keysets,
+        timeout_s=timeout_s,
+        batch=batch,
+        completion=completion,
+        clock=clock,
+        sleep=asyncio.sleep,
+        min_sleep=min_sleep,
+    )
     cpu = time.process_time() - cpu0
     end = clock()
     completed, expired = impl.outcomes()
@@ -560,8 +639,10 @@ def run_purgatory(
     """Run the purgatory workload once, in this process, and return its measurements.
 
     Args:
-        impl: ``"ap"``, ``"hand"`` or ``"floor"``.
-        loop: ``"asyncio"``, ``"uvloop"`` or ``"virtual"``.
+        impl: ``"ap"``, ``"hand"`` or ``"floor"`` (on trio, their trio versions:
+            :data:`TRIO_IMPLS`).
+        loop: ``"asyncio"``, ``"uvloop"``, ``"virtual"``, ``"trio"`` or
+            ``"trio-virtual"``.
         num: number of requests.
         rate: target arrival rate in requests per second; 0 for back to back.
         timeout: op timeout in ms.
@@ -593,9 +674,14 @@ def run_purgatory(
         raise ValueError(f"batch must be at least 1, got {batch}")
     if completion not in COMPLETIONS:
         raise ValueError(f"completion must be one of {', '.join(COMPLETIONS)}, got {completion!r}")
+    workload: Callable[..., Coroutine[Any, Any, Result]] = _workload
+    if loop in TRIO_LOOPS:
+        from . import trio_purgatory
+
+        workload = trio_purgatory.workload
     result = run_on(
         loop,
-        lambda: _workload(
+        lambda: workload(
             impl,
             num=num,
             rate=rate,
@@ -610,7 +696,7 @@ def run_purgatory(
             completion=completion,
         ),
     )
-    result.update(impl=IMPLS[impl], loop=loop)
+    result.update(impl=impls(loop)[impl], loop=loop)
     return result
 
 

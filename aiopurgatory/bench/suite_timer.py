@@ -1,4 +1,4 @@
-"""``aiopurgatory bench timer``: ap.Timer vs loop.call_later, its suite and options."""
+"""``aiopurgatory bench timer``: ap.Timer vs loop.call_later or trio's deadlines, suite, options."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import timer as timer_bench
+from ._common import TRIO_LOOPS
 from ._runner import (
     TIMER_CPU_VS_ASYNCIO,
     TIMER_CPU_VS_UVLOOP,
@@ -40,14 +41,35 @@ _TIMER_METRICS = (
 def run_timer_suite(
     loops: Sequence[str], params: dict[str, Any], repeat: int, runner: _Runner
 ) -> dict[str, Any]:
-    """Run ``bench timer`` for every loop and both implementations; aggregate."""
-    specs = _interleaved("timer", list(timer_bench.IMPLS), loops, params, repeat)
+    """Run ``bench timer`` for every loop and its implementations; aggregate.
+
+    On asyncio loops ``ap.Timer`` against ``loop.call_later``, with the targets of
+    issue 11; on trio against trio's own deadlines (a task per timer, and
+    deadline scopes), ratios only.
+    """
+    specs = _interleaved("timer", lambda loop: list(timer_bench.impls(loop)), loops, params, repeat)
     results = [runner.run(s) for s in specs]
     cells = _cells(results, ("loop", "impl"), _TIMER_METRICS)
     ratios = []
     targets = []
     for loop in loops:
-        ap_cell = _cell(cells, loop=loop, impl=timer_bench.IMPLS["ap"])
+        labels = timer_bench.impls(loop)
+        ap_cell = _cell(cells, loop=loop, impl=labels["ap"])
+        if loop in TRIO_LOOPS:
+            for key in ("task", "scope"):
+                base = _cell(cells, loop=loop, impl=labels[key])
+                ratios.append(
+                    {
+                        "loop": loop,
+                        "what": f"CPU {labels[key]} / ap.Timer",
+                        "baseline": labels[key],
+                        "value": _ratio(base["cpu_s"], ap_cell["cpu_s"]),
+                        "add_cancel": _ratio(
+                            base["add_cancel_ns_per_op"], ap_cell["add_cancel_ns_per_op"]
+                        ),
+                    }
+                )
+            continue
         base = _cell(cells, loop=loop, impl=timer_bench.IMPLS["loop"])
         cpu = _ratio(base["cpu_s"], ap_cell["cpu_s"])
         add_cancel = _ratio(base["add_cancel_ns_per_op"], ap_cell["add_cancel_ns_per_op"])

@@ -16,6 +16,10 @@ last timer fired: adds, cancels, the loop's own timer housekeeping and firing),
 add+cancel CPU time per timer (only inside the batches), fired and early counts
 (early: ``loop.time()`` in the callback is before the handle's ``when()``),
 lateness (``loop.time()`` in the callback minus ``when()``), peak RSS.
+
+On trio (``loop="trio"`` or ``"trio-virtual"``) the same workload runs against
+trio's own deadlines instead of ``loop.call_later``: see
+:mod:`aiopurgatory.bench.trio_timer`.
 """
 
 from __future__ import annotations
@@ -25,12 +29,25 @@ import random
 import time
 from typing import Any
 
-from ._common import Result, Spec, latency_summary, peak_rss_mib, rss_mib, run_on
+from ._common import TRIO_LOOPS, Result, Spec, latency_summary, peak_rss_mib, rss_mib, run_on
 
-__all__ = ["IMPLS", "run_spec", "run_timer"]
+__all__ = ["IMPLS", "TRIO_IMPLS", "impls", "run_spec", "run_timer"]
 
-#: Implementation key -> label used in tables and JSON.
+#: Implementation key -> label used in tables and JSON (asyncio and uvloop).
 IMPLS = {"ap": "ap.Timer", "loop": "loop.call_later"}
+
+#: The same on trio, against trio's own deadlines (see :mod:`.trio_timer`).
+TRIO_IMPLS = {
+    "ap": "ap.Timer",
+    "task": "trio task + sleep_until",
+    "scope": "trio.move_on_at",
+}
+
+
+def impls(loop: str) -> dict[str, str]:
+    """The implementations (key -> label) that run on ``loop``."""
+    return TRIO_IMPLS if loop in TRIO_LOOPS else IMPLS
+
 
 DEFAULTS: dict[str, Any] = {
     "n": 1_000_000,
@@ -41,14 +58,25 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+def _inputs(
+    n: int, cancel_fraction: float, max_delay: float, seed: int
+) -> tuple[list[float], list[bool]]:
+    """Delays (s) and whether each timer is kept (else cancelled at once).
+
+    Drawn before any measurement; every implementation, on every loop, gets the
+    same ones.
+    """
+    rng = random.Random(seed)
+    delays = [rng.random() * max_delay for _ in range(n)]
+    keep = [rng.random() >= cancel_fraction for _ in range(n)]
+    return delays, keep
+
+
 async def _workload(
     impl: str, n: int, cancel_fraction: float, max_delay: float, batch: int, seed: int
 ) -> Result:
     loop = asyncio.get_running_loop()
-    rng = random.Random(seed)
-    # Inputs are drawn before any measurement; both implementations get the same ones.
-    delays = [rng.random() * max_delay for _ in range(n)]
-    keep = [rng.random() >= cancel_fraction for _ in range(n)]
+    delays, keep = _inputs(n, cancel_fraction, max_delay, seed)
     kept_total = sum(keep)
     fired_at = [0.0] * kept_total
     handles: list[Any] = []
@@ -139,8 +167,10 @@ def run_timer(
     """Run the timer workload once, in this process, and return its measurements.
 
     Args:
-        impl: ``"ap"`` (``ap.Timer``) or ``"loop"`` (``loop.call_later``).
-        loop: ``"asyncio"``, ``"uvloop"`` or ``"virtual"``.
+        impl: ``"ap"`` (``ap.Timer``) or ``"loop"`` (``loop.call_later``); on
+            trio ``"ap"``, ``"task"`` or ``"scope"`` (see :data:`TRIO_IMPLS`).
+        loop: ``"asyncio"``, ``"uvloop"``, ``"virtual"``, ``"trio"`` or
+            ``"trio-virtual"``.
         n: number of timers.
         cancel_fraction: share of timers cancelled right after being added.
         max_delay: delays are uniform in [0, max_delay) seconds (Kafka's run: 1).
@@ -159,10 +189,17 @@ def run_timer(
         raise ValueError(f"cancel_fraction must be in [0, 1], got {cancel_fraction}")
     if not 0.0 < max_delay < 3600.0:
         raise ValueError(f"max_delay must be in (0, 3600) seconds, got {max_delay}")
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
-    result = run_on(loop, lambda: _workload(impl, n, cancel_fraction, max_delay, batch, seed))
-    result.update(impl=IMPLS[impl], loop=loop)
+    labels = impls(loop)
+    if impl not in labels:
+        raise ValueError(f"impl must be one of {', '.join(labels)} on {loop}, got {impl!r}")
+    if loop in TRIO_LOOPS:
+        from . import trio_timer
+
+        workload = trio_timer.workload
+    else:
+        workload = _workload
+    result = run_on(loop, lambda: workload(impl, n, cancel_fraction, max_delay, batch, seed))
+    result.update(impl=labels[impl], loop=loop)
     return result
 
 

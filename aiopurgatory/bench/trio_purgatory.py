@@ -1,0 +1,402 @@
+"""``bench purgatory`` on trio: requests that await their outcome, three ways.
+
+The workload of :mod:`aiopurgatory.bench.purgatory` (Kafka's
+``TestPurgatoryPerformance``: the same seeded arrivals, latencies and keys, the
+same generator), under ``trio.run``. On trio a request that waits is a task, so
+each arrival starts one, in a nursery, that watches its op and waits until the
+op completes or expires; the generator completes ops as on asyncio
+(``force``: from outside; ``check``/``clock``: ``check_and_complete`` on a key).
+Implementations:
+
+* ``ap``: the task runs ``await purgatory.watch(op, keys)`` on an
+  :class:`aiopurgatory.Purgatory`; expiry on its timing wheel, the task woken
+  through the purgatory's trio waiter.
+* ``hand``: what a careful trio programmer writes without a library. The task
+  puts its op in a dict of ops per key, waits on a ``trio.Event`` inside
+  ``trio.move_on_after(timeout)``, and takes the op out of the watch lists in a
+  ``finally``; a trigger marks the op done and sets the event. A deadline
+  that cancels the wait is an expiry. Expiry is trio's own deadlines: one
+  cancel scope with a deadline per request.
+* ``floor``: the same tasks, events and watch lists with no deadline at all: as
+  every op has the same timeout, expiries come in start order and a FIFO polled
+  by the generator sets the events of expired ops. No trio version of these
+  request waits can do less.
+
+Every implementation counts an outcome when the request's task learns it
+(``completed``, ``expired``), and measures expiry lateness there: trio's clock
+when the task resumes, minus the op's deadline. The task starts on the scheduler
+batch after its arrival; it computes the deadline then, in every
+implementation (``watch()``, ``move_on_after`` and the floor alike). A
+completion that comes due before its task has started waits for the
+generator's next wake-up (one batch), in every implementation alike.
+
+Measured per run as on asyncio: achieved arrival rate, CPU per request
+(``process_time`` from the first arrival until every request's task ended),
+completed/expired counts, expiry lateness, peak RSS, and with ``tracemalloc``
+after the timed part the memory per pending request (its task included, the
+same in every implementation).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import tracemalloc
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import trio
+import trio.testing
+
+from ._common import Result, latency_summary, peak_rss_mib, rss_mib
+from .purgatory import _generate, _inputs, _WatchLists
+
+__all__ = ["workload"]
+
+
+# -- the three implementations ----------------------------------------------------
+#
+# The interface of purgatory.py's (make, watch, complete, check, poll, next_due,
+# pending, outcomes), where watch() starts the request's task. pending() counts
+# requests from their arrival until their task has ended, so that the generator
+# keeps polling (the floor's expiries) until every task is done.
+
+
+class _ApImpl:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        late: list[float],
+        clock: Callable[[], float],
+        completion: str,
+    ) -> None:
+        import aiopurgatory as ap
+
+        class FlagOp(ap.DelayedOperation):
+            __slots__ = ("ready", "ready_at", "started")
+
+            def __init__(self, timeout: float) -> None:
+                super().__init__(timeout)
+                self.ready = False
+                self.ready_at = math.inf
+                self.started = False
+
+            def try_complete(self) -> bool:
+                return self.ready and self.force_complete()
+
+        class ClockOp(FlagOp):
+            __slots__ = ()
+
+            def try_complete(self) -> bool:
+                return clock() >= self.ready_at and self.force_complete()
+
+        self.make: Callable[[float], Any] = ClockOp if completion == "clock" else FlagOp
+        self.purgatory: ap.Purgatory[Any] = ap.Purgatory("bench")
+        self.check = self.purgatory.check_and_complete
+        self._start_soon = nursery.start_soon
+        self._late = late
+        self._clock = clock
+        self._completed_outcome = ap.Outcome.COMPLETED
+        self._expired_outcome = ap.Outcome.EXPIRED
+        self.count = 0
+        self.completed = 0
+        self.expired = 0
+
+    def watch(self, op: Any, keys: tuple[Hashable, ...]) -> None:
+        self.count += 1
+        self._start_soon(self._request, op, keys)
+
+    async def _request(self, op: Any, keys: tuple[Hashable, ...]) -> None:
+        op.started = True
+        try:
+            outcome = await self.purgatory.watch(op, keys)
+        finally:
+            self.count -= 1
+        if outcome is self._completed_outcome:
+            self.completed += 1
+        elif outcome is self._expired_outcome:
+            self.expired += 1
+            self._late.append(self._clock() - op.deadline)
+
+    @staticmethod
+    def complete(op: Any) -> None:
+        op.force_complete()
+
+    def poll(self, now: float) -> None:
+        pass
+
+    def next_due(self) -> float:
+        return math.inf
+
+    def pending(self) -> int:
+        return self.count
+
+    def outcomes(self) -> tuple[int, int]:
+        return self.completed, self.expired
+
+
+class _TrioOp:
+    """An op of the hand-written and floor implementations."""
+
+    __slots__ = (
+        "deadline",
+        "done",
+        "event",
+        "keys",
+        "ready",
+        "ready_at",
+        "started",
+        "timed_out",
+        "timeout",
+    )
+    deadline: float
+    event: trio.Event
+    keys: tuple[Hashable, ...]
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.done = False
+        self.timed_out = False
+        self.started = False
+        self.ready = False
+        self.ready_at = math.inf
+
+    def try_complete(self) -> bool:
+        return self.ready and not self.done
+
+
+def _clock_op(clock: Callable[[], float]) -> type[_TrioOp]:
+    class _ClockOp(_TrioOp):
+        __slots__ = ()
+
+        def try_complete(self) -> bool:
+            return clock() >= self.ready_at and not self.done
+
+    return _ClockOp
+
+
+class _TaskWatchLists(_WatchLists[_TrioOp]):
+    """Watch lists that each request's task joins when it starts and leaves when it ends.
+
+    ``count`` (what :meth:`pending` returns) goes up at the arrival, in
+    :meth:`watch`, and down when the task leaves the lists.
+    """
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        late: list[float],
+        clock: Callable[[], float],
+        completion: str,
+    ) -> None:
+        super().__init__(late, clock)
+        self.make: Callable[[float], _TrioOp] = (
+            _clock_op(clock) if completion == "clock" else _TrioOp
+        )
+        self._start_soon = nursery.start_soon
+
+    def watch(self, op: _TrioOp, keys: tuple[Hashable, ...]) -> None:
+        self.count += 1
+        self._start_soon(self._request, op, keys)
+
+    async def _request(self, op: _TrioOp, keys: tuple[Hashable, ...]) -> None:
+        raise NotImplementedError
+
+    def _join(self, op: _TrioOp, keys: tuple[Hashable, ...]) -> trio.Event:
+        op.started = True
+        op.keys = keys
+        event = op.event = trio.Event()
+        oid = id(op)
+        watchers = self.watchers
+        for key in keys:
+            ops = watchers.get(key)
+            if ops is None:
+                watchers[key] = {oid: op}
+            else:
+                ops[oid] = op
+        return event
+
+    def complete(self, op: _TrioOp) -> None:
+        if op.done:
+            return
+        op.done = True
+        op.event.set()
+
+
+class _HandImpl(_TaskWatchLists):
+    """What a careful trio programmer writes: an event, waited on under ``move_on_after``."""
+
+    async def _request(self, op: _TrioOp, keys: tuple[Hashable, ...]) -> None:
+        event = self._join(op, keys)
+        try:
+            with trio.move_on_after(op.timeout) as scope:
+                await event.wait()
+        finally:
+            self._detach(op)
+        if op.done:
+            # Completed, even if the deadline passed after the trigger set the event.
+            self.completed += 1
+        else:
+            op.done = True
+            self.expired += 1
+            self.late.append(self.clock() - scope.deadline)
+
+    def poll(self, now: float) -> None:
+        pass
+
+    def next_due(self) -> float:
+        return math.inf
+
+
+class _FloorImpl(_TaskWatchLists):
+    """The same tasks and watch lists with no deadline: expiry from a FIFO."""
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        late: list[float],
+        clock: Callable[[], float],
+        completion: str,
+    ) -> None:
+        super().__init__(nursery, late, clock, completion)
+        self.fifo: deque[_TrioOp] = deque()
+
+    async def _request(self, op: _TrioOp, keys: tuple[Hashable, ...]) -> None:
+        event = self._join(op, keys)
+        op.deadline = self.clock() + op.timeout
+        self.fifo.append(op)
+        try:
+            await event.wait()
+        finally:
+            self._detach(op)
+        if op.timed_out:
+            self.expired += 1
+            self.late.append(self.clock() - op.deadline)
+        else:
+            self.completed += 1
+
+    def poll(self, now: float) -> None:
+        # Tasks started in one scheduler batch may append in either order (trio
+        # runs a batch forwards or backwards): an op behind a later deadline
+        # waits for it, late by at most the batch's spread, never early.
+        fifo = self.fifo
+        while fifo and fifo[0].deadline <= now:
+            op = fifo.popleft()
+            if not op.done:
+                op.done = True
+                op.timed_out = True
+                op.event.set()
+
+    def next_due(self) -> float:
+        fifo = self.fifo
+        while fifo and fifo[0].done:
+            fifo.popleft()
+        return fifo[0].deadline if fifo else math.inf
+
+
+_IMPL_CLASSES: dict[str, Callable[[trio.Nursery, list[float], Callable[[], float], str], Any]] = {
+    "ap": _ApImpl,
+    "hand": _HandImpl,
+    "floor": _FloorImpl,
+}
+
+
+# -- the workload ------------------------------------------------------------------
+
+
+async def workload(
+    impl_name: str,
+    *,
+    num: int,
+    rate: float,
+    timeout: float,  # noqa: ASYNC109 - the ops' timeout in ms, not a deadline for this call
+    pct75: float,
+    pct50: float,
+    keys: int,
+    key_space_size: int,
+    batch: int,
+    memory_ops: int,
+    seed: int,
+    completion: str,
+) -> Result:
+    """One run of ``impl_name`` in the running trio run (see the module documentation)."""
+    clock: Callable[[], float] = trio.lowlevel.current_clock().current_time
+    offsets, latencies, keysets = _inputs(num, rate, pct75, pct50, keys, key_space_size, seed)
+    timeout_s = timeout / 1000.0
+    late: list[float] = []
+    rss_before = rss_mib()
+
+    cpu0 = time.process_time()
+    async with trio.open_nursery() as nursery:
+        impl = _IMPL_CLASSES[impl_name](nursery, late, clock, completion)
+        # trio's sleeps are exact floats, and epoll rounds its timeout up to a
+        # millisecond: no minimum sleep needed against spinning.
+        first, last = await _generate(
+            impl,
+            offsets,
+            latencies,
+            keysets,
+            timeout_s=timeout_s,
+            batch=batch,
+            completion=completion,
+            clock=clock,
+            sleep=trio.sleep,
+            deferred=True,
+        )
+    cpu = time.process_time() - cpu0
+    end = clock()
+    completed, expired = impl.outcomes()
+    arrivals_s = last - first
+    peak = peak_rss_mib()
+
+    memory = await _memory_per_pending(impl_name, memory_ops, timeout_s, keysets)
+    return {
+        "num": num,
+        "target_rate": rate,
+        "achieved_rate": num / arrivals_s if arrivals_s > 0 else math.inf,
+        "cpu_s": cpu,
+        "requests_per_cpu_s": num / cpu if cpu > 0 else math.inf,
+        "cpu_us_per_request": cpu / num * 1e6 if num else 0.0,
+        "wall_s": end - first,
+        "completed": completed,
+        "expired": expired,
+        "expiry_lateness": latency_summary(late),
+        "rss_before_mib": rss_before,
+        "peak_rss_mib": peak,
+        "memory_per_pending_op_bytes": memory,
+    }
+
+
+async def _memory_per_pending(
+    impl_name: str, count: int, timeout_s: float, keysets: list[tuple[int, ...]]
+) -> float:
+    """Bytes traced per pending request (its task included), ``count`` pending.
+
+    The requests get a long timeout and are left waiting until every task is
+    blocked; then they are all cancelled.
+    """
+    if count <= 0 or not keysets:
+        return math.nan
+    clock: Callable[[], float] = trio.lowlevel.current_clock().current_time
+    keysets = [keysets[i % len(keysets)] for i in range(count)]
+    long_timeout = max(timeout_s, 3600.0)
+    async with trio.open_nursery() as nursery:
+        impl = _IMPL_CLASSES[impl_name](nursery, [], clock, "force")
+        make, watch = impl.make, impl.watch
+        # Warm up: the first request binds the purgatory and starts its timer's driver.
+        watch(make(long_timeout), keysets[0])
+        await trio.testing.wait_all_tasks_blocked()
+        ops: list[Any] = [None] * count
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(count):
+                op = ops[i] = make(long_timeout)
+                watch(op, keysets[i])
+            await trio.testing.wait_all_tasks_blocked()
+            after = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        nursery.cancel_scope.cancel()
+    return (after - before) / count
