@@ -1,9 +1,11 @@
 """The purgatory on every backend: asyncio, uvloop and trio (real time), and virtual time.
 
 The promises of shared/SPEC.md that depend on the event loop (awaiting, cancelling
-the awaiter, expiry, threads, close) checked the same way on each backend; the
-asyncio suite (``test_purgatory.py``) covers the loop-independent bookkeeping in
-depth. See ``tests/backends.py`` for how these run.
+the awaiter, expiry, threads, close) checked the same way on each backend, most
+of them on the real loops; ``test_purgatory.py`` covers the purgatory in depth,
+also on every backend (mostly on virtual time). A purgatory or timer bound to
+one backend and used from another is tested here only. See ``tests/backends.py``
+for how these run.
 """
 
 from __future__ import annotations
@@ -148,7 +150,8 @@ async def test_someone_else_cancelling_the_op_returns_cancelled() -> None:
         await settle()
         assert p.pending == 3
         ops[0].cancel()
-        assert p.cancel_for_key("shared") == ops[1:]
+        # In watch order: the order the tasks ran in, which trio shuffles.
+        assert sorted(p.cancel_for_key("shared"), key=ops.index) == ops[1:]
     assert results == [ap.Outcome.CANCELLED] * 3
     assert_clean(p)
 
@@ -199,24 +202,6 @@ async def test_close_releases_every_awaiter() -> None:
     await p.close()  # idempotent
 
 
-@each_backend(virtual=True)
-async def test_close_with_expire_pending_expires_now() -> None:
-    results: list[ap.Outcome] = []
-    op = Flag(60.0)
-    start = now()
-    async with ap.Purgatory() as p:  # type: ignore[var-annotated]
-
-        async def wait() -> None:
-            results.append(await p.watch(op, ["k"]))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(wait)
-            await anyio.sleep(1)
-            await p.close(expire_pending=True)
-    assert results == [ap.Outcome.EXPIRED]
-    assert op.calls == [("on_complete", start + 1), ("on_expiration", start + 1)]
-
-
 @each_backend
 async def test_max_pending_refuses_with_purgatory_full_error() -> None:
     p: ap.Purgatory[Flag] = ap.Purgatory(max_pending=2)
@@ -260,31 +245,6 @@ async def test_a_failing_callback_reaches_only_its_awaiter() -> None:
     assert results["good"] is ap.Outcome.COMPLETED
     assert bad.outcome is ap.Outcome.COMPLETED
     assert_clean(p)
-
-
-@each_backend(virtual=True)
-async def test_zero_timeout_expires_later_never_inside_watch() -> None:
-    p: ap.Purgatory[Flag] = ap.Purgatory()
-    op = Flag(0.0)
-    start = now()
-    assert p.try_complete_else_watch(op, ["k"]) is False
-    assert op.outcome is None
-    assert await op is ap.Outcome.EXPIRED
-    assert now() == start
-
-
-@each_backend(virtual=True)
-async def test_purgatories_share_one_timer() -> None:
-    timer = ap.Timer()
-    a: ap.Purgatory[Flag] = ap.Purgatory("a", timer=timer)
-    b: ap.Purgatory[Flag] = ap.Purgatory("b", timer=timer)
-    start = now()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(a.watch, Flag(1.0), ["k"])
-        tg.start_soon(b.watch, Flag(2.0), ["k"])
-    assert now() == start + 2.0
-    assert (a.statistics().expired, b.statistics().expired) == (1, 1)
-    assert len(timer) == 0
 
 
 # -- one backend or loop only ----------------------------------------------------------
