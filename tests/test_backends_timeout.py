@@ -1,8 +1,12 @@
-"""``ap.timeout()`` / ``Timer.timeout()`` on every backend, and virtual time on trio.
+"""More ``ap.timeout()`` promises on every backend, beside ``test_timeout.py``.
 
 On asyncio the deadline cancels the task (as ``asyncio.timeout``); on trio it
 cancels a cancel scope around the block. Either way the block is interrupted at
-the deadline, never before, and leaving it raises ``TimeoutError``.
+the deadline, never before, and leaving it raises ``TimeoutError``. Here: the
+shared timer's ``reschedule``, an outer cancel scope, entering once, parity with
+``trio.fail_after`` on trio's virtual time, and timers that refuse to time a block
+(closed, or bound to another run) leaving the task's cancel scopes intact. See
+``tests/backends.py`` for how they run.
 """
 
 from __future__ import annotations
@@ -15,41 +19,6 @@ import aiopurgatory as ap
 from aiopurgatory import simulation
 
 from .backends import each_backend, now, run_on
-
-
-@each_backend(virtual=True)
-async def test_the_deadline_interrupts_the_block_with_timeout_error() -> None:
-    start = now()
-    reached = False
-    with pytest.raises(TimeoutError):  # noqa: PT012
-        async with ap.timeout(1.5) as cm:
-            await anyio.sleep(10)
-            reached = True
-    assert not reached
-    assert now() == start + 1.5
-    assert cm.expired()
-    assert cm.when() == start + 1.5
-
-
-@each_backend
-async def test_the_deadline_is_never_early_in_real_time() -> None:
-    start = now()
-    with pytest.raises(TimeoutError):
-        async with ap.timeout(0.02):
-            await anyio.sleep(5)
-    elapsed = now() - start
-    assert elapsed >= 0.02
-    assert elapsed < 2.0  # tolerance for a loaded machine
-
-
-@each_backend(virtual=True)
-async def test_a_block_that_finishes_in_time_is_left_alone() -> None:
-    timer = ap.Timer()
-    async with timer.timeout(1.0) as cm:
-        await anyio.sleep(0.5)
-    assert not cm.expired()
-    assert len(timer) == 0  # the deadline's handle is gone with the block
-    await anyio.sleep(1.0)  # and never fires later
 
 
 @each_backend(virtual=True)
@@ -73,16 +42,6 @@ async def test_reschedule_and_none() -> None:
 
 
 @each_backend(virtual=True)
-async def test_zero_and_negative_delays_are_already_due() -> None:
-    start = now()
-    for delay in (0, -1.0):
-        with pytest.raises(TimeoutError):
-            async with ap.timeout(delay):
-                await anyio.sleep(1)
-    assert now() == start
-
-
-@each_backend(virtual=True)
 async def test_an_outer_cancel_scope_is_not_turned_into_timeout_error() -> None:
     start = now()
     with anyio.move_on_after(1) as outer:
@@ -90,18 +49,6 @@ async def test_an_outer_cancel_scope_is_not_turned_into_timeout_error() -> None:
             await anyio.sleep(10)
     assert outer.cancelled_caught
     assert not cm.expired()
-    assert now() == start + 1
-
-
-@each_backend(virtual=True)
-async def test_nested_timeouts_the_inner_one_fires() -> None:
-    start = now()
-    async with ap.timeout(5) as outer:
-        with pytest.raises(TimeoutError):
-            async with ap.timeout(1) as inner:
-                await anyio.sleep(10)
-    assert inner.expired()
-    assert not outer.expired()
     assert now() == start + 1
 
 

@@ -1,8 +1,13 @@
-"""The Timer on every backend: asyncio, uvloop and trio (real time), and virtual time.
+"""More Timer promises on every backend, beside ``test_timer.py`` (on every backend too).
 
-The asyncio-only details (the loop's exception handler, uvloop's early wake-ups,
-parity with ``loop.call_later``) are in ``test_timer.py``; these are the promises
-that hold on trio too. See ``tests/backends.py`` for how they run.
+Real time on asyncio, uvloop and trio: never early by the backend's own clock,
+due-now callbacks, a failing callback contained (the loop's exception handler on
+asyncio, a log record on trio), close, binding to the backend in use, one shared
+timer per loop or run. Virtual time: cancelled handles leave the timer disarmed.
+A timer bound to one backend or run refuses another; and the trio driver's life
+cycle (its task ends when the timer is closed or collected, a dropped busy timer
+still runs its callbacks, an idle one holds no deadline). See
+``tests/backends.py`` for how they run.
 """
 
 from __future__ import annotations
@@ -25,27 +30,6 @@ from aiopurgatory._backends import current_owner
 from aiopurgatory._trio_driver import TrioDriver
 
 from .backends import each_backend, now, run_on, settle
-
-
-@each_backend(virtual=True)
-async def test_callbacks_run_in_deadline_order_at_exact_ticks() -> None:
-    timer = ap.Timer()
-    start = now()
-    fired: list[tuple[str, float]] = []
-
-    def fire(name: str) -> None:
-        fired.append((name, now()))
-
-    for name, delay in [("c", 0.0305), ("a", 0.001), ("b", 0.0102), ("d", 2.5)]:
-        timer.call_later(delay, fire, name)
-    assert len(timer) == 4
-    await anyio.sleep(3)
-    # Deadlines round up to the 1 ms tick; virtual time lands exactly there.
-    assert [name for name, _ in fired] == ["a", "b", "c", "d"]
-    expected = [start + 0.001, start + 0.011, start + 0.031, start + 2.5]
-    assert [at for _, at in fired] == pytest.approx(expected, abs=1e-9)
-    assert len(timer) == 0
-    assert timer.next_due() is None
 
 
 @each_backend
@@ -89,16 +73,6 @@ async def test_cancelled_handles_never_run_and_leave_the_timer_idle() -> None:
     assert len(timer) == 0
     assert timer._armed == inf
     assert timer.next_due() is None
-
-
-@each_backend(virtual=True)
-async def test_cancel_within_the_iteration_never_reaches_the_wheel() -> None:
-    timer = ap.Timer()
-    ran: list[int] = []
-    timer.call_later(0.5, ran.append, 1).cancel()
-    await anyio.sleep(1)
-    assert ran == []
-    assert len(timer) == 0
 
 
 @each_backend
@@ -207,16 +181,6 @@ async def test_shared_timer_is_one_per_loop_or_run() -> None:
     assert first._driver.owner is current_owner()
 
 
-def test_shared_timers_differ_between_runs() -> None:
-    async def get() -> ap.Timer:
-        return ap.shared_timer()
-
-    # Kept alive, so the second run cannot reuse the first one's id.
-    first = run_on("trio", get)
-    second = run_on("trio", get)
-    assert first is not second
-
-
 def test_a_timer_bound_to_one_backend_refuses_another() -> None:
     timer = ap.Timer()
 
@@ -238,11 +202,6 @@ def test_a_timer_bound_to_one_backend_refuses_another() -> None:
 async def _use(timer: ap.Timer) -> None:
     timer.call_later(0.001, lambda: None)
     await anyio.sleep(0.01)
-
-
-def test_trio_first_use_outside_a_run_is_a_clear_error() -> None:
-    with pytest.raises(RuntimeError, match="running event loop"):
-        ap.Timer().call_later(1.0, lambda: None)
 
 
 # -- the trio driver's life cycle ---------------------------------------------------
