@@ -615,8 +615,32 @@ def test_group_join_on_trio_virtual_time_equals_asyncio(seed: int) -> None:
     # answers all of them, then they heartbeat in step) and trio runs them in another
     # order than asyncio, but nothing they do then depends on it: a heartbeat only
     # reads the group's state, and each member draws from its own random generator.
+    # (Member ids would: see the next test.)
     config = group_join.Config(seed=seed)
     assert group_join.run(config, loop="trio") == group_join.run(config)
+
+
+def test_group_join_members_joining_together_may_get_other_ids_on_trio() -> None:
+    # With no initial delay every member starts, and sends its first JoinGroup, at 0;
+    # member ids are handed out in arrival order, which for tasks woken together is
+    # FIFO on asyncio and a seeded shuffle on trio. Same timeline, other names.
+    def timeline(result: group_join.GroupResult) -> list[tuple[object, ...]]:
+        return [
+            (r.generation, r.op_type, r.outcome, r.started, r.finished, len(r.members))
+            for r in result.rebalances
+        ]
+
+    renamed = 0
+    for seed in (1, 2, 3, 4):
+        config = group_join.Config(members=8, late=3, initial_rebalance_delay=0.0, seed=seed)
+        on_asyncio, on_trio = group_join.run(config), group_join.run(config, loop="trio")
+        assert timeline(on_trio) == timeline(on_asyncio)
+        assert [len(r.removed) for r in on_trio.rebalances] == [0, 3, 0]
+        assert on_trio.join_errors == on_asyncio.join_errors
+        assert on_trio.statistics == on_asyncio.statistics
+        renamed += on_trio.rebalances[1].removed != on_asyncio.rebalances[1].removed
+    # The late members are the same consumers, but they do not keep their ids.
+    assert renamed > 0
 
 
 @pytest.mark.parametrize("loop", VIRTUAL)
