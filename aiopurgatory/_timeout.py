@@ -128,10 +128,12 @@ class Timeout:
         scope = self._scope
         if scope is not None:
             self._scope = None
-            swallowed = scope.__exit__(exc_type, exc_val, exc_tb)
+            scope.__exit__(exc_type, exc_val, exc_tb)
             if self._state is _State.EXPIRING:
                 self._state = _State.EXPIRED
-                if swallowed:
+                # Only if the deadline's Cancelled reached the scope (a block that
+                # caught it and left normally gets no TimeoutError, as asyncio.timeout).
+                if scope.cancelled_caught:
                     raise TimeoutError from exc_val
             elif self._state is _State.ENTERED:
                 self._state = _State.EXITED

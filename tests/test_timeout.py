@@ -484,22 +484,8 @@ async def test_parity_swallowed_cancellation_means_no_timeout_error(
     assert loop.time() == 0.5
 
 
-# trio's CancelScope.__exit__ returns True whenever no exception is left, also when
-# the block raised none; Timeout.__aexit__ takes that for "the scope swallowed the
-# deadline's Cancelled" and raises TimeoutError (scope.cancelled_caught says no).
-SWALLOWED_ON_TRIO = pytest.mark.xfail(
-    strict=True,
-    raises=TimeoutError,
-    reason="library bug: on trio, ap.timeout raises TimeoutError for a block that "
-    "swallowed the deadline's Cancelled and left normally (asyncio.timeout, ap.timeout "
-    "on asyncio and trio/anyio fail_after raise nothing)",
-)
-
-
 @pytest.mark.parametrize(
-    "make_timeout",
-    [pytest.param(ours, marks=SWALLOWED_ON_TRIO), anyio_fail_after],
-    ids=["aiopurgatory", "anyio.fail_after"],
+    "make_timeout", [ours, anyio_fail_after], ids=["aiopurgatory", "anyio.fail_after"]
 )
 def test_trio_parity_swallowed_cancellation_means_no_timeout_error(
     make_timeout: TimeoutFactory,
