@@ -225,7 +225,10 @@ class TrioDriver:
 async def _serve(ref: weakref.ref[TrioDriver], bed: _Bed) -> None:
     """The driver task: sleep until the armed instant or a flush request, serve, repeat.
 
-    Holds its driver only while serving it, so an idle timer can be collected.
+    It sleeps in one cancel scope, whose deadline :meth:`TrioDriver.arm` moves,
+    for as long as flushes wake it; only the deadline (which cancels the scope for
+    good) makes it open a new one. It holds its driver only while serving it, so
+    an idle timer can be collected.
     """
     wait = trio.lowlevel.wait_task_rescheduled
     current_task = trio.lowlevel.current_task
@@ -233,28 +236,47 @@ async def _serve(ref: weakref.ref[TrioDriver], bed: _Bed) -> None:
         driver = ref()
         if driver is None or driver._closed:
             return
-        if driver._flush:
-            # Asked for within this step (by a callback): serve on a later batch.
-            del driver
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        else:
-            with trio.CancelScope(deadline=driver._armed) as scope:
-                del driver
-                bed.scope = scope
-                bed.task = current_task()
-                try:
-                    await wait(bed.abort)
-                finally:
-                    bed.scope = None
-                    bed.task = None
-        driver = ref()
-        if driver is None or driver._closed:
-            return
-        try:
-            driver._serve_once()
-        except Exception as exc:  # the timer contains callbacks; this is a last resort
-            driver.report(exc, driver)
+        deadline = driver._armed
         del driver
+        with trio.CancelScope(deadline=deadline) as scope:
+            bed.scope = scope
+            try:
+                while True:
+                    driver = ref()
+                    if driver is None or driver._closed:
+                        return
+                    flush = driver._flush
+                    del driver
+                    if flush:
+                        # Asked for before this task ran, or within its step (by a
+                        # callback): serve on a later batch, even if the run is
+                        # ending (as asyncio runs its ready callbacks).
+                        await trio.lowlevel.cancel_shielded_checkpoint()
+                    else:
+                        bed.task = current_task()
+                        try:
+                            await wait(bed.abort)
+                        finally:
+                            bed.task = None
+                    if not _serve_driver(ref):
+                        return
+            finally:
+                bed.scope = None
+        # The deadline came: the scope caught its Cancelled.
+        if not _serve_driver(ref):
+            return
+
+
+def _serve_driver(ref: weakref.ref[TrioDriver]) -> bool:
+    """Serve the driver behind ``ref``; False if it is gone or closed."""
+    driver = ref()
+    if driver is None or driver._closed:
+        return False
+    try:
+        driver._serve_once()
+    except Exception as exc:  # the timer contains callbacks; this is a last resort
+        driver.report(exc, driver)
+    return True
 
 
 class TrioWaiter:
