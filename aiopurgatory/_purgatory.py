@@ -549,13 +549,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             RuntimeError: awaited on another loop than the one the purgatory is bound to.
             Exception: whatever a callback of ``op`` raised (the op is finished).
         """
-        loop = self._loop
-        if (
-            loop is not None
-            and _get_running_loop() is not loop
-            and not self._timer._driver.is_current()  # type: ignore[union-attr]
-        ):
-            raise RuntimeError(f"purgatory {self._name!r} is bound to another event loop")
+        # Checks the loop (or trio run) too: RuntimeError from another one.
         self.try_complete_else_watch(op, keys)
         if op._outcome is None:
             waiter = self._timer._driver.new_waiter()  # type: ignore[union-attr]
