@@ -3,11 +3,12 @@
 The core is the same on every backend; what differs is gathered in a *driver*
 (:mod:`aiopurgatory._asyncio_driver`, :mod:`aiopurgatory._trio_driver`): the
 clock, the wake-ups, the waiters that ``watch()`` and ``await op`` park on, and
-the way in from other threads. The backend is detected at first use, as
-anyio-based libraries do: a running asyncio loop (uvloop included) means
-asyncio; otherwise, if trio is imported and a ``trio.run`` is active in this
-thread, trio. trio is imported only by programs that use it, so asking costs
-asyncio programs one C call.
+the way in from other threads. The backend is detected at first use, with the
+answer sniffio gives: a running trio task means trio (also in trio's guest mode
+on an asyncio host loop), else a running asyncio loop (uvloop included) means
+asyncio, else an active ``trio.run`` in this thread (a ``run_sync_soon``
+callback) means trio. trio is only looked at if the program imported it, so
+asking costs asyncio programs a dictionary lookup and one C call.
 """
 
 from __future__ import annotations
@@ -63,16 +64,24 @@ class Driver(Protocol):
     def call_soon_threadsafe(self, fn: Callable[[], object], /) -> object: ...
 
 
-def _in_trio() -> bool:
+def _trio_running() -> bool:
+    """True inside ``trio.run`` (a task, or a callback such as ``run_sync_soon``)."""
     trio = sys.modules.get("trio")
     return trio is not None and bool(trio.lowlevel.in_trio_run())
 
 
 def current_backend() -> str | None:
-    """``"asyncio"`` or ``"trio"`` for the running async library, or None."""
+    """``"asyncio"`` or ``"trio"`` for the running async library, or None.
+
+    A trio task comes first: in trio's guest mode it runs inside an asyncio
+    host loop's callbacks, where ``asyncio._get_running_loop()`` is the host's.
+    """
+    trio = sys.modules.get("trio")
+    if trio is not None and trio.lowlevel.in_trio_task():
+        return "trio"
     if _get_running_loop() is not None:
         return "asyncio"
-    if _in_trio():
+    if _trio_running():
         return "trio"
     return None
 
@@ -83,12 +92,12 @@ def current_owner() -> object:
     Raises:
         RuntimeError: no running event loop.
     """
-    loop = _get_running_loop()
-    if loop is not None:
-        return loop
-    if _in_trio():
+    backend = current_backend()
+    if backend == "asyncio":
+        return _get_running_loop()
+    if backend == "trio":
         return sys.modules["trio"].lowlevel.current_trio_token()
-    raise RuntimeError("no running event loop (asyncio, uvloop or trio)")
+    raise RuntimeError(_NO_LOOP)
 
 
 def new_driver(on_wake: Callable[[], None], on_flush: Callable[[], None]) -> Driver:
@@ -97,13 +106,14 @@ def new_driver(on_wake: Callable[[], None], on_flush: Callable[[], None]) -> Dri
     Raises:
         RuntimeError: neither an asyncio loop nor a trio run is active.
     """
-    if _get_running_loop() is not None:
+    backend = current_backend()
+    if backend == "asyncio":
         return AsyncioDriver(on_wake, on_flush)
-    if _in_trio():
+    if backend == "trio":
         from ._trio_driver import TrioDriver
 
         return TrioDriver(on_wake, on_flush)
-    raise RuntimeError("no running event loop (asyncio, uvloop or trio)")
+    raise RuntimeError(_NO_LOOP)
 
 
 def new_waiter() -> Any:
@@ -115,14 +125,14 @@ def new_waiter() -> Any:
     Raises:
         RuntimeError: no running event loop.
     """
-    loop = _get_running_loop()
-    if loop is not None:
-        return loop.create_future()
-    if _in_trio():
+    backend = current_backend()
+    if backend == "asyncio":
+        return _get_running_loop().create_future()  # type: ignore[union-attr]
+    if backend == "trio":
         from ._trio_driver import TrioWaiter
 
         return TrioWaiter()
-    raise RuntimeError("no running event loop (asyncio, uvloop or trio)")
+    raise RuntimeError(_NO_LOOP)
 
 
 def current_time() -> float:
@@ -131,9 +141,12 @@ def current_time() -> float:
     Raises:
         RuntimeError: no running event loop.
     """
-    loop = _get_running_loop()
-    if loop is not None:
-        return loop.time()
-    if _in_trio():
+    backend = current_backend()
+    if backend == "asyncio":
+        return _get_running_loop().time()  # type: ignore[union-attr]
+    if backend == "trio":
         return float(sys.modules["trio"].current_time())
-    raise RuntimeError("no running event loop (asyncio, uvloop or trio)")
+    raise RuntimeError(_NO_LOOP)
+
+
+_NO_LOOP = "no running event loop (asyncio, uvloop or trio)"

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
-from ._backends import current_backend
+from ._backends import current_backend, current_time
 from ._errors import as_seconds
 
 __all__ = ["Timeout"]
@@ -45,7 +45,9 @@ class Timeout:
 
     Behaves like :class:`asyncio.Timeout`: when the deadline passes inside the
     block, the enclosing task is cancelled and leaving the block raises
-    ``TimeoutError`` (chained from the ``CancelledError``).
+    ``TimeoutError`` (chained from the ``CancelledError``). On trio the block's
+    cancel scope is cancelled instead, and leaving it raises the same
+    ``TimeoutError`` (chained from trio's ``Cancelled``).
     """
 
     __slots__ = ("_cancelling", "_handle", "_scope", "_state", "_task", "_timer", "_when")
@@ -86,7 +88,19 @@ class Timeout:
             self._handle.cancel()
             self._handle = None
         if when is not None:
-            self._handle = self._timer.call_at(when, self._on_timeout)
+            # Through the timer also when already due: it refuses a closed timer
+            # or one bound to another loop, before anything changes.
+            handle = self._timer.call_at(when, self._on_timeout)
+            if when <= current_time():
+                # Already due (a zero or negative delay): interrupt the block at
+                # its first suspension, as asyncio.timeout does, not a tick later.
+                handle.cancel()
+                if self._scope is not None:
+                    self._on_timeout()  # trio: a cancelled scope raises at its next checkpoint
+                    return
+                assert self._task is not None
+                handle = self._task.get_loop().call_soon(self._on_timeout)
+            self._handle = handle
 
     async def __aenter__(self) -> Timeout:
         if self._state is not _State.CREATED:

@@ -331,8 +331,9 @@ class Timer:
     def timeout(self, delay: float | None) -> Timeout:
         """An async context manager like ``asyncio.timeout(delay)``, driven by this timer.
 
-        At the deadline it cancels the enclosing task; leaving the block then raises
-        ``TimeoutError``. ``None`` means no deadline (see :meth:`Timeout.reschedule`);
+        At the deadline it cancels the enclosing task (on trio: a cancel scope
+        around the block); leaving the block then raises ``TimeoutError``.
+        ``None`` means no deadline (see :meth:`Timeout.reschedule`);
         zero or negative means already due.
 
         Raises:

@@ -58,10 +58,12 @@ class _Bed:
     The task holds this strongly and the driver weakly; the driver holds this.
     """
 
-    __slots__ = ("__weakref__", "scope", "task", "token")
+    __slots__ = ("__weakref__", "ended", "scope", "task", "token")
 
     def __init__(self, token: trio.lowlevel.TrioToken) -> None:
         self.token = token
+        #: The driver task has ended (its run is ending): nothing more is served.
+        self.ended = False
         #: The sleeping task (None while it runs, or once woken).
         self.task: trio.lowlevel.Task | None = None
         #: The cancel scope it sleeps in (its deadline is the armed instant).
@@ -174,16 +176,18 @@ class TrioDriver:
         """Call ``on_flush()`` from the driver task on a later scheduler batch.
 
         Raises:
-            RuntimeError: called from outside this driver's trio run.
+            RuntimeError: called from outside this driver's trio run, or while the
+                run is ending (its driver task has ended): nothing has changed then.
         """
         if not self.is_current():
             raise RuntimeError("this timer is bound to another trio run or event loop")
+        if self._bed.ended:
+            raise RuntimeError("the trio run of this timer is ending: nothing can be scheduled")
+        if not self._spawned:
+            self._spawn()  # first, so that a refusal changes nothing
         self._flush = True
         self._busy[id(self)] = self
-        if not self._spawned:
-            self._spawn()
-        else:
-            self._bed.wake()
+        self._bed.wake()
 
     def close(self) -> None:
         """Drop the armed wake-up and a requested flush; the driver task ends."""
@@ -205,10 +209,10 @@ class TrioDriver:
     # -- the driver task -----------------------------------------------------------------
 
     def _spawn(self) -> None:
-        self._spawned = True
         trio.lowlevel.spawn_system_task(
             _serve, self._ref, self._bed, name=f"aiopurgatory timer driver {id(self):#x}"
         )
+        self._spawned = True
 
     def _serve_once(self) -> None:
         """Run what is due: the flush, then the wake-up if its instant has come."""
@@ -228,43 +232,50 @@ async def _serve(ref: weakref.ref[TrioDriver], bed: _Bed) -> None:
     It sleeps in one cancel scope, whose deadline :meth:`TrioDriver.arm` moves,
     for as long as flushes wake it; only the deadline (which cancels the scope for
     good) makes it open a new one. It holds its driver only while serving it, so
-    an idle timer can be collected.
+    an idle timer can be collected. When the run ends (trio cancels its system
+    tasks) it serves a flush still pending once, as asyncio runs its ready
+    callbacks, and from then on the driver refuses new work.
     """
     wait = trio.lowlevel.wait_task_rescheduled
     current_task = trio.lowlevel.current_task
-    while True:
+    try:
+        while True:
+            driver = ref()
+            if driver is None or driver._closed:
+                return
+            deadline = driver._armed
+            del driver
+            with trio.CancelScope(deadline=deadline) as scope:
+                bed.scope = scope
+                try:
+                    while True:
+                        driver = ref()
+                        if driver is None or driver._closed:
+                            return
+                        flush = driver._flush
+                        del driver
+                        if flush:
+                            # Asked for before this task ran, or within its step
+                            # (by a callback): serve on a later batch.
+                            await trio.lowlevel.checkpoint()
+                        else:
+                            bed.task = current_task()
+                            try:
+                                await wait(bed.abort)
+                            finally:
+                                bed.task = None
+                        if not _serve_driver(ref):
+                            return
+                finally:
+                    bed.scope = None
+            # The deadline came: the scope caught its Cancelled.
+            if not _serve_driver(ref):
+                return
+    finally:
+        bed.ended = True
         driver = ref()
-        if driver is None or driver._closed:
-            return
-        deadline = driver._armed
-        del driver
-        with trio.CancelScope(deadline=deadline) as scope:
-            bed.scope = scope
-            try:
-                while True:
-                    driver = ref()
-                    if driver is None or driver._closed:
-                        return
-                    flush = driver._flush
-                    del driver
-                    if flush:
-                        # Asked for before this task ran, or within its step (by a
-                        # callback): serve on a later batch, even if the run is
-                        # ending (as asyncio runs its ready callbacks).
-                        await trio.lowlevel.cancel_shielded_checkpoint()
-                    else:
-                        bed.task = current_task()
-                        try:
-                            await wait(bed.abort)
-                        finally:
-                            bed.task = None
-                    if not _serve_driver(ref):
-                        return
-            finally:
-                bed.scope = None
-        # The deadline came: the scope caught its Cancelled.
-        if not _serve_driver(ref):
-            return
+        if driver is not None and not driver._closed and driver._flush:
+            _serve_driver(ref)
 
 
 def _serve_driver(ref: weakref.ref[TrioDriver]) -> bool:

@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import math
 import selectors
+import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeAlias, TypeVar, TypeVarTuple, Unpack
 
@@ -225,12 +226,14 @@ def run_trio(
         seed: seeds trio's scheduler, which otherwise shuffles the order in which
             tasks woken at the same moment run: with a seed (default 0), a
             program gives the same times, order and results on every run. None
-            leaves trio's scheduling as it is.
+            leaves trio's scheduling as it is. One seeded run at a time per
+            process (the seed is process-wide).
 
     Raises:
         TypeError: ``main`` is not callable, ``start`` not a number or ``seed``
             not an int or None.
         ValueError: ``start`` is negative or not finite.
+        RuntimeError: a seeded run is already in progress in another thread.
         ModuleNotFoundError: trio is not installed (``pip install aiopurgatory[trio]``).
     """
     if not callable(main):
@@ -269,12 +272,24 @@ def _seeded_trio_scheduler(seed: int | None) -> Iterator[None]:
         raise RuntimeError(
             "this trio version has no scheduler seed hook; pass seed=None to run unseeded"
         )
-    saved_state = rng.getstate()
-    saved_flag = trio_run._ALLOW_DETERMINISTIC_SCHEDULING
-    rng.seed(seed)
-    trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
+    if not _SEEDED.acquire(blocking=False):
+        raise RuntimeError(
+            "another seeded run_trio is running in another thread: trio's scheduler "
+            "seed is process-wide (pass seed=None to run unseeded)"
+        )
     try:
-        yield
+        saved_state = rng.getstate()
+        saved_flag = trio_run._ALLOW_DETERMINISTIC_SCHEDULING
+        rng.seed(seed)
+        trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
+        try:
+            yield
+        finally:
+            trio_run._ALLOW_DETERMINISTIC_SCHEDULING = saved_flag  # type: ignore[misc]
+            rng.setstate(saved_state)
     finally:
-        trio_run._ALLOW_DETERMINISTIC_SCHEDULING = saved_flag  # type: ignore[misc]
-        rng.setstate(saved_state)
+        _SEEDED.release()
+
+
+# Held by the seeded run_trio in progress (trio's scheduler state is per process).
+_SEEDED = threading.Lock()

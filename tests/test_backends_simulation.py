@@ -103,3 +103,37 @@ def test_bad_arguments_are_refused_clearly() -> None:
         simulation.run_trio(main, seed=1.5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="seed must be an int or None"):
         simulation.run_trio(main, seed=True)
+
+
+def test_one_seeded_run_at_a_time_per_process() -> None:
+    import threading
+
+    from trio._core import _run as trio_run
+
+    flag = trio_run._ALLOW_DETERMINISTIC_SCHEDULING
+    started = threading.Event()
+    release = threading.Event()
+    errors: list[BaseException] = []
+
+    async def hold() -> None:
+        started.set()
+        await trio.to_thread.run_sync(release.wait)
+
+    def first() -> None:
+        try:
+            simulation.run_trio(hold, seed=1)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert started.wait(10)
+        with pytest.raises(RuntimeError, match="another seeded run_trio"):
+            simulation.run_trio(_race, 2, 1, seed=2)
+        assert sorted(simulation.run_trio(_race, 2, 1, seed=None)) == [0, 1]
+    finally:
+        release.set()
+        thread.join(10)
+    assert errors == []
+    assert flag == trio_run._ALLOW_DETERMINISTIC_SCHEDULING

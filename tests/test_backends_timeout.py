@@ -12,6 +12,7 @@ shared timer's ``reschedule``, an outer cancel scope, entering once, parity with
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import pytest
 import trio
 
@@ -116,3 +117,13 @@ async def test_a_closed_timer_refuses_to_time_a_block() -> None:
     with anyio.move_on_after(0.01) as scope:  # cancel scopes still work
         await anyio.sleep(1)
     assert scope.cancelled_caught
+
+
+@each_backend
+async def test_an_already_due_timeout_interrupts_the_first_suspension() -> None:
+    # Real time: with a zero or negative delay the very first await is interrupted
+    # (as asyncio.timeout(0) and trio.fail_after(0) do), not one tick later.
+    for delay in (0, -1.0):
+        with pytest.raises(TimeoutError):
+            async with ap.timeout(delay):
+                await anyio.lowlevel.checkpoint()

@@ -12,6 +12,7 @@ still runs its callbacks, an idle one holds no deadline). See
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import random
@@ -26,7 +27,7 @@ import trio
 import trio.testing
 
 import aiopurgatory as ap
-from aiopurgatory._backends import current_owner
+from aiopurgatory._backends import current_backend, current_owner
 from aiopurgatory._trio_driver import TrioDriver
 
 from .backends import each_backend, now, run_on, settle
@@ -269,3 +270,85 @@ def test_trio_nothing_armed_when_idle() -> None:
         assert trio.current_time() == 7.0
 
     run_on("trio-virtual", main)
+
+
+# -- found in review: run ends, guest mode, a stopped asyncio loop -----------------------
+
+
+def test_trio_a_flush_pending_as_the_run_ends_is_served_and_then_the_timer_refuses() -> None:
+    timer = ap.Timer()
+    fired: list[str] = []
+
+    async def main() -> None:
+        timer.call_later(100, fired.append, "far")  # binds; the driver sleeps until 100 s
+        await trio.testing.wait_all_tasks_blocked()
+        timer.call_later(-1, fired.append, "due")  # a flush pending as main returns
+
+    run_on("trio", main)
+    assert fired == ["due"]  # served as the run ended, as asyncio runs ready callbacks
+    assert not timer._flush_requested  # nothing left half-done
+    assert len(timer) == 1  # "far" is still pending, as on a closed asyncio loop
+
+    async def later() -> None:
+        timer.call_later(0, fired.append, "later")
+
+    with pytest.raises(RuntimeError, match="bound to another"):
+        run_on("trio", later)
+    assert fired == ["due"]
+    assert not timer._flush_requested
+
+
+def test_trio_a_callback_rescheduling_itself_does_not_keep_the_run_alive() -> None:
+    timer = ap.Timer()
+    runs: list[int] = []
+
+    def again() -> None:
+        runs.append(1)
+        timer.call_later(0, again)
+
+    async def main() -> None:
+        timer.call_later(0, again)
+        await trio.sleep(0.01)
+
+    # Returns (it used to spin forever as the run ended): the rescheduling done
+    # after the driver task ended is refused and logged, not served.
+    run_on("trio", main)
+    assert len(runs) >= 2
+
+
+def test_trio_guest_mode_on_an_asyncio_host_is_detected_as_trio() -> None:
+    async def trio_main() -> tuple[str | None, ap.Outcome]:
+        p: ap.Purgatory[ap.DelayedOperation] = ap.Purgatory()
+        outcome = await p.watch(ap.DelayedOperation(0.01), ["k"])
+        await p.close()
+        return current_backend(), outcome
+
+    async def host() -> object:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[object] = loop.create_future()
+        trio.lowlevel.start_guest_run(
+            trio_main,
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            done_callback=done.set_result,
+        )
+        return (await done).unwrap()  # type: ignore[attr-defined]
+
+    assert asyncio.run(host()) == ("trio", ap.Outcome.EXPIRED)
+
+
+def test_asyncio_a_timer_may_be_used_while_its_loop_is_stopped() -> None:
+    # Between run_until_complete() calls, as loop.call_later may.
+    loop = asyncio.new_event_loop()
+    try:
+        timer = ap.Timer()
+
+        async def bind() -> None:
+            timer.call_later(10, int).cancel()
+
+        loop.run_until_complete(bind())
+        fired: list[int] = []
+        timer.call_later(0.01, fired.append, 1)
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert fired == [1]
+    finally:
+        loop.close()
