@@ -9,6 +9,13 @@ times (wall seconds) and rows per second of each step, plus the load average
 ``--compare-plain`` also replays the same trace with the plain loop path (one
 event-loop turn per event time, ``fast=False``), reports its rate and checks that
 both produce identical facts.
+
+``--compare-masters 'local[1],local[2],cluster' --rounds 2`` measures the Spark
+replay (read, replay, write ``facts/``) on each master side by side: every run in
+a fresh process, the masters in turns (A B C A B C), so that a change of the
+machine's load hits all of them. ``cluster`` is a local standalone cluster (two
+Workers of one core, :mod:`aiopurgatory.pipeline.cluster`) started for the
+comparison and stopped after it.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import argparse
 import json
 import os
 import random
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -82,7 +91,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also time the plain loop path (fast=False) and check identical facts",
     )
+    parser.add_argument(
+        "--no-single", action="store_true", help="skip the single-process replay measurement"
+    )
+    parser.add_argument(
+        "--compare-masters",
+        metavar="M1,M2,...",
+        help="replay on each master in turn, each run in its own process ('cluster': a "
+        "local 2-worker standalone cluster started for the comparison)",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="turns of --compare-masters")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.compare_masters:
+        return _compare_masters(args)
 
     from .replay_core import ReplayParams, replay_trace
     from .trace import TraceSpec, generate_trace, write_trace
@@ -137,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
             spark_s = time.perf_counter() - started
             replay["spark_s"] = round(spark_s, 2)
             replay["spark_requests_per_s"] = round(args.requests / spark_s)
+        if args.no_single:
+            result["replay"] = replay
+            result["loadavg"] = os.getloadavg()
+            print(json.dumps(result, indent=2))
+            return 0
         cpu = time.process_time()
         wall = time.perf_counter()
         fast = replay_trace(trace_pd, params)
@@ -154,6 +180,58 @@ def main(argv: list[str] | None = None) -> int:
         result["replay"] = replay
     result["loadavg"] = os.getloadavg()
     print(json.dumps(result, indent=2))
+    return 0
+
+
+def _compare_masters(args: argparse.Namespace) -> int:
+    """Spark replay throughput on several masters, side by side (see the module doc)."""
+    masters = [m.strip() for m in args.compare_masters.split(",") if m.strip()]
+    if not masters or args.rounds < 1:
+        print("--compare-masters needs a master and --rounds >= 1", file=sys.stderr)
+        return 2
+    cluster = None
+    if "cluster" in masters:
+        from .cluster import LocalCluster
+
+        cluster = LocalCluster(Path(args.dir) / "cluster", connect=False).start()
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in masters}
+    load_before = os.getloadavg()
+    try:
+        for _ in range(args.rounds):
+            for master in masters:
+                url = cluster.master_url if cluster is not None and master == "cluster" else master
+                command = [sys.executable, "-m", "aiopurgatory.pipeline.benchmark"]
+                command += ["--skip-analyze", "--no-single", "--master", url]
+                command += ["--requests", str(args.requests), "--dir", args.dir]
+                done = subprocess.run(command, capture_output=True, text=True, check=False)
+                if done.returncode:
+                    print(
+                        f"{master}: exit {done.returncode}\n{done.stderr[-2000:]}", file=sys.stderr
+                    )
+                    return 1
+                runs[master].append(json.loads(done.stdout))
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    table = {}
+    for master, results in runs.items():
+        rates = [r["replay"]["spark_requests_per_s"] for r in results]
+        table[master] = {
+            "spark_s": [r["replay"]["spark_s"] for r in results],
+            "requests_per_s": rates,
+            "median_requests_per_s": round(statistics.median(rates)),
+            "session_s": [round(r["session_s"], 1) for r in results],
+            "loadavg_1min": [r["loadavg"][0] for r in results],
+        }
+    report = {
+        "requests": args.requests,
+        "rounds": args.rounds,
+        "cpus": os.cpu_count(),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "masters": table,
+    }
+    print(json.dumps(report, indent=2))
     return 0
 
 

@@ -150,6 +150,12 @@ def spark_path(path: str | os.PathLike[str]) -> str:
     return str(Path(text).absolute())
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 def _probe_batches(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """Runs on an executor: which aiopurgatory and Python it has."""
     import pandas as pd
@@ -190,7 +196,7 @@ def check_executors(spark: Any, master: str = "") -> dict[str, Any]:
         text = str(exc)
         found = re.findall(r"^\s*(\w+(?:Error|Exception): .+)$", text, re.MULTILINE)
         python_errors = [line for line in found if not line.startswith(("org.", "java."))]
-        reason = python_errors[-1] if python_errors else text.strip().splitlines()[0]
+        reason = python_errors[-1] if python_errors else _first_line(exc)
         raise SparkSetupError(
             f"{where} cannot run the pipeline's Python code ({reason.strip()}); install "
             f"aiopurgatory[spark] {aiopurgatory.__version__} in the Python they run "
@@ -246,7 +252,18 @@ def get_spark(
     if not master:
         raise ValueError("master must not be empty")
     check_reachable(master, probe_timeout)
-    session = _build(master, app_name, shuffle_partitions, conf)
+    try:
+        session = _build(master, app_name, shuffle_partitions, conf)
+    except ImportError as exc:  # e.g. Spark Connect's client libraries
+        raise SparkSetupError(f"no Spark session for {master}: {_first_line(exc)}") from exc
+    except Exception as exc:
+        if master.startswith("local"):
+            raise
+        # Something answers on the port, but it is not (a working) Spark.
+        raise SparkSetupError(
+            f"{master} accepts connections, but no Spark session could be made there: "
+            f"{_first_line(exc)}"
+        ) from exc
     if check and not master.startswith("local"):
         check_executors(session, master)
     return session

@@ -1,0 +1,134 @@
+"""Spark master URLs: parsing, the reachability probe, and the CLIs failing fast on a
+master that is not there (no Spark session is started for these tests)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from aiopurgatory.cli import main as cli
+from aiopurgatory.pipeline.session import (
+    MasterUnreachableError,
+    SparkSetupError,
+    check_reachable,
+    get_spark,
+    master_endpoints,
+    spark_path,
+)
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound for a moment, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize(
+    ("master", "endpoints"),
+    [
+        ("spark://127.0.0.1:7078", [("127.0.0.1", 7078)]),
+        ("spark://node-a", [("node-a", 7077)]),
+        ("spark://a:7077,b:7078", [("a", 7077), ("b", 7078)]),
+        ("sc://localhost", [("localhost", 15002)]),
+        ("sc://h.example:443/;token=abc;use_ssl=true", [("h.example", 443)]),
+        ("sc://[::1]:15003", [("::1", 15003)]),
+        ("local[2]", []),
+        ("yarn", []),
+        ("k8s://https://k8s.example:6443", []),
+    ],
+)
+def test_master_endpoints(master: str, endpoints: list[tuple[str, int]]) -> None:
+    assert master_endpoints(master) == endpoints
+
+
+@pytest.mark.parametrize("master", ["spark://", "spark://h:port", "sc://h:0", "sc://h:70000"])
+def test_malformed_master_is_a_value_error_naming_it(master: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"master {master!r}")):
+        master_endpoints(master)
+
+
+def test_master_of_the_wrong_type() -> None:
+    with pytest.raises(TypeError, match="master must be a str"):
+        master_endpoints(7077)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="master must be a str"):
+        get_spark(None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("scheme", ["spark", "sc"])
+def test_unreachable_master_fails_fast_naming_the_url(scheme: str, closed_port: int) -> None:
+    master = f"{scheme}://127.0.0.1:{closed_port}"
+    started = time.monotonic()
+    with pytest.raises(MasterUnreachableError) as caught:
+        get_spark(master)
+    assert time.monotonic() - started < 10  # Spark alone would retry for about a minute
+    assert master in str(caught.value)
+    assert "refused" in str(caught.value).lower()
+    assert isinstance(caught.value, SparkSetupError)
+    assert isinstance(caught.value, ConnectionError)
+
+
+def test_one_reachable_standalone_master_is_enough(closed_port: int) -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        check_reachable(f"spark://127.0.0.1:{closed_port},127.0.0.1:{port}")
+        check_reachable(f"sc://127.0.0.1:{port}")
+    with pytest.raises(MasterUnreachableError, match=f"127.0.0.1:{closed_port}: "):
+        check_reachable(f"spark://127.0.0.1:{closed_port}")
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), True])
+def test_probe_timeout_must_be_positive(timeout: float) -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        check_reachable("spark://127.0.0.1:7077", timeout)
+
+
+def test_local_and_cluster_managers_are_not_probed() -> None:
+    for master in ("local[*]", "yarn", "k8s://https://127.0.0.1:1"):
+        check_reachable(master)
+
+
+@pytest.mark.parametrize("command", ["replay", "analyze"])
+@pytest.mark.parametrize("scheme", ["spark", "sc"])
+def test_cli_prints_one_line_and_exits_non_zero(
+    command: str,
+    scheme: str,
+    closed_port: int,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    master = f"{scheme}://127.0.0.1:{closed_port}"
+    out = tmp_path / "out"
+    status = cli([command, str(tmp_path / "input"), "--out", str(out), "--master", master])
+    assert status == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"aiopurgatory {command}: cannot reach the Spark")
+    assert master in err
+    assert err.count("\n") == 1  # one line, no traceback
+    assert not out.exists()  # failed before writing anything
+
+
+def test_cli_rejects_a_malformed_master(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status = cli(
+        ["analyze", str(tmp_path), "--out", str(tmp_path / "o"), "--master", "spark://h:x"]
+    )
+    assert status == 1
+    assert "aiopurgatory analyze: master 'spark://h:x': expected spark://host:port" in (
+        capsys.readouterr().err
+    )
+
+
+def test_spark_path() -> None:
+    assert spark_path("s3a://bucket/key") == "s3a://bucket/key"
+    assert spark_path("file:/tmp/x") == "file:/tmp/x"
+    assert spark_path("/abs/x") == "/abs/x"
+    assert spark_path("rel/x") == str(Path.cwd() / "rel" / "x")
+    assert spark_path(Path("rel")) == str(Path.cwd() / "rel")
