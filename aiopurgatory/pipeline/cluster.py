@@ -55,6 +55,7 @@ _HOST = "127.0.0.1"
 _MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 _WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 _CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+_PROC = Path("/proc")
 
 # Daemons log lifecycle events (start, registration, lost workers) at info and
 # everything else at warn, to stderr, which goes to the process's log file.
@@ -105,8 +106,17 @@ def _start_ticks(pid: int) -> int | None:
     """The process's start time (clock ticks after boot), or None if it is gone or a zombie.
 
     Pid and start time together name one process: a pid reused later by another
-    process has another start time.
+    process has another start time. Without /proc (not Linux) only whether the
+    pid exists is known, and the start time is 0.
     """
+    if not _PROC.is_dir():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            return 0
+        return 0
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -119,9 +129,11 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def _children(pid: int) -> list[int]:
-    """The pids of every descendant of ``pid`` (from /proc)."""
+    """The pids of every descendant of ``pid`` (from /proc; none known without it)."""
     parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
+    if not _PROC.is_dir():
+        return []
+    for entry in _PROC.iterdir():
         if not entry.name.isdigit():
             continue
         try:

@@ -117,7 +117,7 @@ def check_reachable(master: str, timeout: float = PROBE_TIMEOUT) -> None:
         kind = "Spark Connect server" if is_connect(master) else "Spark master"
         raise MasterUnreachableError(
             f"cannot reach the {kind} {master} ({'; '.join(problems)}); "
-            "is it running (make cluster-up), and is --master right?"
+            "is it running, and is the URL right?"
         )
 
 
