@@ -477,8 +477,16 @@ def main(argv: list[str]) -> int:
         print(f"aiopurgatory analyze: {exc}", file=sys.stderr)
         return 2
     from .report import print_summary
-    from .session import SparkSetupError, get_spark, spark_path
+    from .session import SparkSetupError, get_spark, is_connect, missing_inputs, spark_path
 
+    # A Spark Connect server resolves paths itself; a classic driver lists them here.
+    missing = [] if is_connect(args.master) else missing_inputs(args.events)
+    if missing:
+        print(
+            f"aiopurgatory analyze: no such file or directory: {', '.join(missing)}",
+            file=sys.stderr,
+        )
+        return 2
     started = time.perf_counter()
     try:
         spark = get_spark(args.master, app_name="aiopurgatory-analyze", conf=conf)

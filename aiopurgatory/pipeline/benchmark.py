@@ -95,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         "--no-single", action="store_true", help="skip the single-process replay measurement"
     )
     parser.add_argument(
+        "--task-times",
+        action="store_true",
+        help="also report the replay stage's task durations (from the driver's REST API, "
+        "web UI on a free port) and the machine's busy cores during the Spark replay",
+    )
+    parser.add_argument(
         "--compare-masters",
         metavar="M1,M2,...",
         help="replay on each master in turn, each run in its own process ('cluster': a "
@@ -115,8 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_spark:
         from .session import get_spark
 
+        conf = {}
+        if args.task_times:
+            ui_port = _free_port()
+            conf = {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)}
         started = time.perf_counter()
-        spark = get_spark(args.master, app_name="aiopurgatory-benchmark")
+        spark = get_spark(args.master, app_name="aiopurgatory-benchmark", conf=conf)
         result["session_s"] = time.perf_counter() - started
 
     if spark is not None and not args.skip_analyze:
@@ -153,11 +163,15 @@ def main(argv: list[str] | None = None) -> int:
             trace_path = root / f"trace-{args.requests}.parquet"
             write_trace(trace_pd, trace_path)
             started = time.perf_counter()
+            busy = _busy_cores()
             facts = replay_spark(spark, read_trace(spark, str(trace_path)), params)
             facts.write.mode("overwrite").parquet(str(root / "replay-facts"))
             spark_s = time.perf_counter() - started
             replay["spark_s"] = round(spark_s, 2)
             replay["spark_requests_per_s"] = round(args.requests / spark_s)
+            if args.task_times:
+                replay["machine_busy_cores"] = _busy_cores(busy)
+                replay["replay_task_s"] = _last_stage_task_seconds(ui_port)
         if args.no_single:
             result["replay"] = replay
             result["loadavg"] = os.getloadavg()
@@ -183,6 +197,44 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _busy_cores(since: tuple[int, int] | None = None) -> Any:
+    """/proc/stat's (busy, total) jiffies; with ``since``, the busy cores in between
+    (the whole machine's, other processes included). None without /proc/stat."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except OSError:
+        return None
+    now = (sum(fields) - fields[3] - fields[4], sum(fields))
+    if since is None:
+        return now
+    total = now[1] - since[1]
+    return round((os.cpu_count() or 1) * (now[0] - since[0]) / total, 2) if total else None
+
+
+def _last_stage_task_seconds(ui_port: int) -> list[float]:
+    """Durations (seconds) of the tasks of the application's last stage: the replay's
+    ``applyInPandas`` and write of ``facts/``."""
+    import urllib.request
+
+    base = f"http://127.0.0.1:{ui_port}/api/v1/applications"
+    with urllib.request.urlopen(base, timeout=10) as response:
+        app = json.load(response)[0]["id"]
+    with urllib.request.urlopen(f"{base}/{app}/stages", timeout=10) as response:
+        last = max(json.load(response), key=lambda stage: stage["stageId"])
+    url = f"{base}/{app}/stages/{last['stageId']}/{last['attemptId']}/taskList?length=1000"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return sorted(round(task["duration"] / 1000, 1) for task in json.load(response))
+
+
 def _compare_masters(args: argparse.Namespace) -> int:
     """Spark replay throughput on several masters, side by side (see the module doc)."""
     masters = [m.strip() for m in args.compare_masters.split(",") if m.strip()]
@@ -203,6 +255,7 @@ def _compare_masters(args: argparse.Namespace) -> int:
                 command = [sys.executable, "-m", "aiopurgatory.pipeline.benchmark"]
                 command += ["--skip-analyze", "--no-single", "--master", url]
                 command += ["--requests", str(args.requests), "--dir", args.dir]
+                command += ["--task-times"] if args.task_times else []
                 done = subprocess.run(command, capture_output=True, text=True, check=False)
                 if done.returncode:
                     print(
@@ -223,6 +276,11 @@ def _compare_masters(args: argparse.Namespace) -> int:
             "session_s": [round(r["session_s"], 1) for r in results],
             "loadavg_1min": [r["loadavg"][0] for r in results],
         }
+        if args.task_times:
+            table[master]["machine_busy_cores"] = [
+                r["replay"]["machine_busy_cores"] for r in results
+            ]
+            table[master]["replay_task_s"] = [r["replay"]["replay_task_s"] for r in results]
     report = {
         "requests": args.requests,
         "rounds": args.rounds,

@@ -382,7 +382,8 @@ class LocalCluster:
 
     def _launch_worker(self, home: Path, index: int) -> None:
         conf = self.directory / "conf" / "worker.properties"
-        conf.write_text("spark.worker.timeout 10\n")
+        # As the Master's: a taken port fails, and the Worker keeps the recorded port.
+        conf.write_text("spark.port.maxRetries 0\nspark.worker.timeout 10\n")
         port = _free_port()
         self._spawn(
             f"worker-{index}",

@@ -17,13 +17,14 @@ pipeline's tasks run its code on the executors, which must have it installed
 
 from __future__ import annotations
 
+import glob
 import ipaddress
 import os
 import platform
 import re
 import socket
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ __all__ = [
     "get_spark",
     "is_connect",
     "master_endpoints",
+    "missing_inputs",
     "spark_path",
 ]
 
@@ -148,6 +150,19 @@ def spark_path(path: str | os.PathLike[str]) -> str:
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", text):
         return text
     return str(Path(text).absolute())
+
+
+def missing_inputs(paths: Sequence[str]) -> list[str]:
+    """The local paths (no URI scheme) among ``paths`` that name nothing: no such
+    file or directory, or a glob that matches nothing. URIs are not checked."""
+    missing = []
+    for path in paths:
+        if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", path):
+            continue
+        found = glob.glob(path) if glob.has_magic(path) else os.path.exists(path)
+        if not found:
+            missing.append(path)
+    return missing
 
 
 def _first_line(exc: BaseException) -> str:

@@ -17,6 +17,7 @@ from aiopurgatory.pipeline.session import (
     check_reachable,
     get_spark,
     master_endpoints,
+    missing_inputs,
     spark_path,
 )
 
@@ -107,6 +108,7 @@ def test_cli_prints_one_line_and_exits_non_zero(
 ) -> None:
     master = f"{scheme}://127.0.0.1:{closed_port}"
     out = tmp_path / "out"
+    (tmp_path / "input").mkdir()
     status = cli([command, str(tmp_path / "input"), "--out", str(out), "--master", master])
     assert status == 1
     err = capsys.readouterr().err
@@ -124,6 +126,29 @@ def test_cli_rejects_a_malformed_master(tmp_path: Path, capsys: pytest.CaptureFi
     assert "aiopurgatory analyze: master 'spark://h:x': expected spark://host:port" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("command", ["replay", "analyze"])
+def test_cli_names_a_missing_input_without_starting_spark(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "present.jsonl").write_text("")
+    inputs = [str(tmp_path / "absent.parquet")]
+    if command == "analyze":
+        inputs = [str(tmp_path / "present.jsonl"), str(tmp_path / "*.nothing"), *inputs]
+    out = tmp_path / "out"
+    started = time.monotonic()
+    assert cli([command, *inputs, "--out", str(out), "--master", "local[1]"]) == 2
+    assert time.monotonic() - started < 10  # no Spark session
+    err = capsys.readouterr().err
+    missing = ", ".join(inputs[1:] if command == "analyze" else inputs)
+    assert err == f"aiopurgatory {command}: no such file or directory: {missing}\n"
+    assert not out.exists()
+
+
+def test_missing_inputs_skips_uris(tmp_path: Path) -> None:
+    assert missing_inputs(["s3a://bucket/x", "file:/nope", str(tmp_path)]) == []
+    assert missing_inputs([str(tmp_path / "a?c")]) == [str(tmp_path / "a?c")]
 
 
 def test_spark_path() -> None:
