@@ -7,6 +7,7 @@ import re
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from aiopurgatory.cli import main as cli
 from aiopurgatory.pipeline.session import (
     MasterUnreachableError,
     SparkSetupError,
+    check_executors,
     check_reachable,
     get_spark,
     master_endpoints,
@@ -157,3 +159,54 @@ def test_spark_path() -> None:
     assert spark_path("/abs/x") == "/abs/x"
     assert spark_path("rel/x") == str(Path.cwd() / "rel" / "x")
     assert spark_path(Path("rel")) == str(Path.cwd() / "rel")
+
+
+class _Rows:
+    """What ``spark.range(...).mapInPandas(...)`` gives check_executors: collected rows,
+    or the error a failed job raises (the real jobs run in test_cluster.py)."""
+
+    def __init__(self, version: str = "", error: Exception | None = None) -> None:
+        self.version = version
+        self.error = error
+
+    def range(self, *args: object, **kwargs: object) -> _Rows:
+        return self
+
+    def mapInPandas(self, *args: object) -> _Rows:
+        return self
+
+    def collect(self) -> list[Any]:
+        if self.error is not None:
+            raise self.error
+        row = {"version": self.version, "compiled": True, "python": "3.11.7"}
+        return [type("Row", (), {"asDict": lambda self: row})()]
+
+
+def test_check_executors_reports_what_they_have() -> None:
+    import aiopurgatory
+
+    found = check_executors(_Rows(aiopurgatory.__version__), "spark://h:1")
+    assert found == {"version": aiopurgatory.__version__, "compiled": True, "python": "3.11.7"}
+
+
+def test_check_executors_refuses_another_version() -> None:
+    with pytest.raises(
+        SparkSetupError, match=r"executors of spark://h:1 have aiopurgatory 0\.0\.1"
+    ):
+        check_executors(_Rows("0.0.1"), "spark://h:1")
+
+
+def test_check_executors_names_the_python_error_in_one_line() -> None:
+    text = (
+        "An exception was thrown from the Python worker. Please see the stack trace below.\n"
+        "Traceback (most recent call last):\n"
+        '  File "worker.py", line 1, in main\n'
+        "ModuleNotFoundError: No module named 'aiopurgatory'\n\n"
+        "JVM stacktrace:\norg.apache.spark.api.python.PythonException: boom\n"
+    )
+    with pytest.raises(SparkSetupError) as caught:
+        check_executors(_Rows(error=RuntimeError(text)), "sc://h:2")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("the executors of sc://h:2 cannot run the pipeline's Python code")
+    assert "(ModuleNotFoundError: No module named 'aiopurgatory')" in message
