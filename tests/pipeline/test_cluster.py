@@ -13,8 +13,8 @@ single-process replay's; and executors whose Python lacks aiopurgatory, which
 the CLI reports in one line.
 
 These tests start JVMs and take minutes, so they run once in ``make test``: in
-the compiled-core run, not in the pure-Python rerun (the driver-side code they
-exercise is the same; the replay's results on both cores are compared elsewhere).
+the compiled-core run, not in the pure-Python rerun (the local Spark tests of
+the pipeline run in both).
 """
 
 from __future__ import annotations
