@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install build test lint demo bench docs pipeline clean
+.PHONY: install build test lint demo bench docs pipeline cluster-up cluster-down clean
 
 install: $(STAMP)
 
@@ -41,6 +41,14 @@ docs: install
 
 pipeline: install
 	$(PY) -m aiopurgatory.pipeline.demo
+
+# A standalone Spark cluster (a Master, two 1-core Workers) and a Spark Connect
+# server on 127.0.0.1, from the installed pyspark; state and logs in .spark-cluster/.
+cluster-up: install
+	$(PY) -m aiopurgatory.pipeline.cluster up --dir .spark-cluster
+
+cluster-down:
+	$(PY) -m aiopurgatory.pipeline.cluster down --dir .spark-cluster
 
 clean:
 	rm -rf $(VENV) docs/_build .pytest_cache .mypy_cache .ruff_cache build

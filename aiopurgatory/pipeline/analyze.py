@@ -477,15 +477,28 @@ def main(argv: list[str]) -> int:
         print(f"aiopurgatory analyze: {exc}", file=sys.stderr)
         return 2
     from .report import print_summary
-    from .session import get_spark
+    from .session import SparkSetupError, get_spark, is_connect, missing_inputs, spark_path
 
-    out = Path(args.out)
+    # A Spark Connect server resolves paths itself; a classic driver lists them here.
+    missing = [] if is_connect(args.master) else missing_inputs(args.events)
+    if missing:
+        print(
+            f"aiopurgatory analyze: no such file or directory: {', '.join(missing)}",
+            file=sys.stderr,
+        )
+        return 2
+    started = time.perf_counter()
+    try:
+        spark = get_spark(args.master, app_name="aiopurgatory-analyze", conf=conf)
+    except (SparkSetupError, ValueError) as exc:
+        print(f"aiopurgatory analyze: {exc}", file=sys.stderr)
+        return 1
+    session_s = time.perf_counter() - started
+    # Absolute, so that a Spark Connect server resolves them as this process does.
+    out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    spark = get_spark(args.master, app_name="aiopurgatory-analyze", conf=conf)
-    session_s = time.perf_counter() - started
-    started = time.perf_counter()
-    quality = read_events(spark, args.events, out / "facts")
+    quality = read_events(spark, [spark_path(path) for path in args.events], out / "facts")
     read_s = time.perf_counter() - started
     result = analyze_facts(
         spark,

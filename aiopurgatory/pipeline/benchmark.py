@@ -9,6 +9,13 @@ times (wall seconds) and rows per second of each step, plus the load average
 ``--compare-plain`` also replays the same trace with the plain loop path (one
 event-loop turn per event time, ``fast=False``), reports its rate and checks that
 both produce identical facts.
+
+``--compare-masters 'local[1],local[2],cluster' --rounds 2`` measures the Spark
+replay (read, replay, write ``facts/``) on each master side by side: every run in
+a fresh process, the masters in turns (A B C A B C), so that a change of the
+machine's load hits all of them. ``cluster`` is a local standalone cluster (two
+Workers of one core, :mod:`aiopurgatory.pipeline.cluster`) started for the
+comparison and stopped after it.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import argparse
 import json
 import os
 import random
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -82,7 +91,25 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also time the plain loop path (fast=False) and check identical facts",
     )
+    parser.add_argument(
+        "--no-single", action="store_true", help="skip the single-process replay measurement"
+    )
+    parser.add_argument(
+        "--task-times",
+        action="store_true",
+        help="also report the replay stage's task durations (from the driver's REST API, "
+        "web UI on a free port) and the machine's busy cores during the Spark replay",
+    )
+    parser.add_argument(
+        "--compare-masters",
+        metavar="M1,M2,...",
+        help="replay on each master in turn, each run in its own process ('cluster': a "
+        "local 2-worker standalone cluster started for the comparison)",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="turns of --compare-masters")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.compare_masters:
+        return _compare_masters(args)
 
     from .replay_core import ReplayParams, replay_trace
     from .trace import TraceSpec, generate_trace, write_trace
@@ -94,8 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_spark:
         from .session import get_spark
 
+        conf = {}
+        if args.task_times:
+            ui_port = _free_port()
+            conf = {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)}
         started = time.perf_counter()
-        spark = get_spark(args.master, app_name="aiopurgatory-benchmark")
+        spark = get_spark(args.master, app_name="aiopurgatory-benchmark", conf=conf)
         result["session_s"] = time.perf_counter() - started
 
     if spark is not None and not args.skip_analyze:
@@ -132,11 +163,20 @@ def main(argv: list[str] | None = None) -> int:
             trace_path = root / f"trace-{args.requests}.parquet"
             write_trace(trace_pd, trace_path)
             started = time.perf_counter()
+            busy = _busy_cores()
             facts = replay_spark(spark, read_trace(spark, str(trace_path)), params)
             facts.write.mode("overwrite").parquet(str(root / "replay-facts"))
             spark_s = time.perf_counter() - started
             replay["spark_s"] = round(spark_s, 2)
             replay["spark_requests_per_s"] = round(args.requests / spark_s)
+            if args.task_times:
+                replay["machine_busy_cores"] = _busy_cores(busy)
+                replay["replay_task_s"] = _last_stage_task_seconds(ui_port)
+        if args.no_single:
+            result["replay"] = replay
+            result["loadavg"] = os.getloadavg()
+            print(json.dumps(result, indent=2))
+            return 0
         cpu = time.process_time()
         wall = time.perf_counter()
         fast = replay_trace(trace_pd, params)
@@ -154,6 +194,102 @@ def main(argv: list[str] | None = None) -> int:
         result["replay"] = replay
     result["loadavg"] = os.getloadavg()
     print(json.dumps(result, indent=2))
+    return 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _busy_cores(since: tuple[int, int] | None = None) -> Any:
+    """/proc/stat's (busy, total) jiffies; with ``since``, the busy cores in between
+    (the whole machine's, other processes included). None without /proc/stat."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except OSError:
+        return None
+    now = (sum(fields) - fields[3] - fields[4], sum(fields))
+    if since is None:
+        return now
+    total = now[1] - since[1]
+    return round((os.cpu_count() or 1) * (now[0] - since[0]) / total, 2) if total else None
+
+
+def _last_stage_task_seconds(ui_port: int) -> list[float]:
+    """Durations (seconds) of the tasks of the application's last stage: the replay's
+    ``applyInPandas`` and write of ``facts/``."""
+    import urllib.request
+
+    base = f"http://127.0.0.1:{ui_port}/api/v1/applications"
+    with urllib.request.urlopen(base, timeout=10) as response:
+        app = json.load(response)[0]["id"]
+    with urllib.request.urlopen(f"{base}/{app}/stages", timeout=10) as response:
+        last = max(json.load(response), key=lambda stage: stage["stageId"])
+    url = f"{base}/{app}/stages/{last['stageId']}/{last['attemptId']}/taskList?length=1000"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return sorted(round(task["duration"] / 1000, 1) for task in json.load(response))
+
+
+def _compare_masters(args: argparse.Namespace) -> int:
+    """Spark replay throughput on several masters, side by side (see the module doc)."""
+    masters = [m.strip() for m in args.compare_masters.split(",") if m.strip()]
+    if not masters or args.rounds < 1:
+        print("--compare-masters needs a master and --rounds >= 1", file=sys.stderr)
+        return 2
+    cluster = None
+    if "cluster" in masters:
+        from .cluster import LocalCluster
+
+        cluster = LocalCluster(Path(args.dir) / "cluster", connect=False).start()
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in masters}
+    load_before = os.getloadavg()
+    try:
+        for _ in range(args.rounds):
+            for master in masters:
+                url = cluster.master_url if cluster is not None and master == "cluster" else master
+                command = [sys.executable, "-m", "aiopurgatory.pipeline.benchmark"]
+                command += ["--skip-analyze", "--no-single", "--master", url]
+                command += ["--requests", str(args.requests), "--dir", args.dir]
+                command += ["--task-times"] if args.task_times else []
+                done = subprocess.run(command, capture_output=True, text=True, check=False)
+                if done.returncode:
+                    print(
+                        f"{master}: exit {done.returncode}\n{done.stderr[-2000:]}", file=sys.stderr
+                    )
+                    return 1
+                runs[master].append(json.loads(done.stdout))
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    table = {}
+    for master, results in runs.items():
+        rates = [r["replay"]["spark_requests_per_s"] for r in results]
+        table[master] = {
+            "spark_s": [r["replay"]["spark_s"] for r in results],
+            "requests_per_s": rates,
+            "median_requests_per_s": round(statistics.median(rates)),
+            "session_s": [round(r["session_s"], 1) for r in results],
+            "loadavg_1min": [r["loadavg"][0] for r in results],
+        }
+        if args.task_times:
+            table[master]["machine_busy_cores"] = [
+                r["replay"]["machine_busy_cores"] for r in results
+            ]
+            table[master]["replay_task_s"] = [r["replay"]["replay_task_s"] for r in results]
+    report = {
+        "requests": args.requests,
+        "rounds": args.rounds,
+        "cpus": os.cpu_count(),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "masters": table,
+    }
+    print(json.dumps(report, indent=2))
     return 0
 
 

@@ -78,7 +78,12 @@ def _replay_group(source: str, group: pd.DataFrame) -> pd.DataFrame:
 
 
 def replay_spark(
-    spark: Any, trace: Any, param_sets: Sequence[ReplayParams], *, source: str = ""
+    spark: Any,
+    trace: Any,
+    param_sets: Sequence[ReplayParams],
+    *,
+    source: str = "",
+    partitions: int | None = None,
 ) -> Any:
     """The Spark replay: facts of every (parameter set, broker) group, as a DataFrame.
 
@@ -87,14 +92,21 @@ def replay_spark(
         trace: the trace DataFrame (see :func:`read_trace`).
         param_sets: at least one parameter set.
         source: the facts' ``source`` column.
+        partitions: Spark tasks of the replay stage; default: one per (parameter
+            set, broker) group (counting the brokers takes one small job). Groups
+            are hashed to tasks, so some tasks may get two groups and some none.
 
     Raises:
-        ValueError: ``param_sets`` is empty.
+        ValueError: ``param_sets`` is empty, or ``partitions`` < 1.
     """
     from pyspark.sql import functions as F
 
     if not param_sets:
         raise ValueError("param_sets must not be empty")
+    if partitions is None:
+        partitions = max(1, trace.select("broker").distinct().count()) * len(param_sets)
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
     params = spark.createDataFrame(
         [(p.label, p.timeout, p.min_insync, p.tick, p.wheel_size) for p in param_sets],
         "scenario string, p_timeout double, p_min_insync int, p_tick double, p_wheel_size int",
@@ -105,8 +117,12 @@ def replay_spark(
     def replay_group(group: pd.DataFrame) -> pd.DataFrame:
         return _replay_group(source, group)
 
+    # An explicit number of partitions: adaptive execution would otherwise merge
+    # the small shuffle into one task and replay every group on one core. The
+    # grouping reuses this partitioning (no second shuffle).
     return (
         trace.crossJoin(F.broadcast(params))
+        .repartition(partitions, "scenario", "broker")
         .groupBy("scenario", "broker")
         .applyInPandas(replay_group, schema=fact_ddl())
     )
@@ -153,14 +169,26 @@ def main(argv: list[str]) -> int:
         print(f"aiopurgatory replay: {exc}", file=sys.stderr)
         return 2
     from .report import print_summary
-    from .session import get_spark
+    from .session import SparkSetupError, get_spark, is_connect, missing_inputs, spark_path
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    # A Spark Connect server resolves paths itself; a classic driver lists them here.
+    missing = [] if is_connect(args.master) else missing_inputs([args.trace])
+    if missing:
+        print(
+            f"aiopurgatory replay: no such file or directory: {', '.join(missing)}", file=sys.stderr
+        )
+        return 2
     seconds: dict[str, float] = {}
     started = time.perf_counter()
-    spark = get_spark(args.master, app_name="aiopurgatory-replay", conf=conf)
+    try:
+        spark = get_spark(args.master, app_name="aiopurgatory-replay", conf=conf)
+    except (SparkSetupError, ValueError) as exc:
+        print(f"aiopurgatory replay: {exc}", file=sys.stderr)
+        return 1
     seconds["session"] = time.perf_counter() - started
+    # Absolute, so that a Spark Connect server resolves them as this process does.
+    out = Path(args.out).absolute()
+    out.mkdir(parents=True, exist_ok=True)
 
     started = time.perf_counter()
     if args.local:
@@ -173,7 +201,7 @@ def main(argv: list[str]) -> int:
         facts_pd.to_parquet(out / "facts.parquet", index=False)
         facts_path = out / "facts.parquet"
     else:
-        trace = read_trace(spark, args.trace)
+        trace = read_trace(spark, spark_path(args.trace))
         requests = trace.count()
         replay_spark(spark, trace, param_sets, source=args.trace).write.mode("overwrite").parquet(
             str(out / "facts")
