@@ -240,8 +240,8 @@ async def _serve(ref: weakref.ref[TrioDriver], bed: _Bed) -> None:
     current_task = trio.lowlevel.current_task
     try:
         while True:
-            driver = ref()
-            if driver is None or driver._closed:
+            driver = _live(ref)
+            if driver is None:
                 return
             deadline = driver._armed
             del driver
@@ -249,8 +249,8 @@ async def _serve(ref: weakref.ref[TrioDriver], bed: _Bed) -> None:
                 bed.scope = scope
                 try:
                     while True:
-                        driver = ref()
-                        if driver is None or driver._closed:
+                        driver = _live(ref)
+                        if driver is None:
                             return
                         flush = driver._flush
                         del driver
@@ -273,15 +273,21 @@ async def _serve(ref: weakref.ref[TrioDriver], bed: _Bed) -> None:
                 return
     finally:
         bed.ended = True
-        driver = ref()
-        if driver is not None and not driver._closed and driver._flush:
+        driver = _live(ref)
+        if driver is not None and driver._flush:
             _serve_driver(ref)
+
+
+def _live(ref: weakref.ref[TrioDriver]) -> TrioDriver | None:
+    """The driver behind ``ref``, unless it is gone or closed."""
+    driver = ref()
+    return None if driver is None or driver._closed else driver
 
 
 def _serve_driver(ref: weakref.ref[TrioDriver]) -> bool:
     """Serve the driver behind ``ref``; False if it is gone or closed."""
-    driver = ref()
-    if driver is None or driver._closed:
+    driver = _live(ref)
+    if driver is None:
         return False
     try:
         driver._serve_once()
