@@ -477,22 +477,12 @@ def main(argv: list[str]) -> int:
         print(f"aiopurgatory analyze: {exc}", file=sys.stderr)
         return 2
     from .report import print_summary
-    from .session import SparkSetupError, get_spark, is_connect, missing_inputs, spark_path
+    from .session import cli_session, spark_path
 
-    # A Spark Connect server resolves paths itself; a classic driver lists them here.
-    missing = [] if is_connect(args.master) else missing_inputs(args.events)
-    if missing:
-        print(
-            f"aiopurgatory analyze: no such file or directory: {', '.join(missing)}",
-            file=sys.stderr,
-        )
-        return 2
     started = time.perf_counter()
-    try:
-        spark = get_spark(args.master, app_name="aiopurgatory-analyze", conf=conf)
-    except (SparkSetupError, ValueError) as exc:
-        print(f"aiopurgatory analyze: {exc}", file=sys.stderr)
-        return 1
+    spark, status = cli_session("aiopurgatory analyze", args.master, args.events, conf)
+    if spark is None:
+        return status
     session_s = time.perf_counter() - started
     # Absolute, so that a Spark Connect server resolves them as this process does.
     out = Path(args.out).absolute()

@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
 
         conf = {}
         if args.task_times:
+            from .cluster import _free_port
+
             ui_port = _free_port()
             conf = {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)}
         started = time.perf_counter()
@@ -195,15 +197,6 @@ def main(argv: list[str] | None = None) -> int:
     result["loadavg"] = os.getloadavg()
     print(json.dumps(result, indent=2))
     return 0
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _busy_cores(since: tuple[int, int] | None = None) -> Any:

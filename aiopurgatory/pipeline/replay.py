@@ -169,22 +169,13 @@ def main(argv: list[str]) -> int:
         print(f"aiopurgatory replay: {exc}", file=sys.stderr)
         return 2
     from .report import print_summary
-    from .session import SparkSetupError, get_spark, is_connect, missing_inputs, spark_path
+    from .session import cli_session, spark_path
 
-    # A Spark Connect server resolves paths itself; a classic driver lists them here.
-    missing = [] if is_connect(args.master) else missing_inputs([args.trace])
-    if missing:
-        print(
-            f"aiopurgatory replay: no such file or directory: {', '.join(missing)}", file=sys.stderr
-        )
-        return 2
     seconds: dict[str, float] = {}
     started = time.perf_counter()
-    try:
-        spark = get_spark(args.master, app_name="aiopurgatory-replay", conf=conf)
-    except (SparkSetupError, ValueError) as exc:
-        print(f"aiopurgatory replay: {exc}", file=sys.stderr)
-        return 1
+    spark, status = cli_session("aiopurgatory replay", args.master, [args.trace], conf)
+    if spark is None:
+        return status
     seconds["session"] = time.perf_counter() - started
     # Absolute, so that a Spark Connect server resolves them as this process does.
     out = Path(args.out).absolute()

@@ -38,6 +38,7 @@ __all__ = [
     "SparkSetupError",
     "check_executors",
     "check_reachable",
+    "cli_session",
     "get_spark",
     "is_connect",
     "master_endpoints",
@@ -51,6 +52,8 @@ PROBE_TIMEOUT = 5.0
 _DEFAULT_PORTS = {"spark": 7077, "sc": 15002}
 
 _LOG4J2 = Path(__file__).with_name("log4j2.properties")
+#: A URI's scheme (``s3a:``, ``file:``, ``hdfs:``): such paths go to Spark unchanged.
+_URI_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 class SparkSetupError(RuntimeError):
@@ -147,7 +150,7 @@ def spark_path(path: str | os.PathLike[str]) -> str:
     server, in its own working directory: the pipeline passes absolute ones.
     """
     text = os.fspath(path)
-    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", text):
+    if _URI_SCHEME.match(text):
         return text
     return str(Path(text).absolute())
 
@@ -157,7 +160,7 @@ def missing_inputs(paths: Sequence[str]) -> list[str]:
     file or directory, or a glob that matches nothing. URIs are not checked."""
     missing = []
     for path in paths:
-        if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", path):
+        if _URI_SCHEME.match(path):
             continue
         found = glob.glob(path) if glob.has_magic(path) else os.path.exists(path)
         if not found:
@@ -282,6 +285,33 @@ def get_spark(
     if check and not master.startswith("local"):
         check_executors(session, master)
     return session
+
+
+def cli_session(
+    prog: str, master: str, inputs: Sequence[str], conf: Mapping[str, str]
+) -> tuple[Any, int]:
+    """For a command (``aiopurgatory replay``, ``analyze``): its session, once its
+    local inputs are known to exist.
+
+    Args:
+        prog: the command's name, for messages; its app name is the same, hyphenated.
+        master, conf: as for :func:`get_spark`.
+        inputs: the paths the job reads.
+
+    Returns:
+        ``(session, 0)``; or ``(None, status)`` after printing why not on stderr:
+        status 2 for a missing input, 1 for a master that cannot be used.
+    """
+    # A Spark Connect server resolves paths itself; a classic driver lists them here.
+    missing = [] if is_connect(master) else missing_inputs(inputs)
+    if missing:
+        print(f"{prog}: no such file or directory: {', '.join(missing)}", file=sys.stderr)
+        return None, 2
+    try:
+        return get_spark(master, app_name=prog.replace(" ", "-"), conf=conf), 0
+    except (SparkSetupError, ValueError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None, 1
 
 
 def _build(

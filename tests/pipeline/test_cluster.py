@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -36,7 +35,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from aiopurgatory.pipeline.cluster import LocalCluster, _children, _start_ticks
+from aiopurgatory.pipeline.cluster import LocalCluster, _children, _free_port, _start_ticks
 from aiopurgatory.pipeline.demo import write_sample_event_log
 from aiopurgatory.pipeline.replay_core import ReplayParams, replay_trace
 from aiopurgatory.pipeline.trace import TraceSpec, generate_trace, read_trace_pandas, write_trace
@@ -280,13 +279,6 @@ KILL_DRIVER = textwrap.dedent(
     spark.stop()
     """
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _get(url: str) -> Any:
