@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, suppress
 from math import inf, nan
 from typing import Any
 
@@ -48,6 +48,16 @@ def theirs(delay: float | None) -> AbstractAsyncContextManager[Any]:
 
 
 both = pytest.mark.parametrize("make_timeout", [ours, theirs], ids=["aiopurgatory", "asyncio"])
+
+
+@contextmanager
+def noting(saw: list[type[BaseException]]) -> Iterator[None]:
+    """Append the type of an exception leaving the block to ``saw``, and let it go on."""
+    try:
+        yield
+    except BaseException as exc:
+        saw.append(type(exc))
+        raise
 
 
 class _FailAfter:
@@ -277,12 +287,9 @@ async def test_nested_outer_deadline_first() -> None:
 
     async def block() -> None:
         async with outer:
-            try:
+            with noting(inner_saw):
                 async with inner:
                     await anyio.sleep(10)
-            except BaseException as exc:
-                inner_saw.append(type(exc))
-                raise
 
     with pytest.raises(TimeoutError):
         await block()
@@ -334,14 +341,11 @@ async def test_a_task_group_cancelled_from_outside_is_not_turned_into_timeout_er
     saw: list[type[BaseException]] = []
 
     async def body() -> None:
-        try:
+        with noting(saw):
             async with timer.timeout(10) as cm:
                 entered.set()
                 await anyio.sleep(100)
             raise AssertionError(f"not reached {cm}")
-        except BaseException as exc:
-            saw.append(type(exc))
-            raise
 
     async with anyio.create_task_group() as group:
         group.start_soon(body)
@@ -387,12 +391,9 @@ def test_trio_a_nursery_cancelled_at_the_deadline_gives_cancelled(
         saw: list[type[BaseException]] = []
 
         async def body() -> None:
-            try:
+            with noting(saw):
                 async with make_timeout(0.5):
                     await trio.sleep(10)
-            except BaseException as exc:
-                saw.append(type(exc))
-                raise
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(body)
@@ -436,11 +437,8 @@ async def test_a_timed_out_block_leaves_its_task_cancellable() -> None:
             async with timer.timeout(0.1):
                 await anyio.sleep(1)
         proceed.set()
-        try:
+        with noting(saw):
             await anyio.sleep(100)
-        except BaseException as exc:
-            saw.append(type(exc))
-            raise
 
     async with anyio.create_task_group() as group:
         group.start_soon(body)

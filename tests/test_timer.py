@@ -35,7 +35,7 @@ import logging
 import random
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from math import ceil, inf, nan
 from typing import Any, TypeVar, cast
 
@@ -304,6 +304,16 @@ async def test_len_counts_pending_handles() -> None:
     assert len(timer) == 0
 
 
+def _cancel_twice(handles: Sequence[ap.TimerHandle | asyncio.TimerHandle]) -> None:
+    """Cancel each handle twice: ``cancelled()`` is false before, true after each."""
+    for h in handles:
+        assert not h.cancelled()
+        h.cancel()
+        assert h.cancelled()
+        h.cancel()
+        assert h.cancelled()
+
+
 @pytest.mark.virtual_time
 async def test_cancel_before_fire_and_cancelled_like_asyncio() -> None:
     loop = asyncio.get_running_loop()
@@ -311,13 +321,7 @@ async def test_cancel_before_fire_and_cancelled_like_asyncio() -> None:
     rec = Recorder()
     ours = [timer.call_later(0.01, rec, "x"), timer.call_later(0, rec, "y")]
     theirs = [loop.call_later(0.01, rec, "x"), loop.call_later(0, rec, "y")]
-    handles: list[ap.TimerHandle | asyncio.TimerHandle] = [*ours, *theirs]
-    for h in handles:
-        assert not h.cancelled()
-        h.cancel()
-        assert h.cancelled()
-        h.cancel()
-        assert h.cancelled()
+    _cancel_twice([*ours, *theirs])
     await asyncio.sleep(1)
     assert rec.calls == []
     assert len(timer) == 0
@@ -328,13 +332,7 @@ def test_trio_cancel_before_fire_and_cancelled() -> None:
     async def main() -> None:
         timer = ap.Timer()
         rec = Recorder()
-        handles = [timer.call_later(0.01, rec, "x"), timer.call_later(0, rec, "y")]
-        for h in handles:
-            assert not h.cancelled()
-            h.cancel()
-            assert h.cancelled()
-            h.cancel()
-            assert h.cancelled()
+        _cancel_twice([timer.call_later(0.01, rec, "x"), timer.call_later(0, rec, "y")])
         await trio.sleep(1)
         assert rec.calls == []
         assert len(timer) == 0
