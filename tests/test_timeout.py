@@ -486,9 +486,7 @@ async def test_parity_swallowed_cancellation_means_no_timeout_error(
     assert loop.time() == 0.5
 
 
-@pytest.mark.parametrize(
-    "make_timeout", [ours, anyio_fail_after], ids=["aiopurgatory", "anyio.fail_after"]
-)
+@both_on_trio
 def test_trio_parity_swallowed_cancellation_means_no_timeout_error(
     make_timeout: TimeoutFactory,
 ) -> None:
