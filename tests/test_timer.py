@@ -789,7 +789,9 @@ async def test_bad_delay_or_when_is_rejected_and_changes_nothing(
 ) -> None:
     timer = ap.Timer()
     timer.call_later(10, print)
+    await next_iteration()  # the entry is armed: a bad call must leave that as it is
     armed = armed_at(timer)
+    assert armed is not None
     for method, name in ((timer.call_later, "delay"), (timer.call_at, "when")):
         with pytest.raises(error, match=name):
             method(value, print)  # type: ignore[arg-type]
