@@ -46,7 +46,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["ClusterError", "LocalCluster", "main", "spark_home"]
+__all__ = ["ClusterError", "LocalCluster", "java_missing", "main", "spark_home"]
 
 #: Seconds to wait for the cluster to come up (JVM starts on a loaded 2-core machine).
 DEFAULT_TIMEOUT = 180.0
@@ -95,6 +95,17 @@ def spark_home() -> Path:
     return home
 
 
+def java_missing() -> bool:
+    """True if neither ``java`` on PATH nor ``JAVA_HOME`` is there to start Spark with."""
+    return shutil.which("java") is None and not os.environ.get("JAVA_HOME")
+
+
+def _get_json(url: str, timeout: float = 5) -> Any:
+    """GET ``url`` and parse its JSON body (a Spark web UI or REST API page)."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.load(response)
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((_HOST, 0))
@@ -117,15 +128,21 @@ def _start_ticks(pid: int) -> int | None:
         except PermissionError:
             return 0
         return 0
+    fields = _stat_fields(_PROC / str(pid))
+    if fields is None or fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def _stat_fields(process: Path) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name, from the state
+    (field 3) on; None if the process is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = (process / "stat").read_text()
     except OSError:
         return None
     # The command name (field 2) may contain spaces and parentheses: split after it.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
+    return stat[stat.rfind(")") + 2 :].split()
 
 
 def _children(pid: int) -> list[int]:
@@ -134,14 +151,9 @@ def _children(pid: int) -> list[int]:
     if not _PROC.is_dir():
         return []
     for entry in _PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
-        parents.setdefault(ppid, []).append(int(entry.name))
+        fields = _stat_fields(entry) if entry.name.isdigit() else None
+        if fields is not None:
+            parents.setdefault(int(fields[1]), []).append(int(entry.name))
     found: list[int] = []
     todo = [pid]
     while todo:
@@ -274,7 +286,7 @@ class LocalCluster:
                 time (the message has its log's tail). Whatever had started is
                 stopped again.
         """
-        if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        if java_missing():
             raise ClusterError("Java is missing: put java (17 or later) on PATH or set JAVA_HOME")
         home = spark_home()
         previous = _load_state(self.directory)
@@ -463,28 +475,22 @@ class LocalCluster:
             ClusterError: the Master does not answer.
         """
         try:
-            with urllib.request.urlopen(f"{self.master_ui_url}/json/", timeout=5) as response:
-                data: dict[str, Any] = json.load(response)
-                return data
+            data: dict[str, Any] = _get_json(f"{self.master_ui_url}/json/")
+            return data
         except (OSError, ValueError) as exc:
             url = self.master_ui_url
             raise ClusterError(f"the Master at {url} does not answer: {exc}") from exc
 
-    def alive_worker_ports(self) -> set[int]:
-        """The ports of the Workers that the Master counts as alive."""
-        data = self.master_json()
-        return {w["port"] for w in data.get("workers", []) if w.get("state") == "ALIVE"}
-
-    def wait_for_workers(self, timeout: float | None = None) -> None:
+    def wait_for_workers(self) -> None:
         """Wait until the Master is alive and counts every Worker started (or
         restarted) by this cluster as alive.
 
         Raises:
-            ClusterError: a process exited, or not ready within ``timeout``
-                (default: the cluster's start-up timeout).
+            ClusterError: a process exited, or not ready within the cluster's
+                start-up timeout.
         """
         state = self._started()
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        deadline = time.monotonic() + self.timeout
         workers = [p for p in state.processes if p.name.startswith("worker-")]
         names = ["master"] + [p.name for p in workers]
         seen = "no answer"

@@ -8,14 +8,12 @@ for workers; see :func:`aiopurgatory.pipeline.session.get_spark`).
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from aiopurgatory.pipeline.cluster import LocalCluster
+from aiopurgatory.pipeline.cluster import LocalCluster, java_missing
 
 pytest.importorskip("pyspark")
 pytest.importorskip("pandas")
@@ -35,7 +33,7 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     """A standalone cluster (Master, two 1-core Workers) and a Spark Connect server
     on 127.0.0.1, started once for the run and stopped by pid at the end, whatever
     the tests did (see :mod:`aiopurgatory.pipeline.cluster`)."""
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+    if java_missing():
         pytest.skip("Java is missing (no java on PATH, no JAVA_HOME): cannot start Spark")
     cluster = LocalCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=1)
     cluster.start()

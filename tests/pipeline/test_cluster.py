@@ -27,15 +27,19 @@ import sys
 import sysconfig
 import textwrap
 import time
-import urllib.request
 import venv
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pytest
 
-from aiopurgatory.pipeline.cluster import LocalCluster, _children, _free_port, _start_ticks
+from aiopurgatory.pipeline.cluster import (
+    LocalCluster,
+    _children,
+    _free_port,
+    _get_json,
+    _start_ticks,
+)
 from aiopurgatory.pipeline.demo import write_sample_event_log
 from aiopurgatory.pipeline.replay_core import ReplayParams, replay_trace
 from aiopurgatory.pipeline.trace import TraceSpec, generate_trace, read_trace_pandas, write_trace
@@ -281,17 +285,12 @@ KILL_DRIVER = textwrap.dedent(
 )
 
 
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.load(response)
-
-
 def _replay_stage_busy(ui: str) -> bool:
     """True while the replay stage (``KILL_TASKS`` tasks) runs a task on each executor
     (one core each), read from the driver's REST API."""
     try:
-        apps = _get(f"{ui}/api/v1/applications")
-        stages = _get(f"{ui}/api/v1/applications/{apps[0]['id']}/stages?status=active")
+        apps = _get_json(f"{ui}/api/v1/applications")
+        stages = _get_json(f"{ui}/api/v1/applications/{apps[0]['id']}/stages?status=active")
     except (OSError, ValueError, IndexError, KeyError):
         return False  # the driver's UI is not up yet
     return any(s["numTasks"] == KILL_TASKS and s["numActiveTasks"] >= 2 for s in stages)
@@ -304,14 +303,12 @@ def test_a_worker_killed_mid_replay_changes_nothing(
     out = tmp_path / "facts"
     port = _free_port()
     ui = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     argv = [spark_cluster.master_url, str(trace), str(out), str(port), str(KILL_TASKS)]
     driver = subprocess.Popen(
         [sys.executable, "-c", KILL_DRIVER, *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
     )
     killed: list[int] = []
     try:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from aiopurgatory.cli import main as cli
+from aiopurgatory.pipeline.cluster import _free_port
 from aiopurgatory.pipeline.session import (
     MasterUnreachableError,
     SparkSetupError,
@@ -27,10 +28,7 @@ from aiopurgatory.pipeline.session import (
 @pytest.fixture
 def closed_port() -> int:
     """A loopback port nothing listens on (bound for a moment, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+    return _free_port()
 
 
 @pytest.mark.parametrize(
