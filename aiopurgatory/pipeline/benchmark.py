@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             trace_path = root / f"trace-{args.requests}.parquet"
             write_trace(trace_pd, trace_path)
             started = time.perf_counter()
-            busy = _busy_cores()
+            busy = _busy_cores() if args.task_times else None
             facts = replay_spark(spark, read_trace(spark, str(trace_path)), params)
             facts.write.mode("overwrite").parquet(str(root / "replay-facts"))
             spark_s = time.perf_counter() - started
@@ -174,25 +174,21 @@ def main(argv: list[str] | None = None) -> int:
             if args.task_times:
                 replay["machine_busy_cores"] = _busy_cores(busy)
                 replay["replay_task_s"] = _last_stage_task_seconds(ui_port)
-        if args.no_single:
-            result["replay"] = replay
-            result["loadavg"] = os.getloadavg()
-            print(json.dumps(result, indent=2))
-            return 0
-        cpu = time.process_time()
-        wall = time.perf_counter()
-        fast = replay_trace(trace_pd, params)
-        cpu_s = time.process_time() - cpu
-        replay["single_process_wall_s"] = round(time.perf_counter() - wall, 2)
-        replay["single_process_cpu_s"] = round(cpu_s, 2)
-        replay["single_process_requests_per_cpu_s"] = round(args.requests / cpu_s)
-        if args.compare_plain:
+        if not args.no_single:
             cpu = time.process_time()
-            plain = replay_trace(trace_pd, params, fast=False)
+            wall = time.perf_counter()
+            fast = replay_trace(trace_pd, params)
             cpu_s = time.process_time() - cpu
-            replay["plain_loop_cpu_s"] = round(cpu_s, 2)
-            replay["plain_loop_requests_per_cpu_s"] = round(args.requests / cpu_s)
-            replay["same_facts"] = bool(fast.equals(plain))
+            replay["single_process_wall_s"] = round(time.perf_counter() - wall, 2)
+            replay["single_process_cpu_s"] = round(cpu_s, 2)
+            replay["single_process_requests_per_cpu_s"] = round(args.requests / cpu_s)
+            if args.compare_plain:
+                cpu = time.process_time()
+                plain = replay_trace(trace_pd, params, fast=False)
+                cpu_s = time.process_time() - cpu
+                replay["plain_loop_cpu_s"] = round(cpu_s, 2)
+                replay["plain_loop_requests_per_cpu_s"] = round(args.requests / cpu_s)
+                replay["same_facts"] = bool(fast.equals(plain))
         result["replay"] = replay
     result["loadavg"] = os.getloadavg()
     print(json.dumps(result, indent=2))
@@ -216,16 +212,13 @@ def _busy_cores(since: tuple[int, int] | None = None) -> Any:
 def _last_stage_task_seconds(ui_port: int) -> list[float]:
     """Durations (seconds) of the tasks of the application's last stage: the replay's
     ``applyInPandas`` and write of ``facts/``."""
-    import urllib.request
+    from .cluster import _get_json
 
     base = f"http://127.0.0.1:{ui_port}/api/v1/applications"
-    with urllib.request.urlopen(base, timeout=10) as response:
-        app = json.load(response)[0]["id"]
-    with urllib.request.urlopen(f"{base}/{app}/stages", timeout=10) as response:
-        last = max(json.load(response), key=lambda stage: stage["stageId"])
+    app = _get_json(base, timeout=10)[0]["id"]
+    last = max(_get_json(f"{base}/{app}/stages", timeout=10), key=lambda s: s["stageId"])
     url = f"{base}/{app}/stages/{last['stageId']}/{last['attemptId']}/taskList?length=1000"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return sorted(round(task["duration"] / 1000, 1) for task in json.load(response))
+    return sorted(round(task["duration"] / 1000, 1) for task in _get_json(url, timeout=10))
 
 
 def _compare_masters(args: argparse.Namespace) -> int:
