@@ -451,13 +451,9 @@ async def test_close_from_a_callback_cancels_the_rest_of_its_batch() -> None:
 # -- failures are contained ---------------------------------------------------------------
 
 
-@pytest.mark.virtual_time
-async def test_raising_callback_goes_to_the_exception_handler(
-    exceptions: list[dict[str, Any]],
-) -> None:
-    collect_exceptions(exceptions)
-    timer = ap.Timer()
-    rec = Recorder()
+def _schedule_two_failures(timer: ap.Timer, rec: Recorder) -> ap.TimerHandle:
+    """Entries "a", "b" and one raising ValueError("in the wheel") at 0.01 s, one
+    raising ValueError("due now") and "c" due at once; returns the failing wheel entry."""
 
     def boom(what: str) -> None:
         raise ValueError(what)
@@ -467,6 +463,17 @@ async def test_raising_callback_goes_to_the_exception_handler(
     timer.call_later(0.01, rec, "b")
     timer.call_later(0, boom, "due now")
     timer.call_later(0, rec, "c")
+    return bad
+
+
+@pytest.mark.virtual_time
+async def test_raising_callback_goes_to_the_exception_handler(
+    exceptions: list[dict[str, Any]],
+) -> None:
+    collect_exceptions(exceptions)
+    timer = ap.Timer()
+    rec = Recorder()
+    bad = _schedule_two_failures(timer, rec)
     await asyncio.sleep(1)
     # "c" was due at once; "a" and "b" share a tick (no order promised among them).
     assert rec.names[0] == "c"
@@ -488,16 +495,8 @@ def test_trio_a_raising_callback_is_logged() -> None:
     async def main() -> None:
         timer = ap.Timer()
         rec = Recorder()
-
-        def boom(what: str) -> None:
-            raise ValueError(what)
-
         with logged_failures() as records:
-            timer.call_later(0.01, rec, "a")
-            bad = timer.call_later(0.01, boom, "in the wheel")
-            timer.call_later(0.01, rec, "b")
-            timer.call_later(0, boom, "due now")
-            timer.call_later(0, rec, "c")
+            bad = _schedule_two_failures(timer, rec)
             await trio.sleep(1)
         # "c" was due at once; "a" and "b" share a tick (no order promised among them).
         assert rec.names[0] == "c"
