@@ -27,12 +27,26 @@ the same wheel; :mod:`aiopurgatory._backends` picks one at first use.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable
 
 __all__ = ["AsyncioDriver"]
 
 _get_running_loop = asyncio._get_running_loop  # C; None outside a running loop
+
+
+def _another_is_running() -> bool:
+    """An asyncio loop or a trio run is active in this thread.
+
+    The same question as ``_backends.current_backend() is not None``, asked here
+    because imports go one way: ``_backends`` imports the drivers, never the reverse
+    (tests/test_package_shape.py).
+    """
+    if _get_running_loop() is not None:
+        return True
+    trio = sys.modules.get("trio")
+    return trio is not None and bool(trio.lowlevel.in_trio_run())
 
 
 class AsyncioDriver:
@@ -111,12 +125,9 @@ class AsyncioDriver:
         # is_running() is cheap and true in the common case; otherwise find out
         # whether another loop or a trio run is using this timer (a stopped loop,
         # between run_until_complete() calls, may be scheduled on, as asyncio's).
-        if not loop.is_running():
-            from ._backends import current_backend  # here: _backends imports this module
-
-            if current_backend() is not None:
-                closed = " (closed)" if loop.is_closed() else ""
-                raise RuntimeError(f"this timer is bound to another event loop{closed}")
+        if not loop.is_running() and _another_is_running():
+            closed = " (closed)" if loop.is_closed() else ""
+            raise RuntimeError(f"this timer is bound to another event loop{closed}")
         self._soon = loop.call_soon(self._flush)
 
     def close(self) -> None:
