@@ -459,10 +459,10 @@ async def _run_plain(
             ops[i] = op
             watch(op, (keys[i],))
         else:
-            op = ops[i]
-            assert op is not None
-            if op.outcome is None:
-                op.acked += 1
+            acked = ops[i]
+            assert acked is not None
+            if acked.outcome is None:
+                acked.acked += 1
                 trigger(keys[i])
 
 
@@ -534,10 +534,10 @@ async def _run_batched(
                 if deadline < limit:
                     limit = deadline
         else:
-            op = ops[i]
-            assert op is not None
-            if op.outcome is None:
-                op.acked += 1
+            acked = ops[i]
+            assert acked is not None
+            if acked.outcome is None:
+                acked.acked += 1
                 trigger(keys[i])
 
 
@@ -655,7 +655,7 @@ def _facts(
     position, code, now, expired = position[sort], code[sort], now[sort], expired[sort]
     if (code == 2).any():
         others = [outcomes[i] for i in sort[code == 2].tolist()]
-        labels = pa.array(["completed", "expired", *(o.value for o in others)])  # type: ignore[union-attr]
+        labels = pa.array(["completed", "expired", *(o.value for o in others if o is not None)])
         code_index = code.astype("int64")
         code_index[code == 2] = 2 + np.arange(len(others))
     else:
@@ -756,9 +756,10 @@ def replay_table(
             facts as the default lean recorder, for checking that claim).
 
     Returns:
-        The per-op fact table as a ``pyarrow.Table`` (:func:`~aiopurgatory.pipeline.schema.fact_arrow_schema`),
-        one row per request in the order the ops finished (ops that expire at
-        the same instant in the order they were watched).
+        The per-op fact table as a ``pyarrow.Table``
+        (:func:`~aiopurgatory.pipeline.schema.fact_arrow_schema`), one row per
+        request in the order the ops finished (ops that expire at the same
+        instant in the order they were watched).
 
     Raises:
         TypeError: ``params`` is not a ReplayParams, ``requests`` not a table.
@@ -813,7 +814,7 @@ def replay_requests(
 
 
 def _to_pandas(facts: Any) -> pd.DataFrame:
-    frame = facts.drop_columns(["keys"]).to_pandas()
+    frame: pd.DataFrame = facts.drop_columns(["keys"]).to_pandas()
     frame.insert(list(FACT_COLUMNS).index("keys"), "keys", facts.column("keys").to_pylist())
     return frame
 
@@ -827,8 +828,7 @@ def split_brokers(trace: Any) -> list[tuple[int, Any]]:
     brokers, starts = np.unique(broker[order], return_index=True)
     bounds = [*starts.tolist(), len(order)]
     return [
-        (b, trace.take(order[bounds[k] : bounds[k + 1]]))
-        for k, b in enumerate(brokers.tolist())
+        (b, trace.take(order[bounds[k] : bounds[k + 1]])) for k, b in enumerate(brokers.tolist())
     ]
 
 
@@ -888,6 +888,4 @@ def replay_trace(
 
     if not param_sets:
         raise ValueError("param_sets must not be empty")
-    return _to_pandas(
-        replay_trace_table(arrow_trace(trace), param_sets, source=source, fast=fast)
-    )
+    return _to_pandas(replay_trace_table(arrow_trace(trace), param_sets, source=source, fast=fast))

@@ -128,7 +128,7 @@ def fact_arrow_schema() -> Any:
 
 
 def trace_arrow_schema() -> Any:
-    """A request trace's Arrow schema (as :func:`~aiopurgatory.pipeline.trace.write_trace` writes)."""
+    """A request trace's Arrow schema (as ``trace.write_trace`` writes it)."""
     import pyarrow as pa
 
     return pa.schema([(name, _arrow_type(ddl)) for name, ddl in TRACE_COLUMNS.items()])
