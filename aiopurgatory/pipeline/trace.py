@@ -30,6 +30,7 @@ __all__ = [
     "TraceSpec",
     "arrow_trace",
     "generate_trace",
+    "generate_trace_table",
     "main",
     "read_trace_pandas",
     "read_trace_table",
@@ -92,8 +93,23 @@ def generate_trace(spec: TraceSpec) -> pd.DataFrame:
     ``replica_delays`` is a list per request with ``None`` for a follower that never
     acknowledges. Deterministic in ``spec`` (numpy's PCG64 seeded with ``spec.seed``).
     """
+    return _pandas_trace(generate_trace_table(spec))
+
+
+def _pandas_trace(table: Any) -> pd.DataFrame:
+    """An Arrow trace as pandas, ``replica_delays`` as lists with None for "never"."""
+    trace: pd.DataFrame = table.drop_columns(["replica_delays"]).to_pandas()
+    trace["replica_delays"] = table.column("replica_delays").to_pylist()
+    return trace
+
+
+def generate_trace_table(spec: TraceSpec) -> Any:
+    """:func:`generate_trace` as an Arrow table, built from numpy columns (no Python
+    object per request): what ``aiopurgatory gen-trace`` writes."""
     import numpy as np
-    import pandas as pd
+    import pyarrow as pa
+
+    from .schema import trace_arrow_schema
 
     if not isinstance(spec, TraceSpec):
         raise TypeError(f"spec must be a TraceSpec, got {type(spec).__name__}")
@@ -130,18 +146,23 @@ def generate_trace(spec: TraceSpec) -> pd.DataFrame:
         hit = (arrival >= start) & (arrival < end)
         never |= hit[:, None] & (follower_broker == down)
     delays = np.where(never, np.nan, delays)
-    replica_delays = [[None if d != d else d for d in row] for row in delays.tolist()]
-
-    return pd.DataFrame(
+    flat = delays.reshape(-1)
+    values = pa.array(flat, pa.float64(), mask=np.isnan(flat))
+    offsets = pa.array(np.arange(n + 1, dtype="int64") * followers, pa.int32())
+    topics = pa.DictionaryArray.from_arrays(
+        pa.array(topic, pa.int32()), pa.array([f"topic-{t}" for t in range(spec.topics)])
+    ).cast(pa.string())
+    return pa.table(
         {
-            "request_id": np.arange(n, dtype="int64"),
-            "broker": leader.astype("int32"),
-            "topic": [f"topic-{t}" for t in topic.tolist()],
-            "partition": partition.astype("int32"),
-            "arrival": arrival,
-            "acks": acks,
-            "replica_delays": replica_delays,
-        }
+            "request_id": pa.array(np.arange(n, dtype="int64")),
+            "broker": pa.array(leader.astype("int32")),
+            "topic": topics,
+            "partition": pa.array(partition.astype("int32")),
+            "arrival": pa.array(arrival),
+            "acks": pa.array(acks),
+            "replica_delays": pa.ListArray.from_arrays(offsets, values),
+        },
+        schema=trace_arrow_schema(),
     )
 
 
@@ -181,12 +202,19 @@ def read_trace_table(path: str | Path) -> Any:
     return table.select(list(TRACE_COLUMNS)).cast(trace_arrow_schema())
 
 
-def write_trace(trace: pd.DataFrame, path: str | Path) -> Path:
-    """Write a trace as Parquet, or as CSV if ``path`` ends in ``.csv``; return the path."""
+def write_trace(trace: pd.DataFrame | Any, path: str | Path) -> Path:
+    """Write a trace (pandas or Arrow) as Parquet, or as CSV if ``path`` ends in
+    ``.csv``; return the path."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(trace, pa.Table):
+        if path.suffix.lower() != ".csv":
+            pq.write_table(trace, path)
+            return path
+        trace = _pandas_trace(trace)
     if path.suffix.lower() == ".csv":
         csv = trace.copy()
         csv["replica_delays"] = [
@@ -281,7 +309,7 @@ def main(argv: list[str]) -> int:
         print(f"aiopurgatory gen-trace: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    trace = generate_trace(spec)
+    trace = generate_trace_table(spec)
     path = write_trace(trace, args.out)
     print(
         f"wrote {len(trace)} requests to {path} in {time.perf_counter() - started:.2f} s",
