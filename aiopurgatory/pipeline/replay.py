@@ -104,15 +104,20 @@ def _partition_keys(tasks: int) -> list[int]:
 
 
 #: The trace columns a replay task needs (``broker`` is in the slot).
-_REPLAY_INPUT = ("request_id", "topic", "partition", "arrival", "acks", "replica_delays")
+_REPLAY_INPUT = ("request_id", "topic", "partition", "arrival", "acks")
 
 
 def _replay_slots(
     batches: Iterator[pa.RecordBatch],
-    slots: dict[int, tuple[int, ReplayParams]],
+    slots: dict[int, tuple[int, list[ReplayParams]]],
+    followers: int | None,
     source: str,
 ) -> Iterator[pa.RecordBatch]:
-    """A replay task: the rows of one or more slots in, their facts out, as Arrow."""
+    """A replay task: the rows of one or more slots in, their facts out, as Arrow.
+
+    With ``followers`` set, the delays came as columns ``d0``, ``d1``, ... (see
+    :func:`replay_spark`) and become the ``replica_delays`` lists again here.
+    """
     import numpy as np
     import pyarrow as pa
 
@@ -121,12 +126,34 @@ def _replay_slots(
         return
     table = pa.Table.from_batches(received)
     del received
+    if followers is not None:
+        table = _delays_as_lists(table, followers)
     slot = table.column("slot").to_numpy()
     for s in np.unique(slot).tolist():
-        broker, params = slots[s]
+        broker, param_sets = slots[s]
         rows = table.take(np.flatnonzero(slot == s)) if len(slots) > 1 else table
-        facts = replay_table(rows, params, purgatory=f"broker-{broker}", source=source)
-        yield from facts.to_batches(max_chunksize=_OUTPUT_BATCH)
+        for params in param_sets:
+            facts = replay_table(rows, params, purgatory=f"broker-{broker}", source=source)
+            yield from facts.to_batches(max_chunksize=_OUTPUT_BATCH)
+
+
+def _delays_as_lists(table: pa.Table, followers: int) -> pa.Table:
+    """Columns ``d0`` .. ``d{followers-1}`` (nulls kept) as one ``replica_delays`` list column."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = table.num_rows
+    names = [f"d{j}" for j in range(followers)]
+    if followers:
+        matrix = np.column_stack(
+            [table.column(name).to_numpy(zero_copy_only=False) for name in names]
+        ).reshape(-1)
+        values = pa.array(matrix, pa.float64(), mask=np.isnan(matrix))
+    else:
+        values = pa.array([], pa.float64())
+    offsets = pa.array(np.arange(n + 1, dtype="int64") * followers, pa.int32())
+    lists = pa.ListArray.from_arrays(offsets, values)
+    return table.drop_columns(names).append_column("replica_delays", lists)
 
 
 #: Rows per Arrow batch handed back to Spark.
@@ -143,12 +170,22 @@ def replay_spark(
 ) -> Any:
     """The Spark replay: facts of every (parameter set, broker) group, as a DataFrame.
 
-    Each (broker, parameter set) group is a *slot*. The trace's replay columns
-    are joined with the small slot table (broker -> slot ids: the parameters
-    themselves stay out of the rows, shipped once with the task's function),
-    hash-partitioned so that each slot lands in a task of its own, largest
-    first, and replayed by ``mapInArrow``: Arrow batches in, the core's Arrow
-    fact batches out, no pandas and no Python object per row on the way.
+    The data path is Arrow from end to end and as narrow as the core allows:
+
+    * One small job counts each broker's requests and the lengths of their delay
+      lists. When every list has the same length ``F`` (the usual trace), the
+      delays travel as ``F`` plain double columns, not as arrays (which cost
+      Spark far more per row to shuffle and convert).
+    * A *slot* is a broker with some of the parameter sets. Each row goes to its
+      broker's slots through a join with a small broadcast table (slot ids only:
+      the parameters themselves ship once, with the task's function); a trace
+      row is copied only when there are too few brokers to keep
+      ``spark.sql.shuffle.partitions`` tasks busy (then the parameter sets are
+      split between copies).
+    * The rows are hash-partitioned so that each slot lands in a task of its own
+      (keys chosen with Spark's own hash), largest first, and ``mapInArrow``
+      replays each slot's parameter sets: Arrow batches in, the core's Arrow
+      fact batches out, no pandas and no Python object per row on the way.
 
     Args:
         spark: a SparkSession (classic or Connect).
@@ -157,7 +194,6 @@ def replay_spark(
         source: the facts' ``source`` column.
         partitions: Spark tasks of the replay stage; default: one per slot.
             With fewer, slots are dealt to tasks largest first, round robin.
-            Counting the rows per broker takes one small job.
 
     Raises:
         ValueError: ``param_sets`` is empty, or ``partitions`` < 1.
@@ -172,35 +208,49 @@ def replay_spark(
         isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1
     ):
         raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
-    sizes = {
-        int(row["broker"]): int(row["count"])
-        for row in trace.groupBy("broker").count().collect()
-        if row["broker"] is not None
-    }
+    lengths = F.size("replica_delays")  # -1 for a null list
+    stats = (
+        trace.groupBy("broker")
+        .agg(F.count(F.lit(1)).alias("n"), F.min(lengths).alias("lo"), F.max(lengths).alias("hi"))
+        .collect()
+    )
+    sizes = {int(row["broker"]): int(row["n"]) for row in stats if row["broker"] is not None}
     if not sizes:
         return spark.createDataFrame([], fact_schema())
+    bounds = {(row["lo"], row["hi"]) for row in stats}
+    uniform = len(bounds) == 1 and next(iter(bounds))[0] == next(iter(bounds))[1]
+    followers = int(next(iter(bounds))[0]) if uniform and next(iter(bounds))[0] >= 0 else None
+
+    wanted = partitions or int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+    copies = max(1, min(len(param_sets), -(-wanted // len(sizes))))
+    chunks = [list(param_sets[k::copies]) for k in range(copies)]
     groups = sorted(
-        ((broker, k) for broker in sizes for k in range(len(param_sets))),
-        key=lambda group: (-sizes[group[0]], group[0], group[1]),
+        ((broker, k) for broker in sizes for k in range(copies)),
+        key=lambda group: (-sizes[group[0]] * len(chunks[group[1]]), group[0], group[1]),
     )
     tasks = len(groups) if partitions is None else partitions
     keys = _partition_keys(tasks)
-    slots = {s: (broker, param_sets[k]) for s, (broker, k) in enumerate(groups)}
+    slots = {s: (broker, chunks[k]) for s, (broker, k) in enumerate(groups)}
     table = spark.createDataFrame(
         [(broker, s, keys[s % tasks]) for s, (broker, _) in enumerate(groups)],
         "broker int, slot int, task int",
     )
+    if followers is None:
+        delays = [F.col("replica_delays")]
+    else:
+        delays = [F.col("replica_delays")[j].alias(f"d{j}") for j in range(followers)]
 
     def replay_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return _replay_slots(batches, slots, source)
+        return _replay_slots(batches, slots, followers, source)
 
     # An explicit number of partitions: adaptive execution leaves it as is (it
     # would otherwise merge the small shuffle into one task).
     return (
-        trace.select("broker", *_REPLAY_INPUT)
+        trace.select("broker", *_REPLAY_INPUT, *delays)
         .join(F.broadcast(table), "broker")
         .drop("broker")
         .repartition(tasks, "task")
+        .drop("task")
         .mapInArrow(replay_task, fact_schema())
     )
 

@@ -220,6 +220,24 @@ def test_spark_replay_of_an_empty_trace_and_fewer_tasks(spark: Any, tmp_path: Pa
         replay.replay_spark(spark, frame, sweep, partitions=0)
 
 
+def test_spark_replay_of_ragged_and_null_delay_lists(spark: Any, tmp_path: Path) -> None:
+    # Lists of several lengths (and a null one) travel as arrays, not as columns.
+    data = generate_trace(TraceSpec(requests=600, brokers=3, seed=5))
+    delays = list(data["replica_delays"])
+    delays[::7] = [[0.001]] * len(delays[::7])
+    delays[3] = None
+    delays[5] = [0.002, None, 0.003]
+    data["replica_delays"] = pd.Series(delays, index=data.index, dtype=object)
+    frame = replay.read_trace(spark, str(write_trace(data, tmp_path / "ragged.parquet")))
+    sweep = [ReplayParams(timeout=0.05), ReplayParams(timeout=0.5, min_insync=3)]
+    got = replay.replay_spark(spark, frame, sweep).toPandas()
+    want = replay_trace(trace.read_trace_pandas(tmp_path / "ragged.parquet"), sweep)
+    columns = ["scenario", "op_id", "finished_at", "outcome"]
+    assert sorted(map(tuple, got[columns].to_numpy().tolist())) == sorted(
+        map(tuple, want[columns].to_numpy().tolist())
+    )
+
+
 def test_spark_reads_csv_trace_like_parquet(spark: Any, tmp_path: Path) -> None:
     data = generate_trace(TraceSpec(requests=200, brokers=2, seed=1, failed_replicas=0.3))
     csv = replay.read_trace(spark, str(write_trace(data, tmp_path / "t.csv"))).toPandas()
