@@ -177,8 +177,8 @@ def replay_spark(
       delays travel as ``F`` plain double columns, not as arrays (which cost
       Spark far more per row to shuffle and convert).
     * A *slot* is a broker with some of the parameter sets. Each row goes to its
-      broker's slots through a join with a small broadcast table (slot ids only:
-      the parameters themselves ship once, with the task's function); a trace
+      broker's slots through a map lookup on literals (slot ids only: the
+      parameters themselves ship once, with the task's function); a trace
       row is copied only when there are too few brokers to keep
       ``spark.sql.shuffle.partitions`` tasks busy (then the parameter sets are
       split between copies).
@@ -231,10 +231,19 @@ def replay_spark(
     tasks = len(groups) if partitions is None else partitions
     keys = _partition_keys(tasks)
     slots = {s: (broker, chunks[k]) for s, (broker, k) in enumerate(groups)}
-    table = spark.createDataFrame(
-        [(broker, s, keys[s % tasks]) for s, (broker, _) in enumerate(groups)],
-        "broker int, slot int, task int",
+    # Each row's slots and each slot's task key as map lookups on literals: no
+    # table to make (a local DataFrame costs a Python job) and no join.
+    slots_of: dict[int, list[int]] = {}
+    for s, (broker, _) in enumerate(groups):
+        slots_of.setdefault(broker, []).append(s)
+    slot_map = F.create_map(
+        *[
+            part
+            for broker, ids in sorted(slots_of.items())
+            for part in (F.lit(broker), F.array(*[F.lit(s) for s in ids]))
+        ]
     )
+    task_map = F.create_map(*[part for s in slots for part in (F.lit(s), F.lit(keys[s % tasks]))])
     if followers is None:
         delays = [F.col("replica_delays")]
     else:
@@ -245,10 +254,10 @@ def replay_spark(
 
     # An explicit number of partitions: adaptive execution leaves it as is (it
     # would otherwise merge the small shuffle into one task).
+    slot = F.explode(slot_map[F.col("broker")]).alias("slot")
     return (
-        trace.select("broker", *_REPLAY_INPUT, *delays)
-        .join(F.broadcast(table), "broker")
-        .drop("broker")
+        trace.select(*_REPLAY_INPUT, *delays, slot)
+        .withColumn("task", task_map[F.col("slot")].cast("int"))
         .repartition(tasks, "task")
         .drop("task")
         .mapInArrow(replay_task, fact_schema())
