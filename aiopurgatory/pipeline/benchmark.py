@@ -261,7 +261,7 @@ def _tree_peak_rss_mb() -> dict[str, float]:
         if hwm is None:
             continue
         kind = "driver_jvm" if command.endswith("java") else "python_worker"
-        peaks[kind] = max(peaks.get(kind, 0.0), round(int(hwm[0]) / 1024, 1))
+        peaks[kind] = max(peaks.get(kind, 0.0), round(int(hwm) / 1024, 1))
     return peaks
 
 
