@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         return _compare_masters(args)
 
     from .replay_core import ReplayParams
-    from .trace import TraceSpec, generate_trace, write_trace
+    from .trace import TraceSpec, generate_trace_table, write_trace
 
     root = Path(args.dir)
     result: dict[str, Any] = {"master": None if args.no_spark else args.master}
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.skip_replay:
         spec = TraceSpec(requests=args.requests, brokers=4, rate=20_000.0, seed=1)
-        trace_pd = generate_trace(spec)
+        table = generate_trace_table(spec)
         params = [ReplayParams(timeout=float(t), min_insync=2) for t in args.timeouts.split(",")]
         simulated = args.requests * len(params)
         replay: dict[str, Any] = {
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             from .replay import read_trace, replay_spark
 
             trace_path = root / f"trace-{args.requests}.parquet"
-            write_trace(trace_pd, trace_path)
+            write_trace(table, trace_path)
             cpu_before = _tree_cpu()
             started = time.perf_counter()
             busy = _busy_cores() if args.task_times else None
@@ -197,9 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                 replay["replay_task_s"] = _last_stage_task_seconds(ui_port)
         if not args.no_single:
             from .replay_core import replay_trace_table
-            from .trace import arrow_trace
 
-            table = arrow_trace(trace_pd)
             cpu = time.process_time()
             wall = time.perf_counter()
             fast = replay_trace_table(table, params)
