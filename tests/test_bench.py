@@ -227,6 +227,8 @@ def test_cli_purgatory_with_sweep_in_process(tmp_path: Path) -> None:
             "2000,4000",
             "--sweep-num",
             "400",
+            "--headline-num",
+            "300",
             "--no-isolate",
             "--no-progress",
             "--quiet",
@@ -248,12 +250,20 @@ def test_cli_purgatory_with_sweep_in_process(tmp_path: Path) -> None:
     assert {s["impl"] for s in sat} == {"ap.Purgatory", "hand-written", "floor (no timer)"}
     # Virtual time never falls behind: every implementation keeps up with every rate.
     assert all(s["kept_up_with_all"] for s in sat)
+    # First, the realistic headline: one row per completion, every request pending
+    # at the peak on virtual time, each purgatory's own cost read against the null run.
+    headline = _load(out)["headline"]
+    assert [row["completion"] for row in headline["rows"]] == ["check", "force"]
+    for row in headline["rows"]:
+        assert row["peak_pending"] == 300
+        assert row["ap_own_us"] == pytest.approx(row["ap_us"] - row["null_us"])
 
 
 def test_cli_purgatory_every_completion_kind(tmp_path: Path) -> None:
     out = tmp_path / "completion.json"
     argv = ["purgatory", "--num", "600", "--loop", "virtual", "--repeat", "1"]
     argv += ["--completion", "all", "--memory-ops", "0", "--no-isolate", "--no-progress"]
+    argv += ["--no-headline"]
     assert bench_cli.main([*argv, "--quiet", "--json", str(out)]) == 0
     p = _load(out)["purgatory"]
     scenarios = {c["scenario"] for c in p["cells"]}
