@@ -74,6 +74,12 @@ async def test_program_serves_a_client_and_stops_on_sigterm() -> None:
             await client.stop()
         stats = await _next_event(proc.stderr, "broker.purgatory_stats", seen)
         assert stats["produce"]["pending"] == 0
+        # Interval wait percentiles: numbers in ms, or None when nothing finished.
+        assert set(stats["produce"]) >= {"wait_p50_ms", "wait_p99_ms", "lateness_p99_ms"}
+        assert all(
+            stats["produce"][k] is None or stats["produce"][k] >= 0
+            for k in ("wait_p50_ms", "wait_p99_ms", "lateness_p99_ms")
+        )
         assert stats["level"] == "info"
 
         admin_port = next(e["port"] for e in seen if e["event"] == "broker.admin_listening")
@@ -90,6 +96,11 @@ async def test_program_serves_a_client_and_stops_on_sigterm() -> None:
         url = f"http://127.0.0.1:{metrics_port}/metrics"
         text = await asyncio.to_thread(_get, url)
         assert 'aiopurgatory_operations_total{outcome="completed",purgatory="produce"} 1.0' in text
+        assert (
+            'aiopurgatory_operation_wait_seconds_count{outcome="completed",purgatory="produce"} 1.0'
+            in text
+        )
+        assert 'aiopurgatory_expiry_lateness_seconds_count{purgatory="produce"}' in text
         proc.send_signal(signal.SIGTERM)
         await _next_event(proc.stderr, "broker.stopped", seen)
         async with asyncio.timeout(20):

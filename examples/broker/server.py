@@ -525,9 +525,14 @@ class Broker:
                     self._hw_advanced(tp)
 
     async def _stats_logger(self) -> None:
+        # Wait percentiles over each interval: the histograms since the last line.
+        previous = {p.name: p.histograms() for p in self.purgatories}
         while True:
             await asyncio.sleep(self.config.stats_interval)
             stats = self.statistics()
+            current = {p.name: p.histograms() for p in self.purgatories}
+            waits = {name: current[name] - previous[name] for name in current}
+            previous = current
             self.log.info(
                 "broker.purgatory_stats",
                 connections=len(self._connections),
@@ -538,6 +543,7 @@ class Broker:
                         "completed": s.completed,
                         "expired": s.expired,
                         "cancelled": s.cancelled,
+                        **_wait_summary(waits[name]),
                     }
                     for name, s in stats.items()
                 },
@@ -981,3 +987,18 @@ class Broker:
 
 def _errors_of(results: dict[TopicPartition, ProducePartitionResult]) -> dict[str, int]:
     return {str(tp): r.error_code for tp, r in results.items() if r.error_code}
+
+
+def _wait_summary(interval: ap.PurgatoryHistograms) -> dict[str, float | None]:
+    """Interval wait percentiles (ms) of completed operations and expiry lateness."""
+
+    def ms(value: float) -> float | None:
+        return None if value != value else round(value * 1000, 3)  # NaN: none finished
+
+    completed = interval.completed
+    return {
+        "wait_p50_ms": ms(completed.p50),
+        "wait_p99_ms": ms(completed.p99),
+        "wait_max_ms": ms(completed.quantile(1.0)),
+        "lateness_p99_ms": ms(interval.lateness.p99),
+    }
