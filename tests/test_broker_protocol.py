@@ -361,7 +361,7 @@ async def test_bad_input_closes_only_that_connection() -> None:
                 return closed
 
             header = Writer().int16(ApiKey.METADATA).int16(1).int32(7).string("x").getvalue()
-            unknown = Writer().int16(22).int16(0).int32(1).string("x").getvalue()
+            unknown = Writer().int16(24).int16(0).int32(1).string("x").getvalue()
             old_version = Writer().int16(ApiKey.PRODUCE).int16(0).int32(1).string("x")
             assert await attempt(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # garbage
             assert await attempt(struct.pack(">i", 10_000) + b"\x00" * 100)  # oversize
@@ -369,7 +369,7 @@ async def test_bad_input_closes_only_that_connection() -> None:
             assert await attempt(frame(header + b"\x00\x00"))  # truncated body
             assert await attempt(frame(b"\x00\x03\x00\x01\x00\x00\x00\x01\x00\x09"))  # header
             assert await attempt(frame(header + b"\x00\x00\x00\x00\xff"))  # trailing bytes
-            assert await attempt(frame(unknown))  # unknown API key (InitProducerId)
+            assert await attempt(frame(unknown))  # unknown API key (AddPartitionsToTxn)
             assert await attempt(frame(old_version.getvalue()))  # unsupported version
             await attempt(struct.pack(">i", 100) + b"\x00" * 10, then_close=True)  # cut short
             await attempt(b"\x00\x00", then_close=True)  # cut inside the size
@@ -384,7 +384,7 @@ async def test_bad_input_closes_only_that_connection() -> None:
                 "broker.unsupported_version",
             ):
                 assert event in names
-            assert broker.unknown_api_keys == {22: 1}
+            assert broker.unknown_api_keys == {24: 1}
             # The connection that behaved keeps working, and so do new ones.
             md = await survivor.send_and_wait("t", b"after")
             assert md.offset == 1
