@@ -5,8 +5,10 @@ Sans-IO, like :mod:`examples.broker.partition`. The rules are Kafka's
 transactions:
 
 * InitProducerId hands out a fresh producer id with epoch 0
-  (:class:`ProducerIdManager`); Kafka does the same for every non-transactional
-  request, even one that names its current id (KIP-360).
+  (:class:`ProducerIdManager`). A producer that names its current id and epoch
+  (v3+, KIP-360) gets the same id with the epoch bumped, which fences its older
+  epoch (Kafka does this for transactional producers and hands idempotent ones a
+  fresh id; bumping lets a test see a stale epoch refused).
 * Every batch of an idempotent producer carries (producer id, epoch, base
   sequence); its last sequence is ``base + lastOffsetDelta``, wrapping from
   2**31 - 1 to 0. Per partition and producer the leader keeps the epoch and the
@@ -40,6 +42,7 @@ __all__ = ["MAX_IN_FLIGHT", "BatchMetadata", "ProducerIdManager", "ProducerState
 #: Batches remembered per producer and partition for duplicate detection (Kafka's 5).
 MAX_IN_FLIGHT = 5
 _MAX_SEQUENCE = 2**31 - 1
+_MAX_EPOCH = 2**15 - 1
 
 
 def last_sequence(base_sequence: int, last_offset_delta: int) -> int:
@@ -63,8 +66,15 @@ class ProducerIdManager:
     def __len__(self) -> int:
         return len(self._epochs)
 
-    def new_producer(self) -> tuple[int, int]:
-        """Issue a new (producer id, epoch 0)."""
+    def init_producer(self, producer_id: int = -1, epoch: int = -1) -> tuple[int, int]:
+        """InitProducerId: (producer id, epoch) for the producer to use from now on.
+
+        The current id and epoch of an issued producer: the same id, epoch + 1 (a
+        fresh id once the epoch would overflow int16). Anything else: a fresh id.
+        """
+        if self._epochs.get(producer_id, -2) == epoch and epoch < _MAX_EPOCH:
+            self._epochs[producer_id] = epoch + 1
+            return producer_id, epoch + 1
         producer_id = self._next_id
         self._next_id += 1
         self._epochs[producer_id] = 0

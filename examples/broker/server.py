@@ -926,8 +926,10 @@ class Broker:
                     writer, version, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1, -1
                 )
             else:
-                producer_id, epoch = self.producer_ids.new_producer()
-                self.log.info("broker.producer_id_issued", producer_id=producer_id)
+                producer_id, epoch = self.producer_ids.init_producer(
+                    init.producer_id, init.producer_epoch
+                )
+                self.log.info("broker.producer_id_issued", producer_id=producer_id, epoch=epoch)
                 encode_init_producer_id(writer, version, ErrorCode.NONE, producer_id, epoch)
         return self._frame(header, writer)
 
@@ -1130,7 +1132,7 @@ class Broker:
                 f"resource type {resource.resource_type} is not supported (2 topic, 4 broker)",
                 [],
             )
-        if resource.keys is not None:
+        if resource.keys:  # null or empty: all of them (as Kafka)
             wanted = set(resource.keys)
             entries = [e for e in entries if e.name in wanted]
         return DescribeConfigsResult(resource, ErrorCode.NONE, None, entries)
@@ -1268,6 +1270,13 @@ class Broker:
                 return error, -1
             if duplicate is not None:
                 # A retry of a batch already in the log: its original offsets, no append.
+                self.log.info(
+                    "broker.produce_duplicate",
+                    partition=str(tp),
+                    producer_id=headers[0].producer_id,
+                    base_sequence=headers[0].base_sequence,
+                    offset=duplicate.first_offset,
+                )
                 result.base_offset = duplicate.first_offset
                 result.log_start_offset = partition.log.log_start_offset
                 return ErrorCode.NONE, duplicate.end_offset

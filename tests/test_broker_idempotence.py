@@ -1,0 +1,304 @@
+"""Idempotent producers on the example broker: raw requests, and confluent-kafka for real.
+
+The raw tests send hand-built batches (aiokafka's batch builder, so the CRC is
+right) with chosen producer ids, epochs and sequences and read the answers; the
+confluent-kafka test runs librdkafka's idempotent producer against a stalled
+follower, so that its produce requests time out in the produce purgatory and
+are retried with the same sequences, and checks that every message is in the
+log exactly once, at the offset its delivery report gave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from examples.broker import Broker, TopicPartition
+from examples.broker.codec import Reader, Writer
+from examples.broker.idempotence import (
+    MAX_IN_FLIGHT,
+    ProducerIdManager,
+    ProducerStates,
+    last_sequence,
+)
+from examples.broker.messages import ApiKey, ErrorCode
+from examples.broker.rawclient import RawConnection, build_produce_v3
+from examples.broker.records import parse_batches
+from tests.broker_helpers import (
+    consumer,
+    eventually,
+    make_batch,
+    produce_result,
+    raw,
+    running_broker,
+)
+
+pytestmark = pytest.mark.realtime
+
+
+async def init_producer_id(
+    conn: RawConnection,
+    version: int = 0,
+    *,
+    transactional_id: str | None = None,
+    producer_id: int = -1,
+    epoch: int = -1,
+) -> tuple[int, int, int]:
+    """InitProducerId; (error, producer id, epoch). v2+ is flexible, v3+ names the current id."""
+    w = Writer()
+    if version >= 2:
+        w.compact_nullable_string(transactional_id)
+    else:
+        w.nullable_string(transactional_id)
+    w.int32(60_000)
+    if version >= 3:
+        w.int64(producer_id).int16(epoch)
+    if version >= 2:
+        w.tagged_fields()
+    body = await conn.request(ApiKey.INIT_PRODUCER_ID, version, w.getvalue())
+    assert body.int32() == 0  # throttle
+    answer = body.int16(), body.int64(), body.int16()
+    if version >= 2:
+        body.tagged_fields()
+    assert body.remaining == 0
+    return answer
+
+
+async def produce(
+    conn: RawConnection,
+    values: list[bytes],
+    *,
+    pid: int,
+    epoch: int,
+    seq: int,
+    partition: int = 0,
+    acks: int = -1,
+    timeout_ms: int = 10_000,
+) -> tuple[int, int]:
+    """Produce one idempotent batch to t-<partition>; (error, base offset)."""
+    batch = make_batch(values, producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+    body = build_produce_v3("t", partition, batch, acks=acks, timeout_ms=timeout_ms)
+    return produce_result(await conn.request(ApiKey.PRODUCE, 3, body))
+
+
+def log_values(broker: Broker, partition: int = 0) -> list[int]:
+    """Base offsets of the batches in t-<partition>'s log."""
+    return list(broker.partitions[TopicPartition("t", partition)].log.base_offsets)
+
+
+# -- sans-IO rules ---------------------------------------------------------------------------
+
+
+def test_sequences_wrap_and_ids_bump_their_epoch() -> None:
+    assert last_sequence(0, 4) == 4
+    assert last_sequence(2**31 - 2, 3) == 1  # ..., 2**31 - 1, 0, 1
+    ids = ProducerIdManager()
+    first = ids.init_producer()
+    second = ids.init_producer()
+    assert first[0] != second[0] and first[1] == second[1] == 0
+    assert ids.init_producer(*first) == (first[0], 1)  # current id and epoch: bumped
+    assert ids.check(first[0], 0) == ErrorCode.INVALID_PRODUCER_EPOCH  # the old epoch is fenced
+    assert ids.check(first[0], 1) == ErrorCode.NONE
+    assert ids.init_producer(first[0], 0)[0] not in (first[0], second[0])  # stale: a fresh id
+    assert ids.check(999_999, 0) == ErrorCode.UNKNOWN_PRODUCER_ID
+
+
+def test_partition_state_remembers_the_last_five_batches() -> None:
+    states = ProducerStates()
+
+    def header(seq: int, count: int = 1, epoch: int = 0) -> Any:
+        batch = make_batch([b"v"] * count, producer_id=7, producer_epoch=epoch, base_sequence=seq)
+        return parse_batches(batch)[0]
+
+    assert states.check(header(3)) == (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, None)
+    offset = 0
+    for seq in range(0, 2 * (MAX_IN_FLIGHT + 1), 2):  # six batches of two records
+        assert states.check(header(seq, 2)) == (ErrorCode.NONE, None)
+        states.record(header(seq, 2), offset)
+        offset += 2
+    # The last five are known duplicates (with their offsets); the first is forgotten.
+    error, duplicate = states.check(header(2, 2))
+    assert error == ErrorCode.NONE and duplicate is not None
+    assert (duplicate.first_offset, duplicate.end_offset) == (2, 4)
+    assert states.check(header(0, 2)) == (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, None)
+    assert states.check(header(13)) == (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, None)
+    assert states.check(header(12)) == (ErrorCode.NONE, None)
+    # A new epoch starts again at 0; an older one is refused.
+    assert states.check(header(5, epoch=1)) == (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, None)
+    states.record(header(0, epoch=1), 12)
+    assert states.check(header(12, epoch=0)) == (ErrorCode.INVALID_PRODUCER_EPOCH, None)
+    assert states.check(header(-3, epoch=1)) == (ErrorCode.INVALID_RECORD, None)
+
+
+# -- raw protocol ------------------------------------------------------------------------------
+
+
+async def test_replayed_batch_gets_its_original_offset() -> None:
+    async with running_broker(topics={"t": 1}) as broker, raw(broker) as conn:
+        error, pid, epoch = await init_producer_id(conn)
+        assert error == ErrorCode.NONE and pid >= 0 and epoch == 0
+        assert await produce(conn, [b"a", b"b"], pid=pid, epoch=epoch, seq=0) == (0, 0)
+        assert await produce(conn, [b"c"], pid=pid, epoch=epoch, seq=2) == (0, 2)
+        # The client did not hear the first answer and sends the same batch again.
+        assert await produce(conn, [b"a", b"b"], pid=pid, epoch=epoch, seq=0) == (0, 0)
+        assert await produce(conn, [b"c"], pid=pid, epoch=epoch, seq=2) == (0, 2)
+        assert log_values(broker) == [0, 2]  # nothing appended twice
+        assert broker.partitions[TopicPartition("t", 0)].log_end_offset == 3
+        names = broker.log.names()
+        assert names.count("broker.produce_duplicate") == 2
+        # In order again after the replays.
+        assert await produce(conn, [b"d"], pid=pid, epoch=epoch, seq=3) == (0, 3)
+
+
+async def test_gaps_stale_epochs_and_bad_sequences_get_kafka_error_codes() -> None:
+    async with running_broker(topics={"t": 2}) as broker, raw(broker) as conn:
+        _, pid, epoch = await init_producer_id(conn)
+        assert await produce(conn, [b"a"], pid=pid, epoch=epoch, seq=0) == (0, 0)
+        gap = await produce(conn, [b"b"], pid=pid, epoch=epoch, seq=2)
+        assert gap == (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, -1)
+        first_on_partition = await produce(conn, [b"b"], pid=pid, epoch=epoch, seq=4, partition=1)
+        assert first_on_partition == (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, -1)
+        negative = await produce(conn, [b"b"], pid=pid, epoch=epoch, seq=-5)
+        assert negative == (ErrorCode.INVALID_RECORD, -1)
+        unknown = await produce(conn, [b"b"], pid=pid + 10_000, epoch=0, seq=0)
+        assert unknown == (ErrorCode.UNKNOWN_PRODUCER_ID, -1)
+        # KIP-360: the producer bumps its epoch (InitProducerId v3, flexible); the
+        # old epoch is fenced, the new one starts at sequence 0.
+        error, same_pid, new_epoch = await init_producer_id(conn, 3, producer_id=pid, epoch=epoch)
+        assert (error, same_pid, new_epoch) == (ErrorCode.NONE, pid, epoch + 1)
+        stale = await produce(conn, [b"b"], pid=pid, epoch=epoch, seq=1)
+        assert stale == (ErrorCode.INVALID_PRODUCER_EPOCH, -1)
+        assert await produce(conn, [b"b"], pid=pid, epoch=new_epoch, seq=0) == (0, 1)
+        # Two batches of one producer in one partition's records: Kafka's INVALID_RECORD.
+        two = make_batch([b"x"], producer_id=pid, producer_epoch=new_epoch, base_sequence=1)
+        two += make_batch([b"y"], producer_id=pid, producer_epoch=new_epoch, base_sequence=2)
+        body = await conn.request(ApiKey.PRODUCE, 3, build_produce_v3("t", 0, two))
+        assert produce_result(body) == (ErrorCode.INVALID_RECORD, -1)
+        assert log_values(broker) == [0, 1]  # only the accepted batches
+        assert await produce(conn, [b"c"], pid=pid, epoch=new_epoch, seq=1) == (0, 2)
+        assert broker.connection_count == 1  # every refusal was an answer, not a hang-up
+
+
+async def test_transactions_are_refused_with_the_authorization_error() -> None:
+    async with running_broker(topics={"t": 1}) as broker, raw(broker) as conn:
+        error, pid, _ = await init_producer_id(conn, 0, transactional_id="tx")
+        assert (error, pid) == (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1)
+        error, pid, _ = await init_producer_id(conn, 4, transactional_id="tx")
+        assert (error, pid) == (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1)
+        find = Writer().string("tx").int8(1).getvalue()  # FindCoordinator v1, key type 1
+        body = await conn.request(ApiKey.FIND_COORDINATOR, 1, find)
+        body.int32()
+        assert body.int16() == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        _, pid, epoch = await init_producer_id(conn)
+        batch = make_batch([b"x"], producer_id=pid, producer_epoch=epoch, base_sequence=0,
+                           transactional=True)  # fmt: skip
+        body = await conn.request(ApiKey.PRODUCE, 3, build_produce_v3("t", 0, batch))
+        assert produce_result(body) == (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1)
+        assert log_values(broker) == []
+
+
+async def test_retry_of_a_timed_out_batch_waits_in_the_produce_purgatory() -> None:
+    async with running_broker(topics={"t": 1}) as broker, raw(broker) as conn:
+        _, pid, epoch = await init_producer_id(conn)
+        broker.stall_follower(1)
+        broker.stall_follower(2)
+        # acks=all cannot complete: the produce expires in the purgatory.
+        timed_out = await produce(conn, [b"a"], pid=pid, epoch=epoch, seq=0, timeout_ms=100)
+        assert timed_out == (ErrorCode.REQUEST_TIMED_OUT, 0)
+        # The retry is a duplicate: not appended, parked for the HW to pass the original.
+        retry = asyncio.ensure_future(
+            produce(conn, [b"a"], pid=pid, epoch=epoch, seq=0, timeout_ms=30_000)
+        )
+        await eventually(lambda: broker.produce_purgatory.statistics().delayed == 1)
+        assert not retry.done()
+        broker.resume_follower(1)
+        broker.resume_follower(2)
+        assert await asyncio.wait_for(retry, 10) == (ErrorCode.NONE, 0)
+        assert log_values(broker) == [0]
+        assert broker.partitions[TopicPartition("t", 0)].high_watermark == 1
+
+
+# -- confluent-kafka -------------------------------------------------------------------------
+
+
+def _produce_with_librdkafka(
+    bootstrap: str, topic: str, count: int, partitions: int, started: threading.Event
+) -> dict[tuple[int, int], bytes]:
+    """Send ``count`` messages idempotently; (partition, offset) -> value from delivery reports."""
+    from confluent_kafka import Producer  # noqa: PLC0415 - the client is a dev dependency
+
+    delivered: dict[tuple[int, int], bytes] = {}
+    failures: list[Any] = []
+
+    def report(err: Any, msg: Any) -> None:
+        if err is not None:
+            failures.append(err)
+        else:
+            delivered[msg.partition(), msg.offset()] = msg.value()
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            # Shorter than the follower stall: requests expire in the produce
+            # purgatory (REQUEST_TIMED_OUT) and are retried with their sequences.
+            "request.timeout.ms": 300,
+            "message.timeout.ms": 60_000,
+            "retry.backoff.ms": 50,
+            "linger.ms": 5,
+            "batch.num.messages": 7,
+        }
+    )
+    for i in range(count):
+        producer.produce(topic, f"m{i}".encode(), partition=i % partitions, on_delivery=report)
+        producer.poll(0)
+        if i == count // 4:
+            started.set()
+    started.set()
+    assert producer.flush(60) == 0
+    assert not failures, failures
+    return delivered
+
+
+async def test_confluent_idempotent_producer_with_a_stalled_follower() -> None:
+    count, partitions = 400, 3
+    async with running_broker(topics={"idem": partitions}, replica_lag_time_max=60) as broker:
+        bootstrap = f"127.0.0.1:{broker.port}"
+        started = threading.Event()
+        sending = asyncio.ensure_future(
+            asyncio.to_thread(
+                _produce_with_librdkafka, bootstrap, "idem", count, partitions, started
+            )
+        )
+        await asyncio.to_thread(started.wait, 30)
+        broker.stall_follower(1)
+        await asyncio.sleep(1.5)  # several request timeouts: the producer retries
+        broker.resume_follower(1)
+        delivered = await asyncio.wait_for(sending, 90)
+        assert len(delivered) == count
+        # Requests did expire in the purgatory, and their retries were recognised.
+        assert broker.statistics()["produce"].expired > 0
+        assert "broker.produce_duplicate" in broker.log.names()
+        async with consumer(broker, auto_offset_reset="earliest") as reader:
+            from aiokafka import TopicPartition as KafkaTopicPartition  # noqa: PLC0415
+
+            reader.assign([KafkaTopicPartition("idem", p) for p in range(partitions)])
+            got: dict[tuple[int, int], bytes] = {}
+            async with asyncio.timeout(30):
+                while len(got) < count:
+                    for tp, messages in (await reader.getmany(timeout_ms=500)).items():
+                        for m in messages:
+                            assert (tp.partition, m.offset) not in got
+                            got[tp.partition, m.offset] = m.value or b""
+        # Exactly once, at the offsets the delivery reports gave, in order per partition.
+        assert got == delivered
+        for p in range(partitions):
+            offsets = sorted(o for q, o in got if q == p)
+            assert offsets == list(range(len(offsets)))
+            numbers = [int(got[p, o][1:]) for o in offsets]
+            assert numbers == sorted(numbers)
+            assert numbers == list(range(p, count, partitions))
