@@ -15,9 +15,11 @@ import threading
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka import Producer
 
 from examples.broker import Broker, TopicPartition
-from examples.broker.codec import Reader, Writer
+from examples.broker.codec import Writer
 from examples.broker.idempotence import (
     MAX_IN_FLIGHT,
     ProducerIdManager,
@@ -98,7 +100,8 @@ def test_sequences_wrap_and_ids_bump_their_epoch() -> None:
     ids = ProducerIdManager()
     first = ids.init_producer()
     second = ids.init_producer()
-    assert first[0] != second[0] and first[1] == second[1] == 0
+    assert first[0] != second[0]
+    assert first[1] == second[1] == 0
     assert ids.init_producer(*first) == (first[0], 1)  # current id and epoch: bumped
     assert ids.check(first[0], 0) == ErrorCode.INVALID_PRODUCER_EPOCH  # the old epoch is fenced
     assert ids.check(first[0], 1) == ErrorCode.NONE
@@ -121,7 +124,8 @@ def test_partition_state_remembers_the_last_five_batches() -> None:
         offset += 2
     # The last five are known duplicates (with their offsets); the first is forgotten.
     error, duplicate = states.check(header(2, 2))
-    assert error == ErrorCode.NONE and duplicate is not None
+    assert error == ErrorCode.NONE
+    assert duplicate is not None
     assert (duplicate.first_offset, duplicate.end_offset) == (2, 4)
     assert states.check(header(0, 2)) == (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, None)
     assert states.check(header(13)) == (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, None)
@@ -139,7 +143,9 @@ def test_partition_state_remembers_the_last_five_batches() -> None:
 async def test_replayed_batch_gets_its_original_offset() -> None:
     async with running_broker(topics={"t": 1}) as broker, raw(broker) as conn:
         error, pid, epoch = await init_producer_id(conn)
-        assert error == ErrorCode.NONE and pid >= 0 and epoch == 0
+        assert error == ErrorCode.NONE
+        assert pid >= 0
+        assert epoch == 0
         assert await produce(conn, [b"a", b"b"], pid=pid, epoch=epoch, seq=0) == (0, 0)
         assert await produce(conn, [b"c"], pid=pid, epoch=epoch, seq=2) == (0, 2)
         # The client did not hear the first answer and sends the same batch again.
@@ -228,8 +234,6 @@ def _produce_with_librdkafka(
     bootstrap: str, topic: str, count: int, partitions: int, started: threading.Event
 ) -> dict[tuple[int, int], bytes]:
     """Send ``count`` messages idempotently; (partition, offset) -> value from delivery reports."""
-    from confluent_kafka import Producer  # noqa: PLC0415 - the client is a dev dependency
-
     delivered: dict[tuple[int, int], bytes] = {}
     failures: list[Any] = []
 
@@ -284,8 +288,6 @@ async def test_confluent_idempotent_producer_with_a_stalled_follower() -> None:
         assert broker.statistics()["produce"].expired > 0
         assert "broker.produce_duplicate" in broker.log.names()
         async with consumer(broker, auto_offset_reset="earliest") as reader:
-            from aiokafka import TopicPartition as KafkaTopicPartition  # noqa: PLC0415
-
             reader.assign([KafkaTopicPartition("idem", p) for p in range(partitions)])
             got: dict[tuple[int, int], bytes] = {}
             async with asyncio.timeout(30):
