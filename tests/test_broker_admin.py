@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -33,7 +34,7 @@ from kafka.errors import TopicAlreadyExistsError
 
 from examples.broker import Broker, TopicPartition
 from examples.broker.codec import Reader, Writer
-from examples.broker.messages import ApiKey, ErrorCode
+from examples.broker.messages import API_NAMES, SUPPORTED_VERSIONS, ApiKey, ErrorCode, is_flexible
 from examples.broker.rawclient import RawConnection, build_fetch_v4, build_produce_v3
 from tests.broker_helpers import (
     eventually,
@@ -49,6 +50,15 @@ pytestmark = pytest.mark.realtime
 
 T = TypeVar("T")
 GROUP = "admins"
+ADMIN_APIS = (
+    ApiKey.CREATE_TOPICS,
+    ApiKey.DELETE_TOPICS,
+    ApiKey.DESCRIBE_GROUPS,
+    ApiKey.LIST_GROUPS,
+    ApiKey.DELETE_GROUPS,
+    ApiKey.DESCRIBE_CONFIGS,
+    ApiKey.INIT_PRODUCER_ID,
+)
 SETTINGS: dict[str, Any] = {"group_min_session_timeout": 0.1, "group_initial_rebalance_delay": 0.0}
 
 
@@ -187,6 +197,10 @@ async def test_kafka_python_admin_client() -> None:
             await in_thread(admin.delete_topics, ["audit"])
             assert "audit" not in await in_thread(admin.list_topics)
             check_deleted(broker)
+            # kafka-python 3 negotiates the newest versions: the flexible encodings.
+            used = dict(broker.request_counts.keys())  # API name -> version
+            for api in ADMIN_APIS[:-1]:  # all but InitProducerId
+                assert is_flexible(api, used[API_NAMES[api]])
         finally:
             await in_thread(admin.close)
 
@@ -504,3 +518,24 @@ async def test_deleting_a_topic_answers_its_parked_produce_and_fetch() -> None:
         partition = broker.partitions[TopicPartition("t", 0)]
         assert partition.high_watermark == 1
         assert all(f.offsets.get(TopicPartition("t", 0)) == 1 for f in broker.followers)
+
+
+async def test_garbage_bodies_of_the_new_apis_never_reach_a_traceback() -> None:
+    """Random bodies for every version of each new API: answered or rejected, never a crash."""
+    rng = random.Random(21)
+    async with running_broker(topics={"t": 1}) as broker:
+        for api in ADMIN_APIS:
+            low, high = SUPPORTED_VERSIONS[api]
+            for version in range(low, high + 1):
+                for size in (0, 1, 3, 9, 40):
+                    body = bytes(rng.randrange(256) for _ in range(size))
+                    async with raw(broker) as conn:
+                        conn.send(api, version, body)
+                        await conn.writer.drain()
+                        await conn.closed_by_peer(within=0.2)
+        names = broker.log.names()
+        assert "broker.handler_failed" not in names
+        assert "broker.malformed_request" in names
+        async with raw(broker) as conn:  # still serving
+            answer = await conn.request(ApiKey.API_VERSIONS, 0, b"")
+            assert answer.int16() == ErrorCode.NONE
