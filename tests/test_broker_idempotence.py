@@ -34,6 +34,7 @@ from tests.broker_helpers import (
     eventually,
     make_batch,
     produce_result,
+    producer,
     raw,
     running_broker,
 )
@@ -225,6 +226,17 @@ async def test_retry_of_a_timed_out_batch_waits_in_the_produce_purgatory() -> No
         assert await asyncio.wait_for(retry, 10) == (ErrorCode.NONE, 0)
         assert log_values(broker) == [0]
         assert broker.partitions[TopicPartition("t", 0)].high_watermark == 1
+
+
+async def test_aiokafka_idempotent_producer_gets_an_id_and_sends_sequences() -> None:
+    async with running_broker(topics={"t": 2}) as broker:
+        async with producer(broker, enable_idempotence=True) as prod:
+            sent = [await prod.send_and_wait("t", b"v", partition=i % 2) for i in range(6)]
+        assert [(m.partition, m.offset) for m in sent] == [(i % 2, i // 2) for i in range(6)]
+        assert broker.request_counts["InitProducerId", 0] == 1
+        assert len(broker.producer_ids) == 1
+        for p in (0, 1):  # each partition tracks the producer's sequence
+            assert len(broker.partitions[TopicPartition("t", p)].producers) == 1
 
 
 # -- confluent-kafka -------------------------------------------------------------------------
