@@ -11,7 +11,6 @@ log exactly once, at the offset its delivery report gave.
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
 import pytest
@@ -228,6 +227,41 @@ async def test_retry_of_a_timed_out_batch_waits_in_the_produce_purgatory() -> No
         assert broker.partitions[TopicPartition("t", 0)].high_watermark == 1
 
 
+async def test_five_batches_in_flight_and_all_their_retries() -> None:
+    """Five pipelined batches, then all five again (acks=all): each retry is recognised.
+
+    The retries wait in the produce purgatory for the stalled followers, one at a
+    time, since a connection's requests are handled in order (as Kafka does).
+    """
+    async with running_broker(topics={"t": 1}) as broker, raw(broker) as first:
+        _, pid, epoch = await init_producer_id(first)
+        broker.stall_follower(1)
+        broker.stall_follower(2)
+        batches = [
+            make_batch([b"r"] * 2, producer_id=pid, producer_epoch=epoch, base_sequence=2 * i)
+            for i in range(MAX_IN_FLIGHT)
+        ]
+
+        async def pipelined(conn: RawConnection, acks: int) -> list[tuple[int, int]]:
+            for batch in batches:
+                body = build_produce_v3("t", 0, batch, acks=acks, timeout_ms=30_000)
+                conn.send(ApiKey.PRODUCE, 3, body)
+            await conn.writer.drain()
+            return [produce_result((await conn.receive(ApiKey.PRODUCE, 3))[1]) for _ in batches]
+
+        expected = [(ErrorCode.NONE, 2 * i) for i in range(MAX_IN_FLIGHT)]
+        assert await pipelined(first, acks=1) == expected
+        async with raw(broker) as second:
+            retries = asyncio.ensure_future(pipelined(second, acks=-1))
+            await eventually(lambda: broker.produce_purgatory.statistics().delayed == 1)
+            assert "broker.produce_duplicate" in broker.log.names()
+            broker.resume_follower(1)
+            broker.resume_follower(2)
+            assert await asyncio.wait_for(retries, 10) == expected
+        assert broker.log.names().count("broker.produce_duplicate") == MAX_IN_FLIGHT
+        assert log_values(broker) == [0, 2, 4, 6, 8]
+
+
 async def test_aiokafka_idempotent_producer_gets_an_id_and_sends_sequences() -> None:
     async with running_broker(topics={"t": 2}) as broker:
         async with producer(broker, enable_idempotence=True) as prod:
@@ -243,7 +277,7 @@ async def test_aiokafka_idempotent_producer_gets_an_id_and_sends_sequences() -> 
 
 
 def _produce_with_librdkafka(
-    bootstrap: str, topic: str, count: int, partitions: int, started: threading.Event
+    bootstrap: str, topic: str, count: int, partitions: int
 ) -> dict[tuple[int, int], bytes]:
     """Send ``count`` messages idempotently; (partition, offset) -> value from delivery reports."""
     delivered: dict[tuple[int, int], bytes] = {}
@@ -272,9 +306,6 @@ def _produce_with_librdkafka(
     for i in range(count):
         producer.produce(topic, f"m{i}".encode(), partition=i % partitions, on_delivery=report)
         producer.poll(0)
-        if i == count // 4:
-            started.set()
-    started.set()
     assert producer.flush(60) == 0
     assert not failures, failures
     return delivered
@@ -284,20 +315,18 @@ async def test_confluent_idempotent_producer_with_a_stalled_follower() -> None:
     count, partitions = 400, 3
     async with running_broker(topics={"idem": partitions}, replica_lag_time_max=60) as broker:
         bootstrap = f"127.0.0.1:{broker.port}"
-        started = threading.Event()
-        sending = asyncio.ensure_future(
-            asyncio.to_thread(
-                _produce_with_librdkafka, bootstrap, "idem", count, partitions, started
-            )
-        )
-        await asyncio.to_thread(started.wait, 30)
+        # Follower 1 stays in the ISR (replica_lag_time_max) but fetches nothing, so
+        # no acks=all produce can complete until it resumes.
         broker.stall_follower(1)
-        await asyncio.sleep(1.5)  # several request timeouts: the producer retries
+        sending = asyncio.ensure_future(
+            asyncio.to_thread(_produce_with_librdkafka, bootstrap, "idem", count, partitions)
+        )
+        produce_stats = broker.produce_purgatory.statistics
+        await eventually(lambda: produce_stats().expired >= 3, within=30)
         broker.resume_follower(1)
         delivered = await asyncio.wait_for(sending, 90)
         assert len(delivered) == count
-        # Requests did expire in the purgatory, and their retries were recognised.
-        assert broker.statistics()["produce"].expired > 0
+        # Requests expired in the purgatory, and their retries were recognised.
         assert "broker.produce_duplicate" in broker.log.names()
         async with consumer(broker, auto_offset_reset="earliest") as reader:
             reader.assign([KafkaTopicPartition("idem", p) for p in range(partitions)])
