@@ -422,12 +422,13 @@ async def test_other_admin_apis_answer_bad_input_in_the_response() -> None:
             ("t2", ErrorCode.INVALID_REQUEST),
         ]
         # DescribeConfigs v1 (classic): unknown topic, another broker, unsupported type,
-        # and a key filter.
-        w = Writer().int32(4)
+        # a key filter, and an empty filter (all keys, as Kafka reads it).
+        w = Writer().int32(5)
         w.int8(2).string("nope").int32(-1)
         w.int8(4).string("7").int32(-1)
         w.int8(8).string("0").int32(-1)
         w.int8(2).string("t").int32(1).string("min.insync.replicas")
+        w.int8(4).string("").int32(0)
         w.boolean(False)
         body = await conn.request(ApiKey.DESCRIBE_CONFIGS, 1, w.getvalue())
         assert body.int32() == 0
@@ -451,7 +452,12 @@ async def test_other_admin_apis_answer_bad_input_in_the_response() -> None:
             ("7", ErrorCode.INVALID_REQUEST, True, []),
             ("0", ErrorCode.INVALID_REQUEST, True, []),
             ("t", ErrorCode.NONE, False, [("min.insync.replicas", "2")]),
+            ("", ErrorCode.NONE, False, described[-1][3]),
         ]
+        broker_configs = dict(described[-1][3])
+        assert broker_configs["default.replication.factor"] == "3"
+        assert broker_configs["group.initial.rebalance.delay.ms"] == "3000"
+        assert len(broker_configs) == 11
         # DeleteGroups v1: empty id, unknown group.
         w = Writer().int32(2).string("").string("ghost")
         body = await conn.request(ApiKey.DELETE_GROUPS, 1, w.getvalue())
