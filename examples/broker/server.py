@@ -28,6 +28,7 @@ import contextlib
 import re
 import struct
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -937,9 +938,7 @@ class Broker:
         self, topics: list[CreatableTopic], validate_only: bool
     ) -> list[CreatableTopicResult]:
         """CreateTopics: validate each topic as Kafka does, then create it (unless validating)."""
-        counts: dict[str, int] = {}
-        for topic in topics:
-            counts[topic.name] = counts.get(topic.name, 0) + 1
+        counts = Counter(topic.name for topic in topics)
         all_replicas = len(self.followers) + 1
         results: list[CreatableTopicResult] = []
         for topic in topics:
@@ -996,9 +995,7 @@ class Broker:
 
     def _delete_topics(self, names: list[str]) -> list[tuple[str, int, str | None]]:
         """DeleteTopics: per name (name, error, message)."""
-        counts: dict[str, int] = {}
-        for name in names:
-            counts[name] = counts.get(name, 0) + 1
+        counts = Counter(names)
         results: list[tuple[str, int, str | None]] = []
         for name in names:
             if counts[name] > 1:
