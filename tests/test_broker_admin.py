@@ -183,7 +183,12 @@ async def test_kafka_python_admin_client() -> None:
             assert configs["topic"]["orders"]["min.insync.replicas"]["value"] == "2"
             async with group_member(broker, "orders"):
                 listed = await in_thread(admin.list_groups)
-                assert GROUP in str(listed)
+                assert [(g["group_id"], g["protocol_type"]) for g in listed] == [
+                    (GROUP, "consumer")
+                ]
+                stable = await in_thread(lambda: admin.list_groups(states_filter=["Stable"]))
+                assert [(g["group_id"], g["group_state"]) for g in stable] == [(GROUP, "Stable")]
+                assert await in_thread(lambda: admin.list_groups(states_filter=["Empty"])) == []
                 described_groups = await in_thread(admin.describe_groups, [GROUP])
                 group = described_groups[GROUP]
                 assert group["group_state"] == "Stable"
