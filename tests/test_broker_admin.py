@@ -550,3 +550,19 @@ async def test_garbage_bodies_of_the_new_apis_never_reach_a_traceback() -> None:
         async with raw(broker) as conn:  # still serving
             answer = await conn.request(ApiKey.API_VERSIONS, 0, b"")
             assert answer.int16() == ErrorCode.NONE
+
+
+async def test_followers_forget_a_topic_deleted_while_they_replicate_it() -> None:
+    """Deleted and created again while the followers hold fetched batches of the old
+    topic (``follower_lag``): they must not count those for the new one."""
+    async with running_broker(topics={"t": 1}, follower_lag=0.3) as broker, raw(broker) as conn:
+        body = build_produce_v3("t", 0, make_batch([b"old"] * 3), acks=1)
+        assert produce_result(await conn.request(ApiKey.PRODUCE, 3, body)) == (0, 0)
+        assert broker.delete_topic("t")
+        assert broker.create_topic("t", 1)
+        await asyncio.sleep(0.6)  # the lag passes; stale batches would count now
+        tp = TopicPartition("t", 0)
+        assert [f.offsets.get(tp, 0) for f in broker.followers] == [0, 0]
+        body = build_produce_v3("t", 0, make_batch([b"new"]), acks=-1)
+        assert produce_result(await conn.request(ApiKey.PRODUCE, 3, body)) == (0, 0)
+        assert broker.partitions[tp].high_watermark == 1

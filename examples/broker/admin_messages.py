@@ -33,6 +33,8 @@ from .codec import Reader, Writer
 __all__ = [
     "ConfigEntry",
     "ConfigResource",
+    "ConfigSource",
+    "ConfigType",
     "CreatableTopic",
     "CreatableTopicResult",
     "CreateTopicsRequest",
@@ -41,6 +43,7 @@ __all__ = [
     "DescribedMember",
     "InitProducerIdRequest",
     "ListedGroup",
+    "ResourceType",
 ]
 
 T = TypeVar("T")
