@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition as KafkaTopicPartition
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from examples.broker import Broker, TopicPartition
 from examples.broker.codec import Writer
@@ -345,3 +345,20 @@ async def test_confluent_idempotent_producer_with_a_stalled_follower() -> None:
             numbers = [int(got[p, o][1:]) for o in offsets]
             assert numbers == sorted(numbers)
             assert numbers == list(range(p, count, partitions))
+
+
+def _init_transactions(bootstrap: str) -> Any:
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "tx"})
+    with pytest.raises(KafkaException) as raised:
+        producer.init_transactions(30)
+    return raised.value.args[0]
+
+
+async def test_confluent_transactional_producer_is_refused_at_once() -> None:
+    async with running_broker(topics={"t": 1}) as broker:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        error = await asyncio.to_thread(_init_transactions, f"127.0.0.1:{broker.port}")
+        assert error.code() == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        assert error.fatal()
+        assert loop.time() - started < 20  # not the 30 s of retrying a "not available"
