@@ -17,7 +17,7 @@ asyncio users write it today (``asyncio.wait_for`` on a per-request future);
 ``docs/longpoll.md``.
 """
 
-from .feed import Feed, Fetched, FeedError, Settings
+from .feed import Feed, FeedError, Fetched, Settings
 from .waiters import AsyncioWaiter, PurgatoryWaiter, Waiter, make_waiter
 
 __all__ = [

@@ -160,9 +160,9 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
         try:
             offset, wait, min_bytes = parse_fetch(request.query_params.multi_items(), settings)
             feed.check_fetch(name, offset)
-            if not feed.answerable(name, offset, wait, min_bytes):
-                if not await _park(request, feed, name, offset, wait, min_bytes):
-                    return Response(status_code=499)  # the client is gone: nobody reads this
+            parked = not feed.answerable(name, offset, wait, min_bytes)
+            if parked and not await _park(request, feed, name, offset, wait, min_bytes):
+                return Response(status_code=499)  # the client is gone: nobody reads this
         except FeedError as exc:
             return error(exc.status, exc.message)
         return JSONResponse(feed.read(name, offset).as_dict())
@@ -232,4 +232,3 @@ async def _park(
         state["waiting"] = False
         watcher.cancel()
     return True
-

@@ -146,9 +146,7 @@ class TopicLog:
         index = first - self._start
         taken: list[str] = []
         size = 0
-        for message, message_size in zip(
-            self._messages[index:], self._sizes[index:], strict=True
-        ):
+        for message, message_size in zip(self._messages[index:], self._sizes[index:], strict=True):
             if taken and size + message_size > max_bytes:
                 break
             taken.append(message)
@@ -269,7 +267,7 @@ class Feed:
             reason = "data"
         elif self.closing:
             reason = "shutdown"
-        elif loop.time() - start >= wait:
+        elif loop.time() >= start + wait:  # as timers compute their due time
             reason = "timeout"
         else:
             reason = "early"
@@ -299,4 +297,3 @@ def check_topic(name: str) -> None:
     """Raise FeedError(400) unless ``name`` is a valid topic name."""
     if not TOPIC_NAME.fullmatch(name):
         raise FeedError(400, "a topic name is 1 to 100 of A-Z a-z 0-9 . _ -")
-

@@ -2,8 +2,8 @@
 
 Both offer the same four calls to :class:`~examples.longpoll.feed.Feed`:
 
-* ``await wait(key, ready, timeout)``: return once ``ready()`` is true after a
-  :meth:`notify` of ``key``, after ``timeout`` seconds, or after :meth:`release`
+* ``await wait(key, ready, seconds)``: return once ``ready()`` is true after a
+  :meth:`notify` of ``key``, after ``seconds``, or after :meth:`release`
   of ``key``; cancelling the caller withdraws the wait at once.
 * ``notify(key)``: something was posted to ``key``; wake the waits now ready.
 * ``release(key)``: wake every wait under ``key`` (shutdown).
@@ -12,7 +12,7 @@ Both offer the same four calls to :class:`~examples.longpoll.feed.Feed`:
 :class:`PurgatoryWaiter` makes each wait a :class:`~aiopurgatory.DelayedOperation`
 watched under its topic: ``check_and_complete(topic)`` on a post, expiry on the
 timing wheel. :class:`AsyncioWaiter` is what asyncio users write today: a future
-per request in a per-topic table, ``asyncio.wait_for(future, timeout)``, and a
+per request in a per-topic table, ``asyncio.wait_for(future, seconds)``, and a
 post that walks the table.
 """
 
@@ -36,7 +36,7 @@ class Waiter(Protocol):
     #: ``purgatory`` or ``asyncio`` (the ``--waiter`` choice).
     name: str
 
-    async def wait(self, key: str, ready: Ready, timeout: float) -> None: ...
+    async def wait(self, key: str, ready: Ready, seconds: float) -> None: ...
     def notify(self, key: str) -> None: ...
     def release(self, key: str) -> None: ...
     async def __aenter__(self) -> Self: ...
@@ -51,8 +51,8 @@ class Waiter(Protocol):
 class LongPoll(ap.DelayedOperation):
     """A parked GET: complete once ``ready()`` (enough bytes past its offset)."""
 
-    def __init__(self, ready: Ready, timeout: float) -> None:
-        super().__init__(timeout)
+    def __init__(self, ready: Ready, seconds: float) -> None:
+        super().__init__(seconds)
         self.ready = ready
 
     def try_complete(self) -> bool:
@@ -74,9 +74,9 @@ class PurgatoryWaiter:
             ap.Purgatory("longpoll") if purgatory is None else purgatory
         )
 
-    async def wait(self, key: str, ready: Ready, timeout: float) -> None:
+    async def wait(self, key: str, ready: Ready, seconds: float) -> None:
         # Cancelling this task cancels the operation: out of the wheel and the watch list.
-        await self.purgatory.watch(LongPoll(ready, timeout), (key,))
+        await self.purgatory.watch(LongPoll(ready, seconds), (key,))
 
     def notify(self, key: str) -> None:
         self.purgatory.check_and_complete(key)
@@ -106,12 +106,12 @@ class AsyncioWaiter:
     def __init__(self) -> None:
         self._waiting: dict[str, dict[asyncio.Future[None], Ready]] = {}
 
-    async def wait(self, key: str, ready: Ready, timeout: float) -> None:
+    async def wait(self, key: str, ready: Ready, seconds: float) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         waiting = self._waiting.setdefault(key, {})
         waiting[future] = ready
         try:
-            await asyncio.wait_for(future, timeout)
+            await asyncio.wait_for(future, seconds)
         except TimeoutError:
             pass
         finally:

@@ -1,0 +1,168 @@
+"""``python -m examples.longpoll`` as a program on uvicorn: real sockets, SIGTERM, disconnects.
+
+Wall-clock tests (``realtime``): they wait for states with generous deadlines and
+assert what the server reports, never how fast it was.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples.longpoll.__main__ import main
+
+pytestmark = pytest.mark.realtime
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Program:
+    """The server in a subprocess; ``port`` from its first log line."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "examples.longpoll", "--port", "0", *args],
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stderr is not None
+        first = json.loads(self.proc.stderr.readline())
+        assert first["event"] == "longpoll.listening"
+        self.first = first
+        self.port: int = first["port"]
+
+    def connection(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+
+    def get_json(self, path: str, method: str = "GET", body: bytes | None = None) -> Any:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", body, method=method)
+        with urllib.request.urlopen(req, timeout=30) as response:
+            return json.loads(response.read())
+
+    def metrics(self) -> dict[str, float]:
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            text = response.read().decode()
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
+    def stop(self) -> tuple[int, list[dict[str, Any]]]:
+        """SIGTERM; the exit status and the log lines after the first."""
+        self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=30)
+        return self.proc.returncode, [json.loads(line) for line in err.splitlines()]
+
+
+@pytest.fixture
+def program() -> Iterator[Callable[..., Program]]:
+    started: list[Program] = []
+
+    def start(*args: str) -> Program:
+        started.append(Program(*args))
+        return started[-1]
+
+    yield start
+    for p in started:
+        if p.proc.poll() is None:
+            p.proc.kill()
+            p.proc.communicate()
+
+
+def wait_until(check: Callable[[], bool], what: str, seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("waiter", ["purgatory", "asyncio"])
+def test_sigterm_answers_every_parked_get_and_exits_0(
+    program: Callable[..., Program], waiter: str, loop: str
+) -> None:
+    server = program("--waiter", waiter, "--loop", loop)
+    assert (server.first["waiter"], server.first["loop"]) == (waiter, loop)
+    assert server.get_json("/topics/t0", "POST", b"kept") == {"offset": 0}
+    parked = []
+    for n in range(20):
+        conn = server.connection()
+        conn.request("GET", f"/topics/t{n % 4}?offset=0&wait=120&min_bytes=1000")
+        parked.append(conn)
+    gauge = f'longpoll_parked_requests{{waiter="{waiter}"}}'
+    wait_until(lambda: server.metrics()[gauge] == 20, "20 parked GETs")
+    # a short wait is answered by its timeout, not before
+    started = time.monotonic()
+    assert server.get_json("/topics/t1?wait=0.3")["messages"] == []
+    assert time.monotonic() - started >= 0.3
+
+    server.proc.send_signal(signal.SIGTERM)
+    for n, conn in enumerate(parked):
+        response = conn.getresponse()
+        assert response.status == 200
+        body = json.loads(response.read())
+        assert body["messages"] == (["kept"] if n % 4 == 0 else [])
+        conn.close()
+    status, lines = server.stop()
+    assert status == 0
+    stopping = next(line for line in lines if line["event"] == "longpoll.stopping")
+    assert (stopping["signal"], stopping["released"]) == ("SIGTERM", 20)
+    stopped = next(line for line in lines if line["event"] == "longpoll.stopped")
+    assert stopped["answers"] == {"data": 0, "timeout": 1, "shutdown": 20, "early": 0}
+    with pytest.raises(urllib.error.URLError) as refused:
+        server.get_json("/healthz")
+    assert isinstance(refused.value.reason, ConnectionRefusedError)
+
+
+@pytest.mark.parametrize("waiter", ["purgatory", "asyncio"])
+def test_a_client_that_hangs_up_withdraws_its_wait(
+    program: Callable[..., Program], waiter: str
+) -> None:
+    server = program("--waiter", waiter)
+    conns = []
+    for _ in range(2):
+        conn = server.connection()
+        conn.request("GET", "/topics/t?wait=120")
+        conns.append(conn)
+    gauge = f'longpoll_parked_requests{{waiter="{waiter}"}}'
+    wait_until(lambda: server.metrics()[gauge] == 2, "2 parked GETs")
+    conns[0].close()
+    wait_until(lambda: server.metrics()[gauge] == 1, "the hung-up GET withdrawn", 5)
+    metrics = server.metrics()
+    assert metrics[f'longpoll_disconnects_total{{waiter="{waiter}"}}'] == 1
+    if waiter == "purgatory":
+        assert metrics['aiopurgatory_pending_operations{purgatory="longpoll"}'] == 1
+        assert metrics['aiopurgatory_operations_total{outcome="cancelled",purgatory="longpoll"}'] == 1
+    conns[1].close()
+    wait_until(lambda: server.metrics()[gauge] == 0, "both withdrawn", 5)
+    if waiter == "purgatory":
+        metrics = server.metrics()
+        for name in ("pending_operations", "delayed_operations", "purgatory_size", "watch_keys"):
+            assert metrics[f'aiopurgatory_{name}{{purgatory="longpoll"}}'] == 0
+    status, lines = server.stop()
+    assert status == 0
+    stopping = next(line for line in lines if line["event"] == "longpoll.stopping")
+    assert stopping["released"] == 0
+
+
+def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--port", "70000"]) == 2
+    assert "port" in capsys.readouterr().err
+    assert main(["--max-wait", "-1"]) == 2
+    assert "max_wait" in capsys.readouterr().err
