@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
 from starlette.applications import Starlette
@@ -49,7 +49,7 @@ class Call:
         await self._gone.wait()
         return {"type": "http.disconnect"}
 
-    async def _send(self, message: dict[str, Any]) -> None:
+    async def _send(self, message: MutableMapping[str, Any]) -> None:
         if self._gone.is_set():
             return  # as uvicorn: nothing reaches a client that hung up
         if message["type"] == "http.response.start":
@@ -65,7 +65,8 @@ class Call:
     async def result(self) -> tuple[int, Any]:
         """Wait for the response: its status and its JSON body."""
         await self.task
-        assert self.complete and self.status is not None
+        assert self.complete
+        assert self.status is not None
         return self.status, json.loads(self.content)
 
     @property

@@ -148,7 +148,9 @@ def test_a_client_that_hangs_up_withdraws_its_wait(
     assert metrics[f'longpoll_disconnects_total{{waiter="{waiter}"}}'] == 1
     if waiter == "purgatory":
         assert metrics['aiopurgatory_pending_operations{purgatory="longpoll"}'] == 1
-        assert metrics['aiopurgatory_operations_total{outcome="cancelled",purgatory="longpoll"}'] == 1
+        assert (
+            metrics['aiopurgatory_operations_total{outcome="cancelled",purgatory="longpoll"}'] == 1
+        )
     conns[1].close()
     wait_until(lambda: server.metrics()[gauge] == 0, "both withdrawn", 5)
     if waiter == "purgatory":
