@@ -1,17 +1,27 @@
-"""Drive the long-poll ASGI application in-process, without a network (virtual time works)."""
+"""Drive the long-poll example: its ASGI application in-process, without a network (virtual
+time works), or the program in a subprocess (:class:`Program`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
-from collections.abc import AsyncIterator, MutableMapping
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Callable, MutableMapping
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
 
 from examples.longpoll import Feed, Settings, make_waiter
 from examples.longpoll.app import create_app
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class Call:
@@ -98,3 +108,53 @@ async def settle() -> None:
     """Let every ready callback run (virtual time does not move: nothing sleeps)."""
     for _ in range(20):
         await asyncio.sleep(0)
+
+
+class Program:
+    """The server in a subprocess; ``port`` from its first log line."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "examples.longpoll", "--port", "0", *args],
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stderr is not None
+        first = json.loads(self.proc.stderr.readline())
+        assert first["event"] == "longpoll.listening"
+        self.first = first
+        self.port: int = first["port"]
+
+    def connection(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+
+    def get_json(self, path: str, method: str = "GET", body: bytes | None = None) -> Any:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", body, method=method)
+        with urllib.request.urlopen(req, timeout=30) as response:
+            return json.loads(response.read())
+
+    def metrics(self) -> dict[str, float]:
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            text = response.read().decode()
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
+    def stop(self) -> tuple[int, list[dict[str, Any]]]:
+        """SIGTERM; the exit status and the log lines after the first."""
+        self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=30)
+        return self.proc.returncode, [json.loads(line) for line in err.splitlines()]
+
+
+def wait_until(check: Callable[[], bool], what: str, seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)

@@ -6,67 +6,19 @@ assert what the server reports, never how fast it was.
 
 from __future__ import annotations
 
-import http.client
 import json
 import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from examples.longpoll.__main__ import main
+from tests.longpoll_helpers import Program, wait_until
 
 pytestmark = pytest.mark.realtime
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-class Program:
-    """The server in a subprocess; ``port`` from its first log line."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "examples.longpoll", "--port", "0", *args],
-            cwd=ROOT,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stderr is not None
-        first = json.loads(self.proc.stderr.readline())
-        assert first["event"] == "longpoll.listening"
-        self.first = first
-        self.port: int = first["port"]
-
-    def connection(self) -> http.client.HTTPConnection:
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-
-    def get_json(self, path: str, method: str = "GET", body: bytes | None = None) -> Any:
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", body, method=method)
-        with urllib.request.urlopen(req, timeout=30) as response:
-            return json.loads(response.read())
-
-    def metrics(self) -> dict[str, float]:
-        url = f"http://127.0.0.1:{self.port}/metrics"
-        with urllib.request.urlopen(url, timeout=30) as response:
-            text = response.read().decode()
-        samples = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
-
-    def stop(self) -> tuple[int, list[dict[str, Any]]]:
-        """SIGTERM; the exit status and the log lines after the first."""
-        self.proc.send_signal(signal.SIGTERM)
-        _, err = self.proc.communicate(timeout=30)
-        return self.proc.returncode, [json.loads(line) for line in err.splitlines()]
 
 
 @pytest.fixture
@@ -82,14 +34,6 @@ def program() -> Iterator[Callable[..., Program]]:
         if p.proc.poll() is None:
             p.proc.kill()
             p.proc.communicate()
-
-
-def wait_until(check: Callable[[], bool], what: str, seconds: float = 15.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
