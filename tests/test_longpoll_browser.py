@@ -27,7 +27,9 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 pytestmark = [
     pytest.mark.realtime,
-    pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)"),
+    pytest.mark.skipif(
+        CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)"
+    ),
 ]
 
 # The flags that work on a machine with no network but loopback (no background

@@ -12,11 +12,13 @@ at ``--post-rate`` messages per second for ``--seconds`` and measures:
   by the server (``loop.time() >= start + wait``) and as seen by the client.
   Both must be 0.
 
-A share of the GETs (``--short-share``) waits 1 to 5 s so that timeouts happen
-too; the others wait 30 s and are answered by posts. Runs alternate between the
-waiters (``purgatory``, ``asyncio``, ``purgatory``, ...) so that both see the
-same machine; the summary gives each figure's median per waiter and the ratio
-purgatory / asyncio. Everything is bounded in count and time, loopback only::
+All GETs first wait 30 s, so that all are parked at once before the posting
+starts; then a share of them (``--short-share``) waits 1 to 5 s per poll, so
+that timeouts happen too, while the others keep waiting 30 s and are answered by
+posts (each post answers the GETs parked on its topic, ``parked / topics`` of
+them). Runs alternate between the waiters (purgatory, asyncio, purgatory, ...)
+so that both see the same machine; the summary gives each figure's median per
+waiter and the ratio purgatory / asyncio. Everything is bounded in count and time, loopback only::
 
     python -m examples.longpoll.loadtest                       # 10,000 GETs, 2 rounds
     python -m examples.longpoll.loadtest --parked 500 --seconds 3 --rounds 1
@@ -55,9 +57,9 @@ class Load:
 
     parked: int = 10_000
     topics: int = 100
-    post_rate: float = 20.0
+    post_rate: float = 5.0
     seconds: float = 20.0
-    short_share: float = 0.2
+    short_share: float = 0.1
     long_wait: float = 30.0
     loop: str = "auto"
     seed: int = 1
@@ -170,7 +172,10 @@ class _Client:
         first = True
         try:
             while not self.stopping:
-                wait = round(rng.uniform(1, 5), 3) if short else self.load.long_wait
+                # Every GET waits long until the load is on (so that all are parked
+                # at once); then the short ones wait 1 to 5 s, and time out often.
+                short_now = short and self.recording
+                wait = round(rng.uniform(1, 5), 3) if short_now else self.load.long_wait
                 writer.write(
                     f"GET /topics/{topic}?offset={offset}&wait={wait} HTTP/1.1\r\n"
                     "Host: loadtest\r\n\r\n".encode()
