@@ -112,3 +112,28 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "port" in capsys.readouterr().err
     assert main(["--max-wait", "-1"]) == 2
     assert "max_wait" in capsys.readouterr().err
+
+
+def test_a_small_load_test_run_compares_both_waiters(capsys: pytest.CaptureFixture[str]) -> None:
+    from examples.longpoll import loadtest
+
+    argv = ["--parked", "200", "--topics", "10", "--seconds", "2", "--rounds", "1"]
+    assert loadtest.main(argv) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    runs, summary = lines[:-1], lines[-1]
+    assert [run["waiter"] for run in runs] == ["purgatory", "asyncio"]
+    for run in runs:
+        assert (run["parked"], run["posts"], run["exit_status"], run["errors"]) == (200, 10, 0, 0)
+        assert run["early_server"] == run["early_client"] == 0
+        assert 0 < run["delivered"] <= 200  # 10 posts, each to the 20 GETs of its topic
+        assert run["server_cpu_s"] > 0
+        assert run["rss_mib"] > 0
+    assert summary["early_answers"] == 0
+    assert set(summary["ratios_purgatory_to_asyncio"]) == {
+        "server_cpu_s",
+        "rss_mib",
+        "peak_rss_mib",
+        "latency_p50_ms",
+        "latency_p99_ms",
+    }
+    assert loadtest.main(["--parked", "0"]) == 2

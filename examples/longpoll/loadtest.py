@@ -176,11 +176,12 @@ class _Client:
                 # at once); then the short ones wait 1 to 5 s, and time out often.
                 short_now = short and self.recording
                 wait = round(rng.uniform(1, 5), 3) if short_now else self.load.long_wait
+                # Read the clock before sending: the server's wait starts after this.
+                sent = time.monotonic()
                 writer.write(
                     f"GET /topics/{topic}?offset={offset}&wait={wait} HTTP/1.1\r\n"
                     "Host: loadtest\r\n\r\n".encode()
                 )
-                sent = time.monotonic()
                 if first:
                     self.parked_once += 1
                     first = False
