@@ -124,11 +124,13 @@ def test_a_small_load_test_run_compares_both_waiters(capsys: pytest.CaptureFixtu
     assert [run["waiter"] for run in runs] == ["purgatory", "asyncio"]
     for run in runs:
         assert (run["parked"], run["posts"], run["exit_status"], run["errors"]) == (200, 10, 0, 0)
-        assert run["early_server"] == run["early_client"] == 0
         assert 0 < run["delivered"] <= 200  # 10 posts, each to the 20 GETs of its topic
         assert run["server_cpu_s"] > 0
         assert run["rss_mib"] > 0
-    assert summary["early_answers"] == 0
+    # the purgatory never answers early; asyncio.wait_for may on uvloop (reported)
+    assert (runs[0]["early_server"], runs[0]["early_client"]) == (0, 0)
+    assert summary["early_answers"]["purgatory"] == {"server": 0, "client": 0}
+    assert set(summary["early_answers"]["asyncio"]) == {"server", "client"}
     assert set(summary["ratios_purgatory_to_asyncio"]) == {
         "server_cpu_s",
         "rss_mib",

@@ -9,8 +9,9 @@ at ``--post-rate`` messages per second for ``--seconds`` and measures:
 * its resident memory at the end of the window (``VmRSS``) and its peak (``VmHWM``),
 * delivery latency: from a post being sent to each parked GET receiving the message,
 * early answers: GETs answered without data before their wait passed, as counted
-  by the server (``loop.time() >= start + wait``) and as seen by the client.
-  Both must be 0.
+  by the server on its loop's clock (``loop.time() < start + wait``: the
+  purgatory's guarantee) and as seen by the client on ``time.monotonic()``
+  (with the most such an answer was early, ``early_client_max_ms``).
 
 All GETs first wait 30 s, so that all are parked at once before the posting
 starts; then a share of them (``--short-share``) waits 1 to 5 s per poll, so
@@ -20,7 +21,7 @@ them). Runs alternate between the waiters (purgatory, asyncio, purgatory, ...)
 so that both see the same machine; the summary gives each figure's median per
 waiter and the ratio purgatory / asyncio. Everything is bounded in count and time, loopback only::
 
-    python -m examples.longpoll.loadtest                       # 10,000 GETs, 2 rounds
+    python -m examples.longpoll.loadtest                       # 10,000 GETs, 3 rounds
     python -m examples.longpoll.loadtest --parked 500 --seconds 3 --rounds 1
 
 Prints one JSON line per run, then the summary (``--json`` for one JSON object).
@@ -96,6 +97,7 @@ class RunResult:
     timeouts: int
     early_server: int
     early_client: int
+    early_client_max_ms: float
     exit_status: int
     errors: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -159,6 +161,7 @@ class _Client:
         self.latencies: list[float] = []
         self.timeouts = 0
         self.early = 0
+        self.early_by = 0.0  # the most an early answer came before its wait, seconds
         self.errors = 0
         self.parked_once = 0
         self.posts = 0
@@ -200,6 +203,7 @@ class _Client:
                     self.timeouts += 1
                     if received - sent < wait:
                         self.early += 1
+                        self.early_by = max(self.early_by, wait - (received - sent))
         except (asyncio.IncompleteReadError, ConnectionError):
             if not self.stopping:
                 self.errors += 1
@@ -323,6 +327,7 @@ async def run_once(waiter: str, load: Load) -> RunResult:
                 metrics[f'longpoll_answers_total{{reason="early",waiter="{waiter}"}}']
             ),
             early_client=client.early,
+            early_client_max_ms=round(1000 * client.early_by, 3),
             exit_status=status,
             errors=client.errors,
             extra={"log_tail": log_tail[-3:]} if status != 0 or client.errors else {},
@@ -350,7 +355,13 @@ def summarize(results: list[RunResult]) -> dict[str, Any]:
         for name in _COMPARED:
             base = medians["asyncio"][name]
             ratios[name] = round(medians["purgatory"][name] / base, 3) if base else float("nan")
-    early = sum(r.early_server + r.early_client for r in results)
+    early = {
+        waiter: {
+            "server": sum(r.early_server for r in results if r.waiter == waiter),
+            "client": sum(r.early_client for r in results if r.waiter == waiter),
+        }
+        for waiter in medians
+    }
     return {"medians": medians, "ratios_purgatory_to_asyncio": ratios, "early_answers": early}
 
 
@@ -366,7 +377,11 @@ async def run_all(waiters: list[str], load: Load, rounds: int) -> list[RunResult
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; exit status 1 if any GET was answered early or a run failed."""
+    """Entry point; exit status 1 if a run failed or the purgatory waiter answered early.
+
+    Early answers of the asyncio waiter are reported, not failed: ``asyncio.wait_for``
+    on uvloop has them (uvloop's timers can fire up to ~1.4 ms before their time).
+    """
     d = Load()
     p = argparse.ArgumentParser(prog="python -m examples.longpoll.loadtest", description=__doc__)
     p.add_argument("--parked", type=int, default=d.parked, help="concurrent GETs (%(default)s)")
@@ -374,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--post-rate", type=float, default=d.post_rate, help="posts per second")
     p.add_argument("--seconds", type=float, default=d.seconds, help="posting window")
     p.add_argument("--short-share", type=float, default=d.short_share)
-    p.add_argument("--rounds", type=int, default=2, help="runs per waiter (%(default)s)")
+    p.add_argument("--rounds", type=int, default=3, help="runs per waiter (%(default)s)")
     p.add_argument("--waiters", default="purgatory,asyncio")
     p.add_argument("--loop", choices=["auto", "asyncio", "uvloop"], default=d.loop)
     p.add_argument("--seed", type=int, default=d.seed)
@@ -408,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(results)
     print(json.dumps(summary))
     failed = any(r.exit_status != 0 or r.errors for r in results)
-    return 1 if summary["early_answers"] or failed else 0
+    early = summary["early_answers"].get("purgatory", {})
+    return 1 if failed or any(early.values()) else 0
 
 
 if __name__ == "__main__":
