@@ -211,17 +211,16 @@ class _Client:
             writer.close()
 
     async def poster(self, lane: int, lanes: int, start: float) -> None:
+        """Post messages ``lane``, ``lane + lanes``, ... of the window, each at its time."""
         reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-        interval = lanes / self.load.post_rate
         loop = asyncio.get_running_loop()
-        count = int(self.load.seconds * self.load.post_rate / lanes)
+        total = round(self.load.seconds * self.load.post_rate)
         try:
-            for i in range(count):
-                due = start + i * interval
-                delay = due - loop.time()
+            for i in range(lane, total, lanes):
+                delay = start + i / self.load.post_rate - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                topic = f"topic-{(i * lanes + lane) % self.load.topics}"
+                topic = f"topic-{i % self.load.topics}"
                 body = f"{time.monotonic():.6f}".encode()
                 writer.write(
                     f"POST /topics/{topic} HTTP/1.1\r\nHost: loadtest\r\n"
@@ -278,6 +277,7 @@ async def run_once(waiter: str, load: Load) -> RunResult:
         preexec_fn=_raise_fd_limit,
         text=True,
     )
+    drain: threading.Thread | None = None
     try:
         assert server.stderr is not None
         first = json.loads(await asyncio.to_thread(server.stderr.readline))
@@ -336,6 +336,10 @@ async def run_once(waiter: str, load: Load) -> RunResult:
         if server.poll() is None:
             server.kill()
             server.wait()
+        if drain is not None:
+            drain.join(timeout=10)  # it reads the log to its end: the server has exited
+        if server.stderr is not None:
+            server.stderr.close()
 
 
 _COMPARED = ("server_cpu_s", "rss_mib", "peak_rss_mib", "latency_p50_ms", "latency_p99_ms")
