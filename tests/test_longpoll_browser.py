@@ -150,7 +150,8 @@ def shown(browser: Chromium) -> Callable[[], list[str]]:
 
 def test_the_page_long_polls_shows_messages_and_posts(server: Program, browser: Chromium) -> None:
     browser.page("Page.navigate", url=f"http://127.0.0.1:{server.port}/?topic=room")
-    state = "document.getElementById('status').dataset.state"
+    # Page.navigate returns before the page is loaded: until then there is no #status.
+    state = "document.getElementById('status')?.dataset.state"
     wait_until(lambda: browser.evaluate(state) == "waiting", "the page's first long poll")
     wait_until(
         lambda: server.metrics()['longpoll_parked_requests{waiter="purgatory"}'] == 1,
