@@ -18,7 +18,6 @@ operations' own ``__eq__``/``__hash__``. Empty lists are dropped at once.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -30,8 +29,6 @@ from ._errors import OperationStateError, PurgatoryClosedError, PurgatoryFullErr
 from ._logging import LazyLogger
 from ._operation import CANCELLED, COMPLETED, EXPIRED, DelayedOperation, Outcome, _Owner
 from ._timer import Timer
-
-_get_running_loop = asyncio._get_running_loop  # C; None outside a running loop
 
 __all__ = ["Purgatory", "PurgatoryStatistics"]
 
@@ -227,7 +224,7 @@ class _PurgatoryCore(_Owner):
         loop = self._loop
         if loop is None:
             loop = self._bind()
-        elif _get_running_loop() is not loop and not self._timer._driver.is_current():  # type: ignore[union-attr]
+        elif not self._timer._driver.is_current():  # type: ignore[union-attr]
             raise RuntimeError(f"purgatory {self._name!r} is bound to another event loop")
         timer = self._timer
         if timer._closed:
