@@ -19,6 +19,7 @@ from ._errors import (
     PurgatoryClosedError,
     PurgatoryError,
     PurgatoryFullError,
+    TimerClosedError,
 )
 from ._operation import DelayedOperation, Outcome
 from ._purgatory import Purgatory, PurgatoryStatistics
@@ -42,6 +43,7 @@ __all__ = [
     "PurgatoryStatistics",
     "Timeout",
     "Timer",
+    "TimerClosedError",
     "TimerHandle",
     "__version__",
     "shared_timer",

@@ -19,8 +19,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from .._operation import Outcome
-from .._purgatory import Purgatory, PurgatoryStatistics
+from .. import Outcome, Purgatory, PurgatoryStatistics
 
 __all__ = ["GAUGES", "Gauge", "PurgatorySet", "gauge_value", "outcome_values"]
 

@@ -45,7 +45,7 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
         "aiopurgatory.metrics.otel needs opentelemetry-api: pip install 'aiopurgatory[otel]'"
     ) from exc
 
-from .._purgatory import Purgatory
+from .. import Purgatory
 from ._registry import GAUGES, Gauge, PurgatorySet, gauge_value, outcome_values
 
 __all__ = ["METER_NAME", "PurgatoryInstruments"]

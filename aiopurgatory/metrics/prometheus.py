@@ -43,7 +43,7 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
         "pip install 'aiopurgatory[prometheus]'"
     ) from exc
 
-from .._purgatory import Purgatory, PurgatoryStatistics
+from .. import Purgatory, PurgatoryStatistics
 from ._registry import GAUGES, PurgatorySet, gauge_value, outcome_values
 
 __all__ = ["PurgatoryCollector"]

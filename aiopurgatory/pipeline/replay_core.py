@@ -552,7 +552,7 @@ async def _drive(
     if purgatory.pending:
         # Everything still pending was watched by now: let the wheel expire it.
         await asyncio.sleep(params.timeout + 2 * params.tick)
-    await purgatory.close()
+    purgatory.close()
     if not use_event_recorder:
         return columns.rows()
     rows = sink.rows
