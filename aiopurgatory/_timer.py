@@ -27,6 +27,14 @@ the timer up from the loop. The rules:
   flush on a later loop iteration, never inside the scheduling call.
 * Callbacks run one after the other inside the driver's wake-up. An exception in
   one goes to the driver (the loop's exception handler) and the rest still run.
+
+A purgatory uses its timer through a small interface of named methods, and
+nothing else of it: ``_bind()`` (bind on first use; the owner bound to),
+``_running_owner()`` (whose loop is calling), ``_deadline(delay, name)`` (now +
+delay, refusing a closed timer or an instant the wheel cannot count),
+``_schedule(entry, when)`` / ``_unschedule(entry)``,
+``_call_soon_threadsafe(fn)`` and the public ``closed``. docs/architecture.md
+lists the invariant each keeps.
 """
 
 from __future__ import annotations
