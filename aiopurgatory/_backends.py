@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._asyncio_driver import AsyncioDriver
 from ._detect import current_backend
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = [
     "DeadlineScope",
@@ -66,7 +69,7 @@ class Driver(Protocol):
         """``"asyncio"`` or ``"trio"``."""
 
     @property
-    def loop(self) -> Any:
+    def loop(self) -> asyncio.AbstractEventLoop | None:
         """The asyncio loop, or None on trio."""
 
     @property
