@@ -49,12 +49,12 @@ from typing import TYPE_CHECKING, Any, Final, TypeVarTuple, Unpack
 
 from ._backends import Driver, current_owner, current_time, new_driver
 from ._errors import TimerClosedError, as_seconds
-
-if TYPE_CHECKING:
-    import asyncio
 from ._logging import LazyLogger
 from ._timeout import Timeout
 from ._wheel import Entry, TimingWheel
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["Timer", "TimerHandle", "shared_timer", "timeout", "timeout_at"]
 
