@@ -146,6 +146,17 @@ def test_aclose_fits_anyio_async_resource() -> None:
     assert set(anyio.abc.AsyncResource.__abstractmethods__) <= members
 
 
+@each_backend(virtual=True)
+async def test_anyio_aclose_forcefully_closes_a_purgatory() -> None:
+    # aclose() inside an already cancelled scope: it awaits nothing, so it closes.
+    p: ap.Purgatory[ap.DelayedOperation] = ap.Purgatory()
+    op = ap.DelayedOperation(10.0)
+    p.try_complete_else_watch(op, ["k"])
+    await anyio.aclose_forcefully(p)  # type: ignore[arg-type]
+    assert p.closed
+    assert op.cancelled()
+
+
 # -- Timer: a closed timer, truthiness, time() ----------------------------------------
 
 
