@@ -13,9 +13,8 @@ timer:
   iteration);
 * ``report(exc, entry)``: where an exception from a callback goes;
 * ``close()``: drop the wake-up and the flush;
-* ``owner`` (the loop, or trio's run token), ``current()`` (a cheap probe: it
-  returns ``owner`` when called on it, something else otherwise, never raises)
-  and ``is_current()``: whether the calling code runs on it;
+* ``owner`` (the loop, or trio's run token) and ``is_current()``: whether the
+  calling code runs on it;
 * ``call_soon_threadsafe(fn)``: run ``fn()`` on the loop, from any thread.
 
 and, as static methods for the running loop (no driver needed):
@@ -42,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from threading import get_ident
 from types import TracebackType
 from typing import Any
 
@@ -68,8 +68,8 @@ class AsyncioDriver:
         "_on_flush",
         "_on_wake",
         "_soon",
+        "_thread_tracked",
         "call_soon_threadsafe",
-        "current",
         "loop",
         "owner",
         "time",
@@ -92,8 +92,9 @@ class AsyncioDriver:
         self._on_flush = on_flush
         self._handle: asyncio.TimerHandle | None = None
         self._soon: asyncio.Handle | None = None
-        #: The running loop or None (``asyncio._get_running_loop``, a C function).
-        self.current: Callable[[], object] = _get_running_loop
+        # asyncio's own loops (BaseEventLoop: the default loop, virtual time) keep
+        # the id of the thread running them in _thread_id (None while stopped).
+        self._thread_tracked = isinstance(loop, asyncio.BaseEventLoop)
         #: ``loop.call_soon_threadsafe``.
         self.call_soon_threadsafe: Callable[[Callable[[], object]], object] = (
             loop.call_soon_threadsafe
@@ -124,7 +125,15 @@ class AsyncioDriver:
     # -- the driver interface ---------------------------------------------------------
 
     def is_current(self) -> bool:
-        """True if called from a coroutine or callback running on this driver's loop."""
+        """True if called from a coroutine or callback running on this driver's loop.
+
+        A thread runs one loop at a time, so an asyncio loop running in this
+        thread is the running loop. Asking the loop for its thread is cheap;
+        ``asyncio._get_running_loop()`` makes a ``getpid()`` system call on each
+        call (CPython 3.11), about 1 us here: it is left to other loops (uvloop).
+        """
+        if self._thread_tracked:
+            return self.loop._thread_id == get_ident()  # type: ignore[attr-defined,no-any-return]
         return _get_running_loop() is self.loop
 
     def arm(self, when: float) -> None:

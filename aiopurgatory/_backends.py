@@ -80,10 +80,6 @@ class Driver(Protocol):
     def time(self) -> Callable[[], float]:
         """The backend's clock, in seconds."""
 
-    @property
-    def current(self) -> Callable[[], object]:
-        """Returns ``owner`` when called on this driver's loop or run (cheap, never raises)."""
-
     def arm(self, when: float) -> None: ...
     def disarm(self) -> None: ...
     def request_flush(self) -> None: ...

@@ -236,7 +236,7 @@ class _PurgatoryCore(_Owner):
         loop = self._loop
         if loop is None:
             self._bind()
-        elif timer._running_owner() is not loop:
+        elif not timer._is_current():
             raise RuntimeError(f"purgatory {self._name!r} is bound to another event loop")
         deadline = timer._deadline(op._timeout, "timeout")
 

@@ -33,7 +33,6 @@ cdef class Timer:
     cdef public object _armed
     cdef public bint _closed
     cdef public Py_ssize_t _count
-    cdef public object _current
     cdef public object _driver
     cdef public list _due_now
     cdef public object _early_wake
@@ -47,7 +46,7 @@ cdef class Timer:
     cdef public TimingWheel _wheel
     cdef public object _wheel_size
 
-    cpdef _running_owner(self)
+    cpdef bint _is_current(self) except -1
     cpdef _deadline(self, delay, name)
     @cython.locals(tick=double, limit=double, q=double, n=cython.longlong)
     cpdef _floor_tick(self, double now)

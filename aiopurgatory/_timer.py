@@ -30,7 +30,7 @@ the timer up from the loop. The rules:
 
 A purgatory uses its timer through a small interface of named methods, and
 nothing else of it: ``_bind()`` (bind on first use; the owner bound to),
-``_running_owner()`` (whose loop is calling), ``_deadline(delay, name)`` (now +
+``_is_current()`` (called on the bound loop?), ``_deadline(delay, name)`` (now +
 delay, refusing a closed timer or an instant the wheel cannot count),
 ``_schedule(entry, when)`` / ``_unschedule(entry)``,
 ``_call_soon_threadsafe(fn)`` and the public ``closed``. docs/architecture.md
@@ -182,7 +182,6 @@ class Timer:
         "_armed",
         "_closed",
         "_count",
-        "_current",
         "_driver",
         "_due_now",
         "_early_wake",
@@ -207,11 +206,9 @@ class Timer:
             raise ValueError(f"wheel_size must be at least 2, got {wheel_size}")
         self._tick = tick
         self._wheel_size = wheel_size
-        # Set on first use (_bind): the driver, its clock and its probe of the
-        # running loop (see _running_owner).
+        # Set on first use (_bind): the driver, and its clock.
         self._driver: Driver | None = None
         self._time: Callable[[], float] = _monotonic
-        self._current: Callable[[], object] | None = None
         self._wheel = TimingWheel(int(wheel_size))
         # Tick the driver is armed for; inf when unarmed.
         self._armed: float = inf
@@ -455,16 +452,12 @@ class Timer:
                 ) from None
             self._driver = driver
             self._time = driver.time
-            self._current = driver.current
             self._wheel = TimingWheel(int(self._wheel_size), self._floor_tick(driver.time()))
         return driver.owner
 
-    def _running_owner(self) -> object:
-        """The owner (loop or trio token) of the calling code; the bound one if it runs there.
-
-        For a bound timer; cheap (on asyncio one C call), never raises.
-        """
-        return self._current()  # type: ignore[misc]
+    def _is_current(self) -> bool:
+        """True if called on the loop or trio run the timer is bound to (for a bound timer)."""
+        return self._driver.is_current()  # type: ignore[union-attr]
 
     def _deadline(self, delay: float, name: str) -> float:
         """The loop time ``delay`` seconds from now, for an entry about to be scheduled.

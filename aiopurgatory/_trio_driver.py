@@ -124,9 +124,6 @@ class TrioDriver:
         "time",
     )
 
-    #: Returns the running trio run's token, or None outside one.
-    current = staticmethod(_running_token)
-
     #: The backend's name.
     backend = "trio"
     #: Not an asyncio loop.
