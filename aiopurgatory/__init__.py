@@ -19,6 +19,7 @@ from ._errors import (
     PurgatoryClosedError,
     PurgatoryError,
     PurgatoryFullError,
+    TimerClosedError,
 )
 from ._latency import Histogram, PurgatoryHistograms
 from ._operation import DelayedOperation, Outcome
@@ -45,6 +46,7 @@ __all__ = [
     "PurgatoryStatistics",
     "Timeout",
     "Timer",
+    "TimerClosedError",
     "TimerHandle",
     "__version__",
     "shared_timer",

@@ -15,39 +15,41 @@ timer:
 * ``close()``: drop the wake-up and the flush;
 * ``owner`` (the loop, or trio's run token) and ``is_current()``: whether the
   calling code runs on it;
-* ``new_waiter()``: something ``watch()`` parks the calling task on;
 * ``call_soon_threadsafe(fn)``: run ``fn()`` on the loop, from any thread.
+
+and, as static methods for the running loop (no driver needed):
+
+* ``running_owner()`` and ``running_time()``: the running loop and its clock;
+* ``new_waiter()``: something ``watch()`` and ``await op`` park the calling
+  task on (``set_result(None)`` wakes it);
+* ``deadline_scope()``: the block a :class:`~aiopurgatory.Timeout` may
+  interrupt. Its ``enter()`` and ``exit(...)`` bracket the block (``exit``
+  returns True when the block ended because of the scope's ``cancel()``, so the
+  timeout raises ``TimeoutError``); ``cancel()`` interrupts it from a timer
+  callback; ``run_due(callback)`` runs the callback of a deadline already due
+  when set, as soon as the block can be interrupted; ``time()`` is the clock.
 
 This one is for asyncio (and uvloop, and any ``asyncio.AbstractEventLoop``):
 one ``loop.call_at`` handle and one ``loop.call_soon`` per iteration with new
-entries. The trio driver (:mod:`aiopurgatory._trio_driver`) sits beside it on
-the same wheel; :mod:`aiopurgatory._backends` picks one at first use.
+entries; a timeout cancels the enclosing task, as ``asyncio.timeout`` does. The
+trio driver (:mod:`aiopurgatory._trio_driver`) sits beside it on the same wheel;
+:mod:`aiopurgatory._backends` picks one at first use.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Callable
 from threading import get_ident
+from types import TracebackType
+from typing import Any
 
-__all__ = ["AsyncioDriver"]
+from ._detect import current_backend
+
+__all__ = ["AsyncioDeadlineScope", "AsyncioDriver"]
 
 _get_running_loop = asyncio._get_running_loop  # C; None outside a running loop
-
-
-def _another_is_running() -> bool:
-    """An asyncio loop or a trio run is active in this thread.
-
-    The same question as ``_backends.current_backend() is not None``, asked here
-    because imports go one way: ``_backends`` imports the drivers, never the reverse
-    (tests/test_package_shape.py).
-    """
-    if _get_running_loop() is not None:
-        return True
-    trio = sys.modules.get("trio")
-    return trio is not None and bool(trio.lowlevel.in_trio_run())
 
 
 class AsyncioDriver:
@@ -69,7 +71,6 @@ class AsyncioDriver:
         "_thread_tracked",
         "call_soon_threadsafe",
         "loop",
-        "new_waiter",
         "owner",
         "time",
     )
@@ -94,12 +95,34 @@ class AsyncioDriver:
         # asyncio's own loops (BaseEventLoop: the default loop, virtual time) keep
         # the id of the thread running them in _thread_id (None while stopped).
         self._thread_tracked = isinstance(loop, asyncio.BaseEventLoop)
-        #: A future to park a task on (``loop.create_future``).
-        self.new_waiter: Callable[[], asyncio.Future[None]] = loop.create_future
         #: ``loop.call_soon_threadsafe``.
         self.call_soon_threadsafe: Callable[[Callable[[], object]], object] = (
             loop.call_soon_threadsafe
         )
+
+    # -- for the running loop, no driver needed ------------------------------------------
+
+    @staticmethod
+    def running_owner() -> asyncio.AbstractEventLoop:
+        """The running loop (RuntimeError if none)."""
+        return asyncio.get_running_loop()
+
+    @staticmethod
+    def running_time() -> float:
+        """The running loop's ``time()`` (RuntimeError if none)."""
+        return asyncio.get_running_loop().time()
+
+    @staticmethod
+    def new_waiter() -> asyncio.Future[None]:
+        """A future of the running loop to park a task on (RuntimeError if none)."""
+        return asyncio.get_running_loop().create_future()
+
+    @staticmethod
+    def deadline_scope() -> AsyncioDeadlineScope:
+        """The current task, as the block a timeout may cancel (RuntimeError outside a task)."""
+        return AsyncioDeadlineScope()
+
+    # -- the driver interface ---------------------------------------------------------
 
     def is_current(self) -> bool:
         """True if called from a coroutine or callback running on this driver's loop.
@@ -138,7 +161,7 @@ class AsyncioDriver:
         # is_running() is cheap and true in the common case; otherwise find out
         # whether another loop or a trio run is using this timer (a stopped loop,
         # between run_until_complete() calls, may be scheduled on, as asyncio's).
-        if not loop.is_running() and _another_is_running():
+        if not loop.is_running() and current_backend() is not None:
             closed = " (closed)" if loop.is_closed() else ""
             raise RuntimeError(f"this timer is bound to another event loop{closed}")
         self._soon = loop.call_soon(self._flush)
@@ -168,3 +191,57 @@ class AsyncioDriver:
     def _flush(self) -> None:
         self._soon = None
         self._on_flush()
+
+
+class AsyncioDeadlineScope:
+    """The block of a timeout on asyncio: the current task, cancelled at the deadline.
+
+    As ``asyncio.timeout`` does: the deadline cancels the task, and leaving the
+    block turns that cancellation (and only that one: ``Task.uncancel()`` counts
+    them) into ``TimeoutError``.
+
+    Raises:
+        RuntimeError: not inside a task.
+    """
+
+    __slots__ = ("_cancelled", "_cancelling", "_task")
+
+    def __init__(self) -> None:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("Timeout should be used inside a task")
+        self._task: asyncio.Task[Any] = task
+        # Cancellations requested before the block are not the deadline's.
+        self._cancelling = task.cancelling()
+        self._cancelled = False
+
+    def time(self) -> float:
+        """The task's loop clock."""
+        return self._task.get_loop().time()
+
+    def enter(self) -> None:
+        """Nothing to open: the task itself is the scope."""
+
+    def cancel(self) -> None:
+        """Cancel the task (from the deadline's timer callback)."""
+        self._cancelled = True
+        self._task.cancel()
+
+    def run_due(self, callback: Callable[[], None]) -> asyncio.Handle:
+        """Run ``callback`` on the next loop iteration: at the block's first suspension.
+
+        Not inside the calling code: a task cancelled while it runs ends cancelled
+        even if it never suspends again, which ``asyncio.timeout(0)`` avoids too.
+        """
+        return self._task.get_loop().call_soon(callback)
+
+    def exit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool:
+        """True if the block ended with the cancellation :meth:`cancel` asked for."""
+        if not self._cancelled:
+            return False
+        return self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError

@@ -1,42 +1,68 @@
-"""Which async library is running, and the driver and waiters that go with it.
+"""The driver of the running async library, and what the core asks of it.
 
 The core is the same on every backend; what differs is gathered in a *driver*
 (:mod:`aiopurgatory._asyncio_driver`, :mod:`aiopurgatory._trio_driver`): the
-clock, the wake-ups, the waiters that ``watch()`` and ``await op`` park on, and
-the way in from other threads. The backend is detected at first use, with the
-answer sniffio gives: a running trio task means trio (also in trio's guest mode
-on an asyncio host loop), else a running asyncio loop (uvloop included) means
-asyncio, else an active ``trio.run`` in this thread (a ``run_sync_soon``
-callback) means trio. trio is only looked at if the program imported it, so
-asking costs asyncio programs a dictionary lookup and one C call.
+clock, the wake-ups, the waiters that ``watch()`` and ``await op`` park on, the
+cancel scope of a ``Timeout`` and the way in from other threads. This module
+only dispatches: it asks :mod:`aiopurgatory._detect` which library is running
+and hands the question to that library's driver class. It holds no backend
+code; the trio driver is imported only once a trio run asks for something.
 """
 
 from __future__ import annotations
 
-import asyncio
-import sys
 from collections.abc import Callable
-from typing import Any, Protocol
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._asyncio_driver import AsyncioDriver
+from ._detect import current_backend
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = [
+    "DeadlineScope",
     "Driver",
-    "current_backend",
     "current_owner",
     "current_time",
+    "deadline_scope",
     "new_driver",
     "new_waiter",
 ]
 
-_get_running_loop = asyncio._get_running_loop  # C; None outside a running loop
+
+class Cancellable(Protocol):
+    def cancel(self) -> object: ...
+
+
+class DeadlineScope(Protocol):
+    """The backend's part of a :class:`~aiopurgatory.Timeout`: the block it may interrupt.
+
+    Made by ``Driver.deadline_scope()`` in the task that enters the block; see
+    :mod:`aiopurgatory._asyncio_driver` for the meaning of each member.
+    """
+
+    def time(self) -> float: ...
+    def enter(self) -> None: ...
+    def cancel(self) -> None: ...
+    def run_due(self, callback: Callable[[], None], /) -> Cancellable | None: ...
+    def exit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool: ...
 
 
 class Driver(Protocol):
     """What a :class:`~aiopurgatory.Timer` and a purgatory need of a backend.
 
-    See :mod:`aiopurgatory._asyncio_driver` for the meaning of each member.
+    See :mod:`aiopurgatory._asyncio_driver` for the meaning of each member. The
+    static methods work on the running loop (or trio run) without a driver.
     """
+
+    def __init__(self, on_wake: Callable[[], None], on_flush: Callable[[], None]) -> None: ...
 
     @property
     def backend(self) -> str:
@@ -60,44 +86,32 @@ class Driver(Protocol):
     def close(self) -> None: ...
     def report(self, exc: BaseException, entry: object) -> None: ...
     def is_current(self) -> bool: ...
-    def new_waiter(self) -> Any: ...
     def call_soon_threadsafe(self, fn: Callable[[], object], /) -> object: ...
 
-
-def _trio_running() -> bool:
-    """True inside ``trio.run`` (a task, or a callback such as ``run_sync_soon``)."""
-    trio = sys.modules.get("trio")
-    return trio is not None and bool(trio.lowlevel.in_trio_run())
-
-
-def current_backend() -> str | None:
-    """``"asyncio"`` or ``"trio"`` for the running async library, or None.
-
-    A trio task comes first: in trio's guest mode it runs inside an asyncio
-    host loop's callbacks, where ``asyncio._get_running_loop()`` is the host's.
-    """
-    trio = sys.modules.get("trio")
-    if trio is not None and trio.lowlevel.in_trio_task():
-        return "trio"
-    if _get_running_loop() is not None:
-        return "asyncio"
-    if _trio_running():
-        return "trio"
-    return None
+    @staticmethod
+    def running_owner() -> object: ...
+    @staticmethod
+    def running_time() -> float: ...
+    @staticmethod
+    def new_waiter() -> Any: ...
+    @staticmethod
+    def deadline_scope() -> DeadlineScope: ...
 
 
-def current_owner() -> object:
-    """The running asyncio loop, or the running trio run's ``TrioToken``.
+def _driver_type() -> type[Driver]:
+    """The driver class of the running backend.
 
     Raises:
-        RuntimeError: no running event loop.
+        RuntimeError: neither an asyncio loop nor a trio run is active.
     """
     backend = current_backend()
     if backend == "asyncio":
-        return _get_running_loop()
+        return AsyncioDriver
     if backend == "trio":
-        return sys.modules["trio"].lowlevel.current_trio_token()
-    raise RuntimeError(_NO_LOOP)
+        from ._trio_driver import TrioDriver
+
+        return TrioDriver
+    raise RuntimeError("no running event loop (asyncio, uvloop or trio)")
 
 
 def new_driver(on_wake: Callable[[], None], on_flush: Callable[[], None]) -> Driver:
@@ -106,33 +120,16 @@ def new_driver(on_wake: Callable[[], None], on_flush: Callable[[], None]) -> Dri
     Raises:
         RuntimeError: neither an asyncio loop nor a trio run is active.
     """
-    backend = current_backend()
-    if backend == "asyncio":
-        return AsyncioDriver(on_wake, on_flush)
-    if backend == "trio":
-        from ._trio_driver import TrioDriver
-
-        return TrioDriver(on_wake, on_flush)
-    raise RuntimeError(_NO_LOOP)
+    return _driver_type()(on_wake, on_flush)
 
 
-def new_waiter() -> Any:
-    """Something to park the current task on until ``set_result(None)``.
-
-    An asyncio future on asyncio; on trio, an equivalent with ``done()``,
-    ``set_result()`` and ``await``.
+def current_owner() -> object:
+    """The running asyncio loop, or the running trio run's ``TrioToken``.
 
     Raises:
         RuntimeError: no running event loop.
     """
-    backend = current_backend()
-    if backend == "asyncio":
-        return _get_running_loop().create_future()  # type: ignore[union-attr]
-    if backend == "trio":
-        from ._trio_driver import TrioWaiter
-
-        return TrioWaiter()
-    raise RuntimeError(_NO_LOOP)
+    return _driver_type().running_owner()
 
 
 def current_time() -> float:
@@ -141,12 +138,26 @@ def current_time() -> float:
     Raises:
         RuntimeError: no running event loop.
     """
-    backend = current_backend()
-    if backend == "asyncio":
-        return _get_running_loop().time()  # type: ignore[union-attr]
-    if backend == "trio":
-        return float(sys.modules["trio"].current_time())
-    raise RuntimeError(_NO_LOOP)
+    return _driver_type().running_time()
 
 
-_NO_LOOP = "no running event loop (asyncio, uvloop or trio)"
+def new_waiter() -> Any:
+    """Something to park the current task on until ``set_result(None)``.
+
+    An asyncio future on asyncio; on trio, an equivalent with ``done()``,
+    ``set_result()`` and ``await``. The one source of waiters: ``watch()`` and
+    ``await op`` both come here.
+
+    Raises:
+        RuntimeError: no running event loop.
+    """
+    return _driver_type().new_waiter()
+
+
+def deadline_scope() -> DeadlineScope:
+    """The running backend's cancel scope for a ``Timeout`` block, in the current task.
+
+    Raises:
+        RuntimeError: no running event loop, or (asyncio) not inside a task.
+    """
+    return _driver_type().deadline_scope()

@@ -10,6 +10,7 @@ __all__ = [
     "PurgatoryClosedError",
     "PurgatoryError",
     "PurgatoryFullError",
+    "TimerClosedError",
 ]
 
 
@@ -18,7 +19,14 @@ class PurgatoryError(Exception):
 
 
 class PurgatoryClosedError(PurgatoryError):
-    """A purgatory or timer was used after ``close()``."""
+    """A purgatory was used after ``close()``."""
+
+
+class TimerClosedError(PurgatoryError, RuntimeError):
+    """A :class:`~aiopurgatory.Timer` was used after ``close()``.
+
+    A ``RuntimeError``, as asyncio raises for ``loop.call_later`` on a closed loop.
+    """
 
 
 class PurgatoryFullError(PurgatoryError):

@@ -25,6 +25,9 @@ cdef class DelayedOperation(_TimerEntry):
     cdef public list _waiters
 
     cpdef bint done(self) except -1
+    cpdef bint cancelled(self) except -1
+    cpdef result(self)
+    cpdef exception(self)
     cpdef try_complete(self)
     cpdef on_complete(self)
     cpdef on_expiration(self)

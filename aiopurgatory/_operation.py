@@ -26,6 +26,7 @@ An operation is *new* until a purgatory takes it, *pending* while watched, and
 from __future__ import annotations
 
 import enum
+from asyncio import InvalidStateError
 from collections.abc import Callable, Generator, Hashable
 from types import TracebackType
 from typing import Any
@@ -152,15 +153,43 @@ class DelayedOperation(_TimerEntry):
         """How the operation finished, or None while it has not."""
         return self._outcome
 
-    @property
-    def exception(self) -> Exception | None:
-        """The exception a callback of this operation raised, if any."""
-        failure = self._exception
-        return None if failure is None else failure[0]
+    # -- asyncio.Future's manners ------------------------------------------------------
 
     def done(self) -> bool:
         """True once finished in any way (completed, expired, cancelled or failed)."""
         return self._outcome is not None
+
+    def cancelled(self) -> bool:
+        """True if finished as ``Outcome.CANCELLED`` (``cancel()``, ``close()``, ...)."""
+        return self._outcome is CANCELLED
+
+    def result(self) -> Outcome:
+        """The :class:`Outcome`, as ``asyncio.Future.result()`` returns the result.
+
+        A cancelled operation returns ``Outcome.CANCELLED`` (it does not raise
+        ``CancelledError``: cancelling an operation is an outcome, not an error).
+
+        Raises:
+            asyncio.InvalidStateError: the operation has not finished.
+            Exception: the exception a callback of this operation raised.
+        """
+        if self._outcome is None:
+            raise InvalidStateError(f"{self!r} has not finished")
+        return self._result()
+
+    def exception(self) -> Exception | None:
+        """The exception a callback of this operation raised, else None.
+
+        As ``asyncio.Future.exception()``, except that a cancelled operation
+        returns None (cancelling is an outcome, not an error).
+
+        Raises:
+            asyncio.InvalidStateError: the operation has not finished.
+        """
+        if self._outcome is None:
+            raise InvalidStateError(f"{self!r} has not finished")
+        failure = self._exception
+        return None if failure is None else failure[0]
 
     # -- to override -----------------------------------------------------------------
 

@@ -19,12 +19,13 @@ operations' own ``__eq__``/``__hash__``. Empty lists are dropped at once.
 from __future__ import annotations
 
 import concurrent.futures
+import enum
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Self, TypeVar
 
-from ._backends import current_owner
+from ._backends import current_owner, new_waiter
 from ._errors import OperationStateError, PurgatoryClosedError, PurgatoryFullError
 from ._histogram import _Recorder
 from ._latency import Histogram, PurgatoryHistograms
@@ -36,12 +37,21 @@ __all__ = ["Purgatory", "PurgatoryStatistics"]
 
 OpT = TypeVar("OpT", bound=DelayedOperation)
 
-_DEFAULT_TICK = 0.001
-
 # Whether finished operations are recorded in the histograms: always, except in
 # a compiled core built to measure their cost (see aiopurgatory._histogram).
 HISTOGRAMS = True
-_DEFAULT_WHEEL_SIZE = 20
+
+
+class _Default(enum.Enum):
+    """The default of ``tick`` and ``wheel_size``: "not given" (the timer's own apply)."""
+
+    NOT_GIVEN = "not given"
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+_NOT_GIVEN: Final = _Default.NOT_GIVEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +220,8 @@ class _PurgatoryCore(_Owner):
             ValueError: ``keys`` is empty.
             OperationStateError: ``op`` was already watched (here or elsewhere) or is finished.
             PurgatoryFullError: ``max_pending`` operations are pending.
-            PurgatoryClosedError: the purgatory (or its timer) is closed.
+            PurgatoryClosedError: the purgatory is closed.
+            TimerClosedError: its timer is closed (a shared one, closed by its owner).
             RuntimeError: first use outside a running event loop.
             Exception: whatever ``op.try_complete()`` raised (the op is then finished).
         """
@@ -241,17 +252,13 @@ class _PurgatoryCore(_Owner):
             raise PurgatoryFullError(
                 f"purgatory {self._name!r} has max_pending={self._max_pending} pending operations"
             )
+        timer = self._timer
         loop = self._loop
         if loop is None:
-            loop = self._bind()
-        elif not self._timer._driver.is_current():  # type: ignore[union-attr]
+            self._bind()
+        elif not timer._is_current():
             raise RuntimeError(f"purgatory {self._name!r} is bound to another event loop")
-        timer = self._timer
-        if timer._closed:
-            raise PurgatoryClosedError(f"the timer of purgatory {self._name!r} is closed")
-        deadline = timer._time() + op._timeout
-        if deadline > timer._max_when:
-            raise timer._too_far("timeout", op._timeout)
+        deadline = timer._deadline(op._timeout, "timeout")
 
         op._purgatory = self
         # The one check, before any bookkeeping: most requests that can complete
@@ -280,8 +287,7 @@ class _PurgatoryCore(_Owner):
         self._watched += len(keys)
         self._pending += 1
 
-        timer = self._timer
-        if timer._closed:  # closed by a callback of try_complete meanwhile
+        if timer.closed:  # closed by a callback of try_complete meanwhile
             op.cancel()
             return False
 
@@ -353,7 +359,8 @@ class _PurgatoryCore(_Owner):
         except Exception as exc:
             self._logger.error("aiopurgatory.recorder_failed", error=repr(exc), exc_info=exc)
 
-    def _bind(self) -> object:
+    def _bind(self) -> None:
+        """Bind to the running loop or trio run (and the timer too, if it is not yet)."""
         try:
             owner = current_owner()
         except RuntimeError:
@@ -361,13 +368,10 @@ class _PurgatoryCore(_Owner):
                 f"purgatory {self._name!r} is bound to a running event loop "
                 "(asyncio, uvloop or trio) on first use"
             ) from None
-        timer = self._timer
-        if timer._driver is None:
-            timer._bind()
-        elif timer._driver.owner is not owner:
+        # TimerClosedError if the timer is closed; else the owner it is bound to.
+        if self._timer._bind() is not owner:
             raise RuntimeError(f"the timer of purgatory {self._name!r} is bound to another loop")
         self._loop = owner
-        return owner
 
     def _detach(self, op: DelayedOperation, outcome: Outcome) -> None:
         """Count a finishing ``op``'s outcome; take it out of its watch lists and the timer."""
@@ -429,26 +433,30 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
 
     Args:
         name: a label for logs and statistics.
-        tick: timer tick in seconds, for the purgatory's own timer.
-        wheel_size: slots per wheel level, for the purgatory's own timer.
+        tick: timer tick in seconds, for the purgatory's own timer (default
+            0.001, as :class:`Timer`).
+        wheel_size: slots per wheel level, for the purgatory's own timer
+            (default 20, as :class:`Timer`).
         max_pending: refuse new operations (``PurgatoryFullError``) while this
             many are pending; None for no limit.
         timer: a :class:`Timer` to share with other purgatories; its own tick and
-            wheel size apply, so passing non-default ``tick``/``wheel_size`` too is
-            an error. The purgatory closes only a timer it created.
+            wheel size apply, so passing ``tick`` or ``wheel_size`` too (whatever
+            the value) is a ``TypeError``. The purgatory closes only a timer it
+            created.
         logger: a structlog-compatible logger; ``purgatory=name`` is bound to it once.
 
     Raises:
-        TypeError: an argument has the wrong type.
-        ValueError: ``max_pending < 1``; tick/wheel_size invalid or given with ``timer``.
+        TypeError: an argument has the wrong type; ``tick`` or ``wheel_size`` given
+            with ``timer``.
+        ValueError: ``max_pending < 1``; tick/wheel_size invalid.
     """
 
     def __init__(
         self,
         name: str = "purgatory",
         *,
-        tick: float = _DEFAULT_TICK,
-        wheel_size: int = _DEFAULT_WHEEL_SIZE,
+        tick: float | Literal[_Default.NOT_GIVEN] = _NOT_GIVEN,
+        wheel_size: int | Literal[_Default.NOT_GIVEN] = _NOT_GIVEN,
         max_pending: int | None = None,
         timer: Timer | None = None,
         logger: Any | None = None,
@@ -465,16 +473,25 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         if timer is not None:
             if not isinstance(timer, Timer):
                 raise TypeError(f"timer must be an aiopurgatory.Timer, got {type(timer).__name__}")
-            # Checked as the timer's own constructor would, then compared.
-            Timer(tick=tick, wheel_size=wheel_size)
-            if tick != _DEFAULT_TICK or wheel_size != _DEFAULT_WHEEL_SIZE:
-                raise ValueError(
-                    "tick and wheel_size cannot be given together with timer "
-                    "(the timer's own settings apply)"
+            given = [
+                f"{arg}={value!r}"
+                for arg, value in (("tick", tick), ("wheel_size", wheel_size))
+                if value is not _NOT_GIVEN
+            ]
+            if given:
+                raise TypeError(
+                    f"timer= and {' and '.join(given)} cannot be given together: "
+                    "the timer's own tick and wheel_size apply"
                 )
             self._owns_timer = False
         else:
-            timer = Timer(tick=tick, wheel_size=wheel_size)
+            # Only what was given: the timer's own defaults apply to the rest.
+            options: dict[str, Any] = {}
+            if tick is not _NOT_GIVEN:
+                options["tick"] = tick
+            if wheel_size is not _NOT_GIVEN:
+                options["wheel_size"] = wheel_size
+            timer = Timer(**options)
             self._owns_timer = True
         self._name = name
         self._timer = timer
@@ -620,7 +637,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         # Checks the loop (or trio run) too: RuntimeError from another one.
         self.try_complete_else_watch(op, keys)
         if op._outcome is None:
-            waiter = self._timer._driver.new_waiter()  # type: ignore[union-attr]
+            waiter = new_waiter()  # an asyncio future, or trio's equivalent
             op._add_waiter(waiter)
             try:
                 await waiter
@@ -664,13 +681,17 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
                     result.set_exception(exc)
 
         # asyncio: loop.call_soon_threadsafe; trio: the run's TrioToken.run_sync_soon.
-        self._timer._driver.call_soon_threadsafe(run)  # type: ignore[union-attr]
+        self._timer._call_soon_threadsafe(run)
         return result
 
     # -- closing -------------------------------------------------------------------------
 
-    async def close(self, *, expire_pending: bool = False) -> None:
+    def close(self, *, expire_pending: bool = False) -> None:
         """Finish every pending operation and refuse new ones. Idempotent.
+
+        Plain, as ``Timer.close()`` and ``loop.close()`` are: it awaits nothing
+        (awaiters are woken, and run when the caller next yields). In a coroutine,
+        ``await purgatory.aclose()`` or ``async with purgatory:`` says the same.
 
         Args:
             expire_pending: expire pending operations now (``on_complete`` and
@@ -701,6 +722,11 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             failed=self._failed,
         )
 
+    async def aclose(self, *, expire_pending: bool = False) -> None:
+        """:meth:`close`, as a coroutine: anyio's ``AsyncResource`` and
+        ``contextlib.aclosing()`` manners."""
+        self.close(expire_pending=expire_pending)
+
     async def __aenter__(self) -> Self:
         return self
 
@@ -710,9 +736,14 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         exc_val: BaseException | None,
         exc_tb: TracebackType | None,
     ) -> None:
-        await self.close()
+        self.close()
 
     # -- recording (opt-in) -------------------------------------------------------------
+
+    @property
+    def recorder(self) -> Callable[[DelayedOperation], None] | None:
+        """The callable that :meth:`set_recorder` attached, or None."""
+        return self._recorder
 
     def set_recorder(self, recorder: Callable[[DelayedOperation], None] | None) -> None:
         """Call ``recorder(op)`` after each operation of this purgatory finishes.

@@ -2,34 +2,29 @@
 
 The context manager needs only ``call_at(when, callback)`` from its timer, so it
 depends on nothing else of the timer (:mod:`aiopurgatory._timer` makes it, from
-``Timer.timeout()``, ``ap.timeout()`` and ``ap.timeout_at()``).
-
-On asyncio the deadline cancels the enclosing task, as ``asyncio.timeout`` does.
-On trio the block runs in a cancel scope that the deadline cancels (trio's
-deadlines are per scope, not per task); leaving the block then raises the same
-``TimeoutError``, as anyio's ``fail_after`` does on every backend.
+``Timer.timeout()``, ``ap.timeout()`` and ``ap.timeout_at()``). What the deadline
+interrupts is the backend's business: the running driver's *deadline scope*
+(``deadline_scope()``, see :mod:`aiopurgatory._asyncio_driver`) opens it and
+cancels it. On asyncio that is the enclosing task, as with ``asyncio.timeout``;
+on trio a cancel scope around the block. Either way leaving the block after the
+deadline raises ``TimeoutError``, as anyio's ``fail_after`` does on every backend.
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Protocol
 
-from ._backends import current_backend, current_time
+from ._backends import Cancellable, DeadlineScope, deadline_scope
 from ._errors import as_seconds
 
 __all__ = ["Timeout"]
 
 
-class _Cancellable(Protocol):
-    def cancel(self) -> None: ...
-
-
 class _Scheduler(Protocol):
-    def call_at(self, when: float, callback: Callable[[], object], /) -> _Cancellable: ...
+    def call_at(self, when: float, callback: Callable[[], object], /) -> Cancellable: ...
 
 
 class _State(enum.Enum):
@@ -50,16 +45,15 @@ class Timeout:
     ``TimeoutError`` (chained from trio's ``Cancelled``).
     """
 
-    __slots__ = ("_cancelling", "_handle", "_scope", "_state", "_task", "_timer", "_when")
+    __slots__ = ("_handle", "_scope", "_state", "_timer", "_when")
 
     def __init__(self, timer: _Scheduler, when: float | None) -> None:
         self._timer = timer
         self._when = when
-        self._handle: _Cancellable | None = None
+        self._handle: Cancellable | None = None
         self._state = _State.CREATED
-        self._task: asyncio.Task[Any] | None = None
-        self._cancelling = 0
-        self._scope: Any = None  # trio: the cancel scope around the block
+        # The backend's scope around the block (its driver's), while entered.
+        self._scope: DeadlineScope | None = None
 
     def __repr__(self) -> str:
         return f"<Timeout [{self._state.value}] when={self._when}>"
@@ -88,46 +82,33 @@ class Timeout:
             self._handle.cancel()
             self._handle = None
         if when is not None:
+            scope = self._scope
+            assert scope is not None
             # Through the timer also when already due: it refuses a closed timer
             # or one bound to another loop, before anything changes.
             handle = self._timer.call_at(when, self._on_timeout)
-            if when <= current_time():
+            if when <= scope.time():
                 # Already due (a zero or negative delay): interrupt the block at
                 # its first suspension, as asyncio.timeout does, not a tick later.
                 handle.cancel()
-                if self._scope is not None:
-                    self._on_timeout()  # trio: a cancelled scope raises at its next checkpoint
-                    return
-                assert self._task is not None
-                handle = self._task.get_loop().call_soon(self._on_timeout)
-            self._handle = handle
+                self._handle = scope.run_due(self._on_timeout)
+            else:
+                self._handle = handle
 
     async def __aenter__(self) -> Timeout:
         if self._state is not _State.CREATED:
             raise RuntimeError("Timeout has already been entered")
-        scope = None
-        if current_backend() == "trio":
-            import trio
-
-            scope = trio.CancelScope()
-        else:
-            task = asyncio.current_task()
-            if task is None:
-                raise RuntimeError("Timeout should be used inside a task")
-            self._task = task
-            self._cancelling = task.cancelling()
-        self._scope = scope
+        scope = self._scope = deadline_scope()
         self._state = _State.ENTERED
         try:
             self.reschedule(self._when)
         except BaseException:  # a closed timer, one bound elsewhere: not entered
             self._state = _State.CREATED
-            self._scope = self._task = None
+            self._scope = None
             raise
-        if scope is not None:
-            # After scheduling, which may fail; the deadline's callback cannot run
-            # before this (never inside the scheduling call).
-            scope.__enter__()
+        # After scheduling, which may fail; the deadline's callback cannot run
+        # before this (never inside the scheduling call).
+        scope.enter()
         return self
 
     async def __aexit__(
@@ -140,32 +121,22 @@ class Timeout:
             self._handle.cancel()
             self._handle = None
         scope = self._scope
-        if scope is not None:
-            self._scope = None
-            scope.__exit__(exc_type, exc_val, exc_tb)
-            if self._state is _State.EXPIRING:
-                self._state = _State.EXPIRED
-                # Only if the deadline's Cancelled reached the scope (a block that
-                # caught it and left normally gets no TimeoutError, as asyncio.timeout).
-                if scope.cancelled_caught:
-                    raise TimeoutError from exc_val
-            elif self._state is _State.ENTERED:
-                self._state = _State.EXITED
-            return
+        assert scope is not None
+        self._scope = None
+        timed_out = scope.exit(exc_type, exc_val, exc_tb)
         if self._state is _State.EXPIRING:
             self._state = _State.EXPIRED
-            task = self._task
-            assert task is not None
-            if task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+            # Only if the deadline's cancellation ended the block (a block that
+            # caught it and left normally gets no TimeoutError, as asyncio.timeout).
+            if timed_out:
                 raise TimeoutError from exc_val
         elif self._state is _State.ENTERED:
             self._state = _State.EXITED
 
     def _on_timeout(self) -> None:
-        if self._scope is not None:
-            self._scope.cancel()
-        else:
-            assert self._task is not None
-            self._task.cancel()
+        scope = self._scope
+        if scope is None:  # pragma: no cover - the handle is cancelled on the way out
+            return
         self._state = _State.EXPIRING
         self._handle = None
+        scope.cancel()

@@ -46,6 +46,8 @@ cdef class Timer:
     cdef public TimingWheel _wheel
     cdef public object _wheel_size
 
+    cpdef bint _is_current(self) except -1
+    cpdef _deadline(self, delay, name)
     @cython.locals(tick=double, limit=double, q=double, n=cython.longlong)
     cpdef _floor_tick(self, double now)
     @cython.locals(tick=double, limit=double, q=double, e=cython.longlong)

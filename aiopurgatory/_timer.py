@@ -27,24 +27,34 @@ the timer up from the loop. The rules:
   flush on a later loop iteration, never inside the scheduling call.
 * Callbacks run one after the other inside the driver's wake-up. An exception in
   one goes to the driver (the loop's exception handler) and the rest still run.
+
+A purgatory uses its timer through a small interface of named methods, and
+nothing else of it: ``_bind()`` (bind on first use; the owner bound to),
+``_is_current()`` (called on the bound loop?), ``_deadline(delay, name)`` (now +
+delay, refusing a closed timer or an instant the wheel cannot count),
+``_schedule(entry, when)`` / ``_unschedule(entry)``,
+``_call_soon_threadsafe(fn)`` and the public ``closed``. docs/architecture.md
+lists the invariant each keeps.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from math import inf
-from typing import Any, Final, TypeVarTuple, Unpack
+from time import monotonic as _monotonic
+from typing import TYPE_CHECKING, Any, Final, TypeVarTuple, Unpack
 
 from ._backends import Driver, current_owner, current_time, new_driver
-from ._errors import PurgatoryClosedError, as_seconds
+from ._errors import TimerClosedError, as_seconds
 from ._logging import LazyLogger
 from ._timeout import Timeout
 from ._wheel import Entry, TimingWheel
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["Timer", "TimerHandle", "shared_timer", "timeout", "timeout_at"]
 
@@ -198,7 +208,7 @@ class Timer:
         self._wheel_size = wheel_size
         # Set on first use (_bind): the driver, and its clock.
         self._driver: Driver | None = None
-        self._time: Callable[[], float] = time.monotonic
+        self._time: Callable[[], float] = _monotonic
         self._wheel = TimingWheel(int(wheel_size))
         # Tick the driver is armed for; inf when unarmed.
         self._armed: float = inf
@@ -246,6 +256,24 @@ class Timer:
         """Number of pending entries: scheduled, not yet fired, not cancelled."""
         return self._count
 
+    def __bool__(self) -> bool:
+        """Always True: an idle timer is still a timer (``len()`` counts pending entries)."""
+        return True
+
+    def time(self) -> float:
+        """The timer's clock: its loop's ``time()`` (trio: ``trio.current_time()``), in seconds.
+
+        Deadlines of ``call_at`` and ``Timeout`` are on this clock. A timer not yet
+        used binds to the running loop here, as on first scheduling.
+
+        Raises:
+            TimerClosedError: the timer is closed and was never bound.
+            RuntimeError: first use outside a running event loop.
+        """
+        if self._driver is None:
+            self._bind()
+        return self._time()
+
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"pending={self._count}"
         return f"<Timer tick={self._tick} wheel_size={self._wheel_size} {state}>"
@@ -269,7 +297,7 @@ class Timer:
             TypeError: ``delay`` is not a number (or is a bool); ``callback`` is not callable.
             ValueError: ``delay`` is NaN or infinite, or beyond what the wheel
                 counts (``2**62`` ticks: about 146 million years at 1 ms).
-            PurgatoryClosedError: the timer is closed.
+            TimerClosedError: the timer is closed (a ``RuntimeError``).
             RuntimeError: first use outside a running event loop.
         """
         if type(delay) is not float or delay - delay:
@@ -306,7 +334,7 @@ class Timer:
         Raises:
             TypeError: ``when`` is not a number (or is a bool); ``callback`` is not callable.
             ValueError: ``when`` is NaN or infinite, or beyond ``2**62`` ticks.
-            PurgatoryClosedError: the timer is closed.
+            TimerClosedError: the timer is closed (a ``RuntimeError``).
             RuntimeError: first use outside a running event loop.
         """
         if type(when) is not float or when - when:
@@ -400,12 +428,20 @@ class Timer:
                     best = e
         return None if best is None else best * tick
 
-    # -- internals shared with delayed operations -----------------------------------
+    # -- the purgatory's interface (see the module documentation) ---------------------
 
     def _bind(self) -> object:
-        """Bind to the running loop or trio run on first use; return its owner."""
+        """Bind to the running loop or trio run on first use; return the owner bound to.
+
+        The owner is the asyncio loop or the trio run's token, also when the timer
+        was bound before (the caller compares it with the running one).
+
+        Raises:
+            TimerClosedError: the timer is closed.
+            RuntimeError: not bound yet, and no running event loop.
+        """
         if self._closed:
-            raise PurgatoryClosedError("the timer is closed")
+            raise TimerClosedError("the timer is closed")
         driver = self._driver
         if driver is None:
             try:
@@ -418,6 +454,37 @@ class Timer:
             self._time = driver.time
             self._wheel = TimingWheel(int(self._wheel_size), self._floor_tick(driver.time()))
         return driver.owner
+
+    def _is_current(self) -> bool:
+        """True if called on the loop or trio run the timer is bound to (for a bound timer)."""
+        return self._driver.is_current()  # type: ignore[union-attr]
+
+    def _deadline(self, delay: float, name: str) -> float:
+        """The loop time ``delay`` seconds from now, for an entry about to be scheduled.
+
+        For a bound timer. ``delay`` is a valid number of seconds; ``name`` names
+        it in the error.
+
+        Raises:
+            TimerClosedError: the timer is closed.
+            ValueError: the instant is beyond what the wheel counts.
+        """
+        if self._closed:
+            raise TimerClosedError("the timer is closed")
+        when = self._time() + delay
+        if when > self._max_when:
+            raise self._too_far(name, delay)
+        return when
+
+    def _call_soon_threadsafe(self, fn: Callable[[], object]) -> None:
+        """Run ``fn()`` on the bound loop or trio run, from any thread.
+
+        Raises:
+            RuntimeError: the loop is closed or the trio run has finished.
+        """
+        self._driver.call_soon_threadsafe(fn)  # type: ignore[union-attr]
+
+    # -- internals (_schedule and _unschedule below are the interface's too) -----------
 
     def _too_far(self, name: str, value: float) -> ValueError:
         return ValueError(

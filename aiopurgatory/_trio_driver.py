@@ -1,4 +1,4 @@
-"""The trio driver of a :class:`~aiopurgatory.Timer`, and trio's waiter.
+"""The trio driver of a :class:`~aiopurgatory.Timer`, trio's waiter and deadline scope.
 
 The same interface as :class:`~aiopurgatory._asyncio_driver.AsyncioDriver` (see
 there), on trio: one *system task* per timer sleeps in a cancel scope whose
@@ -14,6 +14,10 @@ weakly while it sleeps; an armed or flushing driver is kept alive by its run
 (as asyncio keeps a timer alive through its ``call_at`` handle), so dropping a
 busy timer does not lose its callbacks and dropping an idle one leaks nothing.
 
+A timeout's deadline (:class:`TrioDeadlineScope`) is a trio cancel scope around
+the block, cancelled by the timer at the deadline: trio's deadlines are per
+scope, not per task.
+
 This module imports trio; :mod:`aiopurgatory._backends` imports it only once a
 trio run asks for a driver.
 """
@@ -24,13 +28,14 @@ import contextlib
 import weakref
 from collections.abc import Callable, Generator
 from math import inf
+from types import TracebackType
 from typing import Any
 
 import trio
 
 from ._logging import LazyLogger
 
-__all__ = ["TrioDriver", "TrioWaiter"]
+__all__ = ["TrioDeadlineScope", "TrioDriver", "TrioWaiter"]
 
 _current_trio_token = trio.lowlevel.current_trio_token
 _reschedule = trio.lowlevel.reschedule
@@ -41,6 +46,14 @@ _SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
 _BUSY: trio.lowlevel.RunVar[dict[int, TrioDriver]] = trio.lowlevel.RunVar("aiopurgatory_busy")
 
 _log = LazyLogger()
+
+
+def _running_token() -> trio.lowlevel.TrioToken | None:
+    """The running trio run's token, or None outside one."""
+    try:
+        return _current_trio_token()
+    except RuntimeError:
+        return None
 
 
 def _busy_drivers() -> dict[int, TrioDriver]:
@@ -131,16 +144,33 @@ class TrioDriver:
         self._busy = _busy_drivers()
         self._ref = weakref.ref(self, bed.driver_collected)
 
-    def is_current(self) -> bool:
-        """True if called from inside this driver's trio run."""
-        try:
-            return _current_trio_token() is self.owner
-        except RuntimeError:
-            return False
+    # -- for the running trio run, no driver needed -------------------------------------
 
-    def new_waiter(self) -> TrioWaiter:
+    @staticmethod
+    def running_owner() -> trio.lowlevel.TrioToken:
+        """The running trio run's token (RuntimeError outside one)."""
+        return _current_trio_token()
+
+    @staticmethod
+    def running_time() -> float:
+        """``trio.current_time()`` (RuntimeError outside a run)."""
+        return float(trio.current_time())
+
+    @staticmethod
+    def new_waiter() -> TrioWaiter:
         """A waiter to park a task on."""
         return TrioWaiter()
+
+    @staticmethod
+    def deadline_scope() -> TrioDeadlineScope:
+        """A cancel scope for a timeout's block."""
+        return TrioDeadlineScope()
+
+    # -- the driver interface ---------------------------------------------------------
+
+    def is_current(self) -> bool:
+        """True if called from inside this driver's trio run."""
+        return _running_token() is self.owner
 
     def call_soon_threadsafe(self, fn: Callable[[], object]) -> None:
         """Run ``fn()`` in the run, from any thread (``TrioToken.run_sync_soon``).
@@ -335,3 +365,44 @@ class TrioWaiter:
 
     def __await__(self) -> Generator[Any, None, None]:
         return self._wait().__await__()
+
+
+class TrioDeadlineScope:
+    """The block of a timeout on trio: a cancel scope the deadline cancels.
+
+    Leaving it after the deadline's ``Cancelled`` reached it is a timeout, as
+    anyio's ``fail_after`` has it on every backend; a block that caught the
+    ``Cancelled`` and went on leaves normally (as with ``asyncio.timeout``).
+    """
+
+    __slots__ = ("_scope",)
+
+    def __init__(self) -> None:
+        self._scope = trio.CancelScope()
+
+    @staticmethod
+    def time() -> float:
+        """``trio.current_time()``."""
+        return float(trio.current_time())
+
+    def enter(self) -> None:
+        """Open the cancel scope around the block."""
+        self._scope.__enter__()
+
+    def cancel(self) -> None:
+        """Cancel the scope (also before it is entered: it then starts cancelled)."""
+        self._scope.cancel()
+
+    def run_due(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` now: a cancelled scope interrupts the block at its next checkpoint."""
+        callback()
+
+    def exit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool:
+        """Close the scope; True if it caught the ``Cancelled`` of :meth:`cancel`."""
+        self._scope.__exit__(exc_type, exc_val, exc_tb)
+        return self._scope.cancelled_caught

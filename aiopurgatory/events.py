@@ -38,8 +38,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any, Final, TextIO, cast
 
-from ._operation import DelayedOperation
-from ._purgatory import Purgatory
+from . import DelayedOperation, Purgatory
 
 __all__ = ["EVENT", "SCHEMA_VERSION", "EventRecorder"]
 
@@ -105,7 +104,7 @@ class EventRecorder:
         """
         if not isinstance(purgatory, Purgatory):
             raise TypeError(f"purgatory must be a Purgatory, got {type(purgatory).__name__}")
-        if purgatory._recorder is not None:
+        if purgatory.recorder is not None:
             raise ValueError(f"purgatory {purgatory.name!r} already has a recorder attached")
 
         def record(op: DelayedOperation) -> None:
@@ -118,7 +117,7 @@ class EventRecorder:
         """Write the event of one finished ``op`` (called by attached purgatories)."""
         outcome = op.outcome
         assert outcome is not None
-        finished_at = purgatory.timer._time()
+        finished_at = purgatory.timer.time()
         deadline = op.deadline
         watched_at = finished_at if deadline is None else deadline - op.timeout
         op_id = getattr(op, "op_id", None)
@@ -149,7 +148,7 @@ class EventRecorder:
     def close(self) -> None:
         """Detach from every purgatory and close the file this recorder opened."""
         for purgatory, record in self._attached:
-            if purgatory._recorder is record:  # still ours: leave others' alone
+            if purgatory.recorder is record:  # still ours: leave others' alone
                 purgatory.set_recorder(None)
         self._attached.clear()
         if self._file is not None:

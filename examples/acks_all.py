@@ -673,8 +673,8 @@ async def simulate(config: Config, *, events: TextIO | None = None) -> AcksAllRe
     finally:
         statistics = leader.produce_purgatory.statistics()
         fetch_statistics = leader.fetch_purgatory.statistics()
-        await leader.produce_purgatory.close()
-        await leader.fetch_purgatory.close()
+        leader.produce_purgatory.close()
+        leader.fetch_purgatory.close()
         timer.close()
         if recorder is not None:
             recorder.close()

@@ -399,7 +399,7 @@ async def simulate(config: Config) -> GroupResult:
             members.cancel_scope.cancel()
     finally:
         statistics = coordinator.purgatory.statistics()
-        await coordinator.purgatory.close()
+        coordinator.purgatory.close()
     return GroupResult(
         config=config,
         rebalances=coordinator.rebalances,

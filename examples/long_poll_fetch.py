@@ -291,7 +291,7 @@ async def simulate(config: Config) -> FetchResult:
                     tasks.start_soon(consumer, index)
     finally:
         statistics = purgatory.statistics()
-        await purgatory.close()
+        purgatory.close()
 
     duplicates = gaps = 0
     for tp, offsets in consumed_offsets.items():

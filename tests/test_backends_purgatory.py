@@ -195,11 +195,11 @@ async def test_close_releases_every_awaiter() -> None:
         for op in ops:
             tg.start_soon(wait, op)
         await settle()
-        await p.close()
+        p.close()
     assert results == [ap.Outcome.CANCELLED] * 3
     with pytest.raises(ap.PurgatoryClosedError):
         await p.watch(Flag(1.0), ["k"])
-    await p.close()  # idempotent
+    p.close()  # idempotent
 
 
 @each_backend
@@ -214,7 +214,7 @@ async def test_max_pending_refuses_with_purgatory_full_error() -> None:
     assert third.outcome is None  # refused: no state changed
     first.cancel()
     assert p.try_complete_else_watch(third, ["c"]) is False
-    await p.close()
+    p.close()
     assert_clean(p)
 
 

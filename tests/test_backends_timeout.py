@@ -111,7 +111,7 @@ async def test_a_closed_timer_refuses_to_time_a_block() -> None:
     timer = ap.Timer()
     timer.close()
     cm = timer.timeout(1)
-    with pytest.raises(ap.PurgatoryClosedError):
+    with pytest.raises(ap.TimerClosedError):
         async with cm:
             pass
     with anyio.move_on_after(0.01) as scope:  # cancel scopes still work

@@ -27,7 +27,8 @@ import trio
 import trio.testing
 
 import aiopurgatory as ap
-from aiopurgatory._backends import current_backend, current_owner
+from aiopurgatory._backends import current_owner
+from aiopurgatory._detect import current_backend
 from aiopurgatory._trio_driver import TrioDriver
 
 from .backends import each_backend, now, run_on, settle
@@ -152,7 +153,7 @@ async def test_close_cancels_pending_handles_and_refuses_new_ones() -> None:
     timer.close()
     assert handle.cancelled()
     assert len(timer) == 0
-    with pytest.raises(ap.PurgatoryClosedError):
+    with pytest.raises(ap.TimerClosedError):
         timer.call_later(0.01, ran.append, 2)
     await anyio.sleep(0.05)
     assert ran == []
@@ -320,7 +321,7 @@ def test_trio_guest_mode_on_an_asyncio_host_is_detected_as_trio() -> None:
     async def trio_main() -> tuple[str | None, ap.Outcome]:
         p: ap.Purgatory[ap.DelayedOperation] = ap.Purgatory()
         outcome = await p.watch(ap.DelayedOperation(0.01), ["k"])
-        await p.close()
+        p.close()
         return current_backend(), outcome
 
     async def host() -> object:

@@ -42,7 +42,7 @@ async def _routine_and_failing_work() -> None:
     if isinstance(loop, simulation.VirtualTimeLoop):
         loop.advance(1.0)  # the timer wakes up a second late: timer_lag
     await asyncio.sleep(0.01)
-    await purgatory.close()
+    purgatory.close()
 
 
 def _run_script(body: str) -> subprocess.CompletedProcess[str]:
@@ -94,7 +94,7 @@ def test_callback_failures_stay_visible_without_any_logging_set_up() -> None:
             op = Failing(1.0)
             purgatory.try_complete_else_watch(op, ["k"])
             op.force_complete()
-            await purgatory.close()
+            purgatory.close()
 
         asyncio.run(main())
         """

@@ -150,7 +150,7 @@ async def test_prometheus_exposition_follows_the_purgatory() -> None:
         assert (stats.watched, stats.delayed) == (values["size"], values["delayed"])
 
     await drive(check, produce)
-    await produce.close()
+    produce.close()
     # A closed purgatory keeps its final totals until unregistered.
     check(expected(size=0, delayed=0, pending=0, keys=0, done=(1, 1, 1, 1)))
     assert collector.unregister(produce)

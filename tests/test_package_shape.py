@@ -1,4 +1,5 @@
-"""The package's shape: one-way imports among the core modules, no private loop internals."""
+"""The package's shape: one-way imports among the core modules, backend code only in the
+drivers, public names between modules, no private loop internals."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ CORE_ORDER = [
     "_backends",
     "_trio_driver",
     "_asyncio_driver",
+    "_detect",
     "_wheel",
     "_histogram",
 ]
@@ -89,3 +91,154 @@ def test_no_private_event_loop_attributes_are_read() -> None:
         or (isinstance(node, ast.Constant) and node.value in PRIVATE_LOOP_ATTRIBUTES)
     ]
     assert offenders == []
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Top-level names of the absolute imports of ``path``, anywhere in it."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+# Backend code lives in the drivers. trio is imported only by its driver, by virtual
+# time (simulation.run_trio), by the pytest plugin (its trio-virtual runner), and by
+# the benchmark modules that measure trio's own deadlines and tasks as baselines
+# (and start trio.run for --loop trio): nothing else of the library names trio.
+TRIO_MAY_BE_IMPORTED_BY = {
+    "_trio_driver.py",
+    "simulation.py",
+    "pytest_plugin.py",
+    "bench/_common.py",
+    "bench/trio_purgatory.py",
+    "bench/trio_timer.py",
+}
+
+
+def test_trio_is_imported_only_by_its_driver_virtual_time_and_the_plugin() -> None:
+    importers = {
+        str(path.relative_to(PACKAGE))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "trio" in _imported_modules(path)
+    }
+    assert importers <= TRIO_MAY_BE_IMPORTED_BY, sorted(importers - TRIO_MAY_BE_IMPORTED_BY)
+    assert "_trio_driver.py" in importers
+
+
+def _trio_lookups(path: Path) -> list[int]:
+    """Lines of ``path`` that reach trio without importing it: ``sys.modules["trio"]``,
+    ``sys.modules.get("trio")``, ``importlib.import_module("trio")``."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "sys.modules":
+            key = node.slice
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and ast.unparse(node.func)
+            in {
+                "sys.modules.get",
+                "importlib.import_module",
+            }
+        ):
+            key = node.args[0]
+        else:
+            continue
+        if isinstance(key, ast.Constant) and str(key.value).split(".")[0] == "trio":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_other_module_reaches_trio_through_sys_modules() -> None:
+    allowed = TRIO_MAY_BE_IMPORTED_BY | {"_detect.py"}  # detection asks sys.modules
+    offenders = [
+        f"{path.relative_to(PACKAGE)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if str(path.relative_to(PACKAGE)) not in allowed
+        for line in _trio_lookups(path)
+    ]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("module", ["_timeout", "_timer", "_purgatory", "_backends"])
+def test_core_modules_import_no_backend(module: str) -> None:
+    # The deadline of a Timeout, the timer's clock and wake-ups and the purgatory's
+    # waiters all go through the driver: these modules import neither library
+    # (typing-only imports under TYPE_CHECKING aside).
+    path = PACKAGE / f"{module}.py"
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+        for inner in ast.walk(node)
+    }
+    runtime = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import) and id(node) not in typing_only
+        for alias in node.names
+    } | {
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        and node.level == 0
+        and node.module
+        and id(node) not in typing_only
+    }
+    assert not runtime & {"asyncio", "trio", "anyio", "sniffio"}, sorted(runtime)
+
+
+def test_the_backend_is_detected_in_one_leaf_module() -> None:
+    # in_trio_task / in_trio_run / _get_running_loop: the questions that tell the
+    # backends apart are asked in _detect alone, and _detect imports nothing of ours.
+    probes = {"in_trio_task", "in_trio_run", "_get_running_loop"}
+    askers = {
+        str(path.relative_to(PACKAGE))
+        for path in sorted(PACKAGE.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in probes
+    }
+    # The asyncio driver's probe of its own loop (one C call on the hot path) is
+    # not detection: it asks "is this my loop?", never "which library?".
+    assert askers <= {"_detect.py", "_asyncio_driver.py"}, sorted(askers)
+    assert _package_imports(PACKAGE / "_detect.py") == set()
+    driver = (PACKAGE / "_asyncio_driver.py").read_text()
+    assert "in_trio" not in driver
+
+
+# Modules built on the core that must use only its public names.
+PUBLIC_CLIENTS = [
+    "events.py",
+    "cli.py",
+    *(str(path.relative_to(PACKAGE)) for path in sorted((PACKAGE / "metrics").glob("*.py"))),
+]
+
+
+@pytest.mark.parametrize("module", PUBLIC_CLIENTS)
+def test_clients_of_the_core_use_only_public_names(module: str) -> None:
+    # No attribute with a leading underscore on anything but self/cls, and no
+    # import from the core's private modules: what events.py, cli.py and metrics/
+    # need is public (Purgatory.recorder, Timer.time(), statistics()).
+    tree = ast.parse((PACKAGE / module).read_text())
+    private_reads = [
+        f"{module}:{node.lineno} {ast.unparse(node)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and not (isinstance(node.value, ast.Name) and node.value.id in {"self", "cls"})
+    ]
+    assert private_reads == []
+    core = {"_purgatory", "_operation", "_timer", "_timeout", "_wheel", "_backends"}
+    private_imports = {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        and node.module is not None
+        and node.module.lstrip(".").split(".")[-1] in core
+    }
+    assert private_imports == set()

@@ -18,6 +18,7 @@ import aiopurgatory as ap
 SPEC_NAMES = {
     "PurgatoryError",
     "PurgatoryClosedError",
+    "TimerClosedError",
     "PurgatoryFullError",
     "OperationStateError",
     "Outcome",
@@ -47,6 +48,8 @@ def test_spec_names_have_the_spec_kinds() -> None:
     for name in ("PurgatoryClosedError", "PurgatoryFullError", "OperationStateError"):
         assert issubclass(getattr(ap, name), ap.PurgatoryError)
     assert issubclass(ap.PurgatoryError, Exception)
+    assert issubclass(ap.TimerClosedError, ap.PurgatoryError)
+    assert issubclass(ap.TimerClosedError, RuntimeError)
     assert issubclass(ap.Outcome, enum.Enum)
     assert {m.name for m in ap.Outcome} >= {"COMPLETED", "EXPIRED", "CANCELLED", "FAILED"}
     for name in ("DelayedOperation", "Purgatory", "PurgatoryStatistics", "Timer", "TimerHandle"):

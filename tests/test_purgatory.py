@@ -535,7 +535,7 @@ async def test_watch_returns_cancelled_when_someone_else_cancels(how: str) -> No
         elif how == "cancel_for_key":
             assert p.cancel_for_key("k") == [op]
         else:
-            await p.close()
+            p.close()
         assert await task.result() is CANCELLED
     assert op.callbacks() == []
     assert_clean(p)
@@ -1029,7 +1029,7 @@ async def test_callbacks_touching_other_ops_during_close() -> None:
     # Watching from a callback during close fails (closed): contained and logged.
     ops[4].after_complete = lambda: p.try_complete_else_watch(Op(1.0), ["k"])
     with capture_logs() as logs:
-        await p.close(expire_pending=True)
+        p.close(expire_pending=True)
     assert all(op.done() for op in ops)
     for op in ops:
         assert op.calls.count("on_complete") == (0 if op.outcome is CANCELLED else 1)
@@ -1061,13 +1061,13 @@ async def test_purgatories_share_one_timer() -> None:
     assert a.expired_at == [0.05]
     assert await b is EXPIRED
     assert b.expired_at == [0.12]
-    await p1.close()
+    p1.close()
     assert len(timer) == 1  # a shared timer is not closed by one of its purgatories
     assert await c is EXPIRED
     assert c.expired_at == [0.5]
     assert len(timer) == 0
     assert (p1.statistics().expired, p2.statistics().expired) == (1, 2)
-    await p2.close()
+    p2.close()
     timer.close()
 
 
@@ -1083,18 +1083,45 @@ async def test_closing_a_shared_timer_cancels_its_ops() -> None:
         assert await task.result() is CANCELLED
     assert_clean(p)
     before = p.statistics()
-    with pytest.raises(ap.PurgatoryClosedError):
+    with pytest.raises(ap.TimerClosedError):
         p.try_complete_else_watch(Op(1.0), ["k"])
     assert p.statistics() == before
 
 
-def test_timer_with_tick_or_wheel_size_is_rejected() -> None:
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"tick": 0.01}, "tick=0.01"),
+        ({"wheel_size": 8}, "wheel_size=8"),
+        # The defaults' values are "given" too: a sentinel, not a comparison.
+        ({"tick": 0.001}, "tick=0.001"),
+        ({"wheel_size": 20}, "wheel_size=20"),
+        ({"tick": 0.001, "wheel_size": 20}, "tick=0.001 and wheel_size=20"),
+        # Before the value is checked: the combination is the error.
+        ({"tick": -1}, "tick=-1"),
+    ],
+)
+def test_timer_with_tick_or_wheel_size_is_a_type_error_naming_both(
+    kwargs: dict[str, float], named: str
+) -> None:
     timer = ap.Timer()
+    with pytest.raises(TypeError) as info:
+        ap.Purgatory(timer=timer, **kwargs)  # type: ignore[arg-type]
+    assert "timer=" in str(info.value)
+    assert named in str(info.value)
+    p: ap.Purgatory[Op] = ap.Purgatory(timer=timer)
+    assert p.timer is timer
+
+
+def test_tick_and_wheel_size_without_a_timer_reach_its_timer() -> None:
+    assert ap.Purgatory().timer.tick == 0.001
+    assert ap.Purgatory().timer.wheel_size == 20
+    p: ap.Purgatory[Op] = ap.Purgatory(tick=0.01, wheel_size=8)
+    assert (p.timer.tick, p.timer.wheel_size) == (0.01, 8)
     with pytest.raises(ValueError, match="tick"):
-        ap.Purgatory(timer=timer, tick=0.01)
+        ap.Purgatory(tick=0)
     with pytest.raises(ValueError, match="wheel_size"):
-        ap.Purgatory(timer=timer, wheel_size=8)
-    ap.Purgatory(timer=timer, tick=0.001, wheel_size=20)  # the defaults are not "given"
+        ap.Purgatory(wheel_size=1)
 
 
 # =====================================================================================
@@ -1142,8 +1169,8 @@ async def test_close_cancels_pending_and_is_idempotent() -> None:
         done = Op(1.0, completable=True)
         p.try_complete_else_watch(done, ["k"])
         with capture_logs() as logs:
-            await p.close()
-            await p.close()
+            p.close()
+            p.close()
     assert p.closed
     assert [await task.result() for task in tasks] == [CANCELLED] * 3
     assert all(op.callbacks() == [] for op in ops)
@@ -1168,7 +1195,7 @@ async def test_close_expire_pending_expires_now() -> None:
     async with anyio.create_task_group() as tg:
         tasks = [start(tg, p.watch, op, ["k"]) for op in ops]
         await anyio.sleep(0.5)
-        await p.close(expire_pending=True)
+        p.close(expire_pending=True)
     assert [await task.result() for task in tasks] == [EXPIRED] * 3
     assert all(op.completed_at == op.expired_at == [0.5] for op in ops)
     assert all(op.callbacks() == ["on_complete", "on_expiration"] for op in ops)
@@ -1181,8 +1208,8 @@ async def test_close_expire_pending_expires_now() -> None:
 async def test_close_closes_only_an_owned_timer() -> None:
     p: ap.Purgatory[Op] = ap.Purgatory()
     p.try_complete_else_watch(Op(1.0), ["k"])
-    await p.close()
-    with pytest.raises(ap.PurgatoryClosedError):
+    p.close()
+    with pytest.raises(ap.TimerClosedError):
         p.timer.call_later(1, lambda: None)
 
 
@@ -1201,7 +1228,7 @@ async def test_async_with_closes() -> None:
 @each_backend
 async def test_close_on_an_unused_purgatory() -> None:
     p: ap.Purgatory[Op] = ap.Purgatory()
-    await p.close()
+    p.close()
     assert p.closed
     assert_clean(p)
 
@@ -1512,7 +1539,7 @@ async def test_real_loop_watch_trigger_and_cancel() -> None:
     assert tasks[2].cancelled
     assert cancelled.outcome is CANCELLED
     assert_clean(p)
-    await p.close()
+    p.close()
 
 
 @pytest.mark.realtime

@@ -128,7 +128,7 @@ async def test_memory_returns_to_baseline_after_100k_ops() -> None:
     # The round did hold a lot of memory at its peak: the measurement can see ops.
     assert peak - baseline > 20 * NEAR_BASELINE, (baseline, peak)
     assert after - baseline < NEAR_BASELINE, (baseline, after, peak)
-    await p.close()
+    p.close()
 
 
 @pytest.mark.virtual_time
@@ -143,7 +143,7 @@ async def test_memory_does_not_grow_over_rounds() -> None:
     assert_mixed(p, 5 * SMALL_ROUND)
     # Round 1 may still warm things up; from round 2 on the level must be flat.
     assert after[4] - after[1] < NO_GROWTH, after
-    await p.close()
+    p.close()
 
 
 class Observed(ap.DelayedOperation):

@@ -148,7 +148,7 @@ class PurgatoryMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             if not self.closed:
-                self.loop.run_until_complete(self.purgatory.close())
+                self.loop.run_until_complete(self.purgatory.aclose())
         finally:
             self.loop.close()
 
@@ -284,7 +284,7 @@ class PurgatoryMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.closed)
     @rule(expire_pending=st.booleans())
     def close(self, expire_pending: bool) -> None:
-        self.loop.run_until_complete(self.purgatory.close(expire_pending=expire_pending))
+        self.loop.run_until_complete(self.purgatory.aclose(expire_pending=expire_pending))
         self.closed = True
         for number in self.pending():
             self.finish(number, EXPIRED if expire_pending else CANCELLED, at_q=self.now_q)

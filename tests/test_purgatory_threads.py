@@ -89,7 +89,7 @@ async def test_twenty_threads_trigger_concurrently() -> None:
     stats = purgatory.statistics()
     assert (stats.completed, stats.watched, stats.delayed, stats.keys) == (OPS, 0, 0, 0)
     assert len(purgatory.timer) == 0
-    await purgatory.close()
+    purgatory.close()
 
 
 async def test_threadsafe_triggers_while_ops_are_being_watched() -> None:
@@ -136,4 +136,4 @@ async def test_threadsafe_triggers_while_ops_are_being_watched() -> None:
         await asyncio.gather(*ops)
     assert [op.completions for op in ops] == [1] * len(ops)
     assert purgatory.statistics().completed == len(ops)
-    await purgatory.close()
+    purgatory.close()

@@ -405,11 +405,11 @@ async def test_close_cancels_everything_and_refuses_new_work() -> None:
     assert all(h.cancelled() for h in handles)
     assert armed_at(timer) is None
     timer.close()  # idempotent
-    with pytest.raises(ap.PurgatoryClosedError):
+    with pytest.raises(ap.TimerClosedError):
         timer.call_later(1, rec, "late")
-    with pytest.raises(ap.PurgatoryClosedError):
+    with pytest.raises(ap.TimerClosedError):
         timer.call_at(now() + 1, rec, "late")
-    with pytest.raises(ap.PurgatoryClosedError):
+    with pytest.raises(ap.TimerClosedError):
         async with timer.timeout(1):
             pass
     await anyio.sleep(100_000)  # noqa: ASYNC116 - past every deadline, then back
@@ -423,7 +423,7 @@ def test_close_before_first_use_then_scheduling_raises(backend: str) -> None:
     timer.close()
 
     async def main() -> None:
-        with pytest.raises(ap.PurgatoryClosedError):
+        with pytest.raises(ap.TimerClosedError):
             timer.call_later(1, print)
 
     run_on(backend, main)

@@ -19,9 +19,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from .._latency import PurgatoryHistograms
-from .._operation import Outcome
-from .._purgatory import Purgatory, PurgatoryStatistics
+from .. import Outcome, Purgatory, PurgatoryHistograms, PurgatoryStatistics
 
 __all__ = [
     "GAUGES",

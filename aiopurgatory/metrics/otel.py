@@ -61,9 +61,7 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
         "aiopurgatory.metrics.otel needs opentelemetry-api: pip install 'aiopurgatory[otel]'"
     ) from exc
 
-from .._latency import Histogram, PurgatoryHistograms
-from .._operation import Outcome
-from .._purgatory import Purgatory
+from .. import Histogram, Outcome, Purgatory, PurgatoryHistograms
 from ._registry import GAUGES, Gauge, PurgatorySet, gauge_value, outcome_values
 
 __all__ = ["METER_NAME", "QUANTILES", "PurgatoryInstruments"]

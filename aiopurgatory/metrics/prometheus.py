@@ -57,9 +57,7 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
         "pip install 'aiopurgatory[prometheus]'"
     ) from exc
 
-from .._latency import Histogram, PurgatoryHistograms
-from .._operation import Outcome
-from .._purgatory import Purgatory, PurgatoryStatistics
+from .. import Histogram, Outcome, Purgatory, PurgatoryHistograms, PurgatoryStatistics
 from ._registry import GAUGES, HISTOGRAM_EDGES, PurgatorySet, gauge_value, outcome_values
 
 __all__ = ["HISTOGRAM_EDGES", "PurgatoryCollector"]

@@ -58,7 +58,7 @@ def write_sample_event_log(path: Path, *, ops: int = 2000, seed: int = 0) -> int
                 if rng.random() > 0.02:
                     loop.call_later(delay, ack)
             await asyncio.sleep(1.0)
-            await purgatory.close()
+            purgatory.close()
             return recorder.events
 
     events = simulation.run(run())

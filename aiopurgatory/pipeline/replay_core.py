@@ -584,7 +584,7 @@ async def _drive(
         if purgatory.pending:
             # Everything still pending was watched by now: let the wheel expire it.
             await asyncio.sleep(params.timeout + 2 * params.tick)
-        await purgatory.close()
+        purgatory.close()
     finally:
         # The recorder holds the ops and each op its purgatory: a cycle that only
         # the garbage collector (paused during replays) would free.

@@ -942,8 +942,8 @@ class GroupCoordinator:
                 if member.awaiting_sync is not None and not member.awaiting_sync.done():
                     member.awaiting_sync.set_result((ErrorCode.COORDINATOR_NOT_AVAILABLE, b""))
                 member.awaiting_join = member.awaiting_sync = None
-        await self.rebalance_purgatory.close()
-        await self.heartbeat_purgatory.close()
+        self.rebalance_purgatory.close()
+        self.heartbeat_purgatory.close()
 
     def describe(self) -> dict[str, dict[str, Any]]:
         """Each group's state, generation, leader, members and assignment sizes."""

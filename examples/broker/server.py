@@ -393,9 +393,9 @@ class Broker:
         for conn in list(self._connections):
             if conn.reader_task is not None:
                 conn.reader_task.cancel()
-        await self.produce_purgatory.close(expire_pending=True)
-        await self.fetch_purgatory.close(expire_pending=True)
-        await self.replica_fetch_purgatory.close()
+        self.produce_purgatory.close(expire_pending=True)
+        self.fetch_purgatory.close(expire_pending=True)
+        self.replica_fetch_purgatory.close()
         await self.coordinator.close()
         # Busy processors are answering what was just expired and stop after that;
         # idle ones would wait for a next request forever.

@@ -289,7 +289,7 @@ def test_core_expiry_keeps_its_tick_after_a_wake_up_a_nanosecond_early() -> None
         purgatory.try_complete_else_watch(op, ["k"])
         await asyncio.sleep(0.1 - 5e-10)  # another event just before the deadline
         await asyncio.sleep(0.01)
-        await purgatory.close()
+        purgatory.close()
         return op.finished_at, op.deadline
 
     finished_at, deadline = simulation.run(main())
