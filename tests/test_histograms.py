@@ -8,7 +8,6 @@ every wait is exact: the expected bucket of each one is known.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import math
 import random
@@ -36,10 +35,7 @@ UPPER = _histogram.upper_bounds()
 
 
 async def close(purgatory: ap.Purgatory[Any], *, expire_pending: bool = False) -> None:
-    # close() is plain on newer mains (aclose() the coroutine), a coroutine on older.
-    result: Any = purgatory.close(expire_pending=expire_pending)
-    if inspect.isawaitable(result):
-        await result
+    await purgatory.aclose(expire_pending=expire_pending)
 
 
 def bucket_of(seconds: float) -> int:
