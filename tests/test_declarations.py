@@ -20,8 +20,11 @@ PACKAGE = Path(aiopurgatory.__file__).parent
 PXD_FILES = sorted(PACKAGE.glob("*.pxd"))
 
 _CLASS = re.compile(r"^cdef class (\w+)\s*(?:\([^)]*\))?\s*:\s*$")
-# ``cdef [public|readonly] <type...> <name>``: an attribute (a method has parentheses).
-_ATTRIBUTE = re.compile(r"^\s+cdef\s+(?:(?:public|readonly)\s+)?[\w.]+(?:\s+[\w.]+)*\s+(\w+)\s*$")
+# ``cdef [public|readonly] <type...> <name>``: an attribute (a method has parentheses);
+# a type may be a memoryview (``long long[::1]``) or a pointer.
+_ATTRIBUTE = re.compile(
+    r"^\s+cdef\s+(?:(?:public|readonly)\s+)?[\w.\[\]:,*]+(?:\s+[\w.\[\]:,*]+)*\s+(\w+)\s*$"
+)
 
 
 def pxd_attributes(text: str) -> dict[str, set[str]]:
@@ -97,7 +100,13 @@ def test_pxd_attributes_match_slots(pxd: Path) -> None:
 
 
 def test_every_core_module_is_covered() -> None:
-    assert {path.stem for path in PXD_FILES} == {"_wheel", "_timer", "_operation", "_purgatory"}
+    assert {path.stem for path in PXD_FILES} == {
+        "_wheel",
+        "_timer",
+        "_operation",
+        "_purgatory",
+        "_histogram",
+    }
 
 
 def test_the_parsers_read_what_the_core_declares() -> None:
