@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..events import EVENT, SCHEMA_VERSION
-from .schema import CORRUPT_COLUMN, FACT_COLUMNS, OUTCOMES, event_schema
+from .schema import CORRUPT_COLUMN, EVENT_FIELDS, FACT_COLUMNS, OUTCOMES, event_schema
 from .session import DEFAULT_MASTER
 
 __all__ = [
@@ -55,6 +55,8 @@ __all__ = [
 PERCENTILE_ACCURACY = 10_000
 #: At most this many malformed lines are located (file and line) and reported.
 MALFORMED_DETAIL_LIMIT = 1000
+#: What a non-blank line can be (``quality.json`` counts each).
+KINDS = ("event", "other", "malformed")
 _REQUIRED = ("purgatory", "op_id", "timeout", "watched_at", "finished_at", "outcome", "wait")
 
 
@@ -86,8 +88,53 @@ class AnalysisResult:
     seconds: dict[str, float]
 
 
+def _problem(e: Any) -> Any:
+    """Why a parsed line (struct column ``e``) is not a valid op event, or null: an op
+    event, or another event (``event`` set to another name). Null checks first, so
+    a valid line builds no string."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    required = ("schema", *_REQUIRED)
+    missing = F.concat_ws(", ", *[F.when(e[name].isNull(), F.lit(name)) for name in required])
+    any_missing = reduce(lambda a, b: a | b, [e[name].isNull() for name in required])
+    return (
+        F.when(e[CORRUPT_COLUMN].isNotNull(), F.lit("not JSON, or a field of the wrong type"))
+        .when(e["event"].isNull(), F.lit("missing field: event"))
+        .when(e["event"] != EVENT, F.lit(None))
+        .when(e["schema"] != SCHEMA_VERSION, F.concat(F.lit("unsupported schema "), e["schema"]))
+        .when(any_missing, F.concat(F.lit("missing field: "), missing))
+        .when(~e["outcome"].isin(*OUTCOMES), F.concat(F.lit("unknown outcome "), e["outcome"]))
+    )
+
+
+def _kind(e: Any) -> Any:
+    """``malformed``, ``other`` (another event) or ``event`` (a valid op event)."""
+    from pyspark.sql import functions as F
+
+    return (
+        F.when(_problem(e).isNotNull(), F.lit("malformed"))
+        .when(e["event"] != EVENT, F.lit("other"))
+        .otherwise(F.lit("event"))
+    )
+
+
+def _read_json(spark: Any, paths: Sequence[str]) -> Any:
+    """The event logs through Spark's JSON source: one parse per line, blank lines
+    skipped, unparsable lines (or fields of the wrong type) in ``_corrupt_record``."""
+    return (
+        spark.read.schema(event_schema())
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+        .option("recursiveFileLookup", "true")
+        .json(list(paths))
+    )
+
+
 def _parsed_lines(spark: Any, paths: Sequence[str]) -> Any:
-    """Every line with its file, split start, row id and parse result."""
+    """Every line with its file, split start, row id and parse result (the second
+    pass that locates malformed lines: only run when there are some)."""
     from pyspark.sql import functions as F
 
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
@@ -107,38 +154,8 @@ def _parsed_lines(spark: Any, paths: Sequence[str]) -> Any:
         )
     )
     e = F.col("e")
-    missing = F.concat_ws(
-        ", ", *[F.when(e[name].isNull(), F.lit(name)) for name in ("schema", *_REQUIRED)]
-    )
-    problem = (
-        F.when(e[CORRUPT_COLUMN].isNotNull(), F.lit("not JSON, or a field of the wrong type"))
-        .when(e["event"].isNull(), F.lit("missing field: event"))
-        .when(e["event"] != EVENT, F.lit(None))
-        .when(e["schema"] != SCHEMA_VERSION, F.concat(F.lit("unsupported schema "), e["schema"]))
-        .when(missing != "", F.concat(F.lit("missing field: "), missing))
-        .when(~e["outcome"].isin(*OUTCOMES), F.concat(F.lit("unknown outcome "), e["outcome"]))
-    )
-    kind = (
-        F.when(F.trim("value") == "", F.lit("blank"))
-        .when(problem.isNotNull(), F.lit("malformed"))
-        .when(e["event"] != EVENT, F.lit("other"))
-        .otherwise(F.lit("event"))
-    )
-    return parsed.select("*", problem.alias("problem"), kind.alias("kind"))
-
-
-def _facts_of(parsed: Any) -> Any:
-    from pyspark.sql import functions as F
-
-    e = F.col("e")
-    columns = {
-        "scenario": F.lit("observed"),
-        "source": F.col("source"),
-        **{name: e[name] for name in FACT_COLUMNS if name not in ("scenario", "source")},
-    }
-    return parsed.where(F.col("kind") == "event").select(
-        *[column.alias(name) for name, column in columns.items()]
-    )
+    kind = F.when(F.trim("value") == "", F.lit("blank")).otherwise(_kind(e))
+    return parsed.select("*", _problem(e).alias("problem"), kind.alias("kind"))
 
 
 def _locate(spark: Any, paths: Sequence[str], bad: Any) -> list[dict[str, Any]]:
@@ -199,17 +216,21 @@ def read_events(spark: Any, paths: Sequence[str], facts_out: str | Path) -> Qual
 
     if isinstance(paths, str) or not paths:
         raise ValueError("paths must be a non-empty list of paths")
-    parsed = _parsed_lines(spark, paths)
-    observation = Observation("aiopurgatory_event_quality")
-    observed = parsed.observe(
-        observation,
-        F.sum(F.when(F.col("kind") != "blank", 1).otherwise(0)).alias("lines"),
-        *[
-            F.sum(F.when(F.col("kind") == kind, 1).otherwise(0)).alias(kind)
-            for kind in ("event", "other", "malformed")
-        ],
+    events = _read_json(spark, paths)
+    row = F.struct(*[F.col(name) for name in (*EVENT_FIELDS, CORRUPT_COLUMN)])
+    events = events.select(
+        F.col("_metadata.file_path").alias("source"), "*", _kind(row).alias("kind")
     )
-    _facts_of(observed).write.mode("overwrite").parquet(str(facts_out))
+    observation = Observation("aiopurgatory_event_quality")
+    observed = events.observe(
+        observation,
+        F.count(F.lit(1)).alias("lines"),
+        *[F.count(F.when(F.col("kind") == kind, 1)).alias(kind) for kind in KINDS],
+    )
+    columns = {"scenario": F.lit("observed"), "source": F.col("source")}
+    observed.where(F.col("kind") == "event").select(
+        *[columns.get(name, F.col(name)).alias(name) for name in FACT_COLUMNS]
+    ).write.mode("overwrite").parquet(str(facts_out))
     counts = observation.get
     quality = Quality(
         lines=int(counts.get("lines") or 0),
@@ -218,6 +239,8 @@ def read_events(spark: Any, paths: Sequence[str], facts_out: str | Path) -> Qual
         malformed=int(counts.get("malformed") or 0),
     )
     if quality.malformed:
+        # The second pass: Spark's JSON source does not tell where a line was.
+        parsed = _parsed_lines(spark, paths)
         bad = (
             parsed.where(F.col("kind") == "malformed")
             .select("source", "block_start", "row_id", "problem", "value")

@@ -1,0 +1,157 @@
+"""The plain PySpark job that ``aiopurgatory analyze`` is measured against.
+
+What a user would write by hand to get the same tables from op event logs:
+an explicit schema, JSON lines to Parquet facts, then rollups per purgatory and
+interval (counts by outcome, ``percentile_approx`` of wait and lateness), a
+per-purgatory summary (plus an ``(all)`` row) and the top keys by ops and by
+expiries, each computed from the written facts with the DataFrame API and
+written as Parquet. No malformed-line accounting, no report.
+
+It is a yardstick, not part of the pipeline: ``python -m
+aiopurgatory.pipeline.benchmark`` runs it next to ``analyze`` on the same events
+(see ``docs/pipeline.md``), and ``python -m aiopurgatory.pipeline.baseline
+EVENTS... --out DIR`` runs it alone and prints its times as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..events import EVENT
+from .schema import EVENT_FIELDS
+
+__all__ = ["main", "run_baseline"]
+
+
+def run_baseline(
+    spark: Any, paths: Sequence[str], out: str | Path, *, interval: float = 1.0, top: int = 20
+) -> dict[str, float]:
+    """Write ``facts/``, ``rollups/``, ``summary/`` and ``hot_keys/`` under ``out``
+    the plain way; returns the seconds of each step."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    out = Path(out)
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    schema = ", ".join(f"`{name}` {ddl}" for name, ddl in EVENT_FIELDS.items())
+    events = spark.read.schema(schema).option("recursiveFileLookup", "true").json(list(paths))
+    facts = events.where(F.col("event") == EVENT).select(
+        F.lit("observed").alias("scenario"),
+        F.col("_metadata.file_path").alias("source"),
+        "purgatory",
+        "op_id",
+        "op_type",
+        "keys",
+        "timeout",
+        "watched_at",
+        "finished_at",
+        "outcome",
+        "wait",
+        "lateness",
+        "ts",
+    )
+    facts.write.mode("overwrite").parquet(str(out / "facts"))
+    seconds["facts"] = time.perf_counter() - started
+
+    facts = spark.read.parquet(str(out / "facts"))
+    counts = [
+        F.count(F.lit(1)).alias("ops"),
+        *[
+            F.count(F.when(F.col("outcome") == o, 1)).alias(o)
+            for o in ("completed", "expired", "cancelled", "failed")
+        ],
+        F.percentile_approx("wait", [0.5, 0.95, 0.99]).alias("wait_p"),
+        F.max("wait").alias("wait_max"),
+        F.percentile_approx("lateness", 0.99).alias("lateness_p99"),
+        F.max("lateness").alias("lateness_max"),
+    ]
+    waits = [F.col("wait_p")[i].alias(f"wait_p{p}") for i, p in enumerate((50, 95, 99))]
+    rest = ["wait_max", "lateness_p99", "lateness_max"]
+    rate = (F.col("expired") / F.col("ops")).alias("expiry_rate")
+    outcomes = ["ops", "completed", "expired", "cancelled", "failed"]
+
+    started = time.perf_counter()
+    start = (F.floor(F.col("finished_at") / interval) * interval).alias("interval_start")
+    (
+        facts.groupBy("scenario", "purgatory", start)
+        .agg(*counts)
+        .select("scenario", "purgatory", "interval_start", *outcomes, rate, *waits, *rest)
+        .orderBy("scenario", "purgatory", "interval_start")
+        .write.mode("overwrite")
+        .parquet(str(out / "rollups"))
+    )
+    seconds["rollups"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    per_purgatory = facts.groupBy("scenario", "purgatory").agg(*counts)
+    overall = facts.groupBy("scenario").agg(*counts).withColumn("purgatory", F.lit("(all)"))
+    (
+        per_purgatory.unionByName(overall)
+        .select("scenario", "purgatory", *outcomes, rate, *waits, *rest)
+        .orderBy("scenario", "purgatory")
+        .write.mode("overwrite")
+        .parquet(str(out / "summary"))
+    )
+    seconds["summary"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    per_key = (
+        facts.select("scenario", "purgatory", "outcome", "wait", F.explode("keys").alias("key"))
+        .groupBy("scenario", "purgatory", "key")
+        .agg(
+            F.count(F.lit(1)).alias("ops"),
+            F.count(F.when(F.col("outcome") == "expired", 1)).alias("expired"),
+            F.count(F.when(F.col("outcome") == "completed", 1)).alias("completed"),
+            F.percentile_approx("wait", 0.99).alias("wait_p99"),
+        )
+    )
+    by_ops = Window.partitionBy("scenario").orderBy(F.desc("ops"), "purgatory", "key")
+    by_expired = Window.partitionBy("scenario").orderBy(F.desc("expired"), "purgatory", "key")
+    (
+        per_key.withColumn("rank_by_ops", F.row_number().over(by_ops))
+        .withColumn(
+            "rank_by_expired",
+            F.when(F.col("expired") > 0, F.row_number().over(by_expired)),
+        )
+        .where((F.col("rank_by_ops") <= top) | (F.col("rank_by_expired") <= top))
+        .orderBy("scenario", "rank_by_ops")
+        .write.mode("overwrite")
+        .parquet(str(out / "hot_keys"))
+    )
+    seconds["hot_keys"] = time.perf_counter() - started
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m aiopurgatory.pipeline.baseline EVENTS... --out DIR``: run the job,
+    print its times (session included) as JSON; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m aiopurgatory.pipeline.baseline")
+    parser.add_argument("events", nargs="+")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--top", type=int, default=20)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    from .session import get_spark
+
+    started = time.perf_counter()
+    spark = get_spark(args.master, app_name="aiopurgatory-baseline")
+    session_s = time.perf_counter() - started
+    seconds = run_baseline(
+        spark, [str(Path(p).absolute()) for p in args.events], Path(args.out).absolute(),
+        interval=args.interval, top=args.top,
+    )
+    total = time.perf_counter() - started
+    print(json.dumps({"session": round(session_s, 2), **{k: round(v, 2) for k, v in seconds.items()}, "total": round(total, 2)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
