@@ -44,6 +44,7 @@ __all__ = [
     "AnalysisResult",
     "Quality",
     "analyze_facts",
+    "histograms",
     "hot_keys",
     "main",
     "read_events",
@@ -251,78 +252,121 @@ def read_events(spark: Any, paths: Sequence[str], facts_out: str | Path) -> Qual
     return quality
 
 
-def _outcome_counts() -> list[Any]:
+#: Percentiles of ``wait`` in rollups and summary (one digest per group answers all).
+WAIT_PERCENTS = (50, 95, 99)
+#: Columns of ``rollups/`` and ``summary/`` after their group columns, in order.
+_MEASURES = (
+    "ops",
+    *OUTCOMES,
+    *[f"wait_p{p}" for p in WAIT_PERCENTS],
+    "wait_max",
+    "lateness_p99",
+    "lateness_max",
+)
+#: ``grouping_id()`` of each level of :func:`_tables` (a set bit: a column not grouped).
+_LEVEL_ROLLUP, _LEVEL_PURGATORY, _LEVEL_SCENARIO = 0, 1, 3
+_LEVELS = (_LEVEL_ROLLUP, _LEVEL_PURGATORY, _LEVEL_SCENARIO)
+#: Row order of the tables as written.
+_ROLLUP_ORDER = ("scenario", "purgatory", "interval_start")
+_SUMMARY_ORDER = ("scenario", "purgatory")
+_HOT_KEYS_ORDER = ("scenario", "rank_by_ops")
+
+
+def _interval_start(interval: float) -> Any:
     from pyspark.sql import functions as F
 
-    return [
-        F.sum(F.when(F.col("outcome") == outcome, 1).otherwise(0)).alias(outcome)
-        for outcome in OUTCOMES
-    ]
+    if not interval > 0:
+        raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
+    return (F.floor(F.col("finished_at") / interval) * interval).alias("interval_start")
 
 
-def _percentile_columns(prefix: str, column: str, percents: Sequence[int]) -> list[Any]:
+def _tables(facts: Any, interval: float, levels: Sequence[int] = _LEVELS) -> Any:
+    """Rollups and summary in one aggregate (one scan of the facts, one shuffle):
+    grouping sets (scenario, purgatory, interval), (scenario, purgatory) and
+    (scenario), or those of ``levels``, told apart by ``level`` (``grouping_id()``).
+    One ``percentile_approx`` digest per group gives the three wait percentiles."""
     from pyspark.sql import functions as F
 
-    return [
-        F.percentile_approx(column, p / 100, PERCENTILE_ACCURACY).alias(f"{prefix}_p{p}")
-        for p in percents
-    ]
+    start = _interval_start(interval)
+    groups = ["scenario", "purgatory", start]
+    sets = {_LEVEL_ROLLUP: groups, _LEVEL_PURGATORY: groups[:2], _LEVEL_SCENARIO: groups[:1]}
+    wait = F.percentile_approx("wait", [p / 100 for p in WAIT_PERCENTS], PERCENTILE_ACCURACY)
+    return (
+        facts.groupingSets([sets[level] for level in levels], *groups)
+        .agg(
+            F.count(F.lit(1)).alias("ops"),
+            *[F.count(F.when(F.col("outcome") == o, 1)).alias(o) for o in OUTCOMES],
+            wait.alias("wait_p"),
+            F.max("wait").alias("wait_max"),
+            F.percentile_approx("lateness", 0.99, PERCENTILE_ACCURACY).alias("lateness_p99"),
+            F.max("lateness").alias("lateness_max"),
+            F.min("finished_at").alias("first_finished_at"),
+            F.max("finished_at").alias("last_finished_at"),
+            F.grouping_id().alias("level"),
+        )
+        .select(
+            "*",
+            *[F.col("wait_p")[i].alias(f"wait_p{p}") for i, p in enumerate(WAIT_PERCENTS)],
+            (F.col("expired") / F.col("ops")).alias("expiry_rate"),
+        )
+    )
+
+
+def _rollups_of(tables: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return tables.where(F.col("level") == _LEVEL_ROLLUP).select(
+        "scenario", "purgatory", "interval_start", *_MEASURES, "expiry_rate"
+    )
+
+
+def _summary_of(tables: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return tables.where(F.col("level") != _LEVEL_ROLLUP).select(
+        "scenario",
+        F.coalesce("purgatory", F.lit("(all)")).alias("purgatory"),
+        *_MEASURES,
+        "first_finished_at",
+        "last_finished_at",
+        "expiry_rate",
+    )
 
 
 def rollups(facts: Any, interval: float) -> Any:
     """Per scenario, purgatory and interval of ``finished_at``: counts and percentiles.
 
     Columns: ``scenario, purgatory, interval_start, ops, completed, expired,
-    cancelled, failed, expiry_rate, wait_p50, wait_p95, wait_p99, wait_max,
-    lateness_p99, lateness_max`` (seconds; ``interval_start`` in loop time).
+    cancelled, failed, wait_p50, wait_p95, wait_p99, wait_max, lateness_p99,
+    lateness_max, expiry_rate`` (seconds; ``interval_start`` in loop time).
 
     Raises:
         ValueError: ``interval`` is not > 0.
     """
-    from pyspark.sql import functions as F
-
-    if not interval > 0:
-        raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
-    start = (F.floor(F.col("finished_at") / interval) * interval).alias("interval_start")
-    return (
-        facts.groupBy("scenario", "purgatory", start)
-        .agg(
-            F.count(F.lit(1)).alias("ops"),
-            *_outcome_counts(),
-            *_percentile_columns("wait", "wait", (50, 95, 99)),
-            F.max("wait").alias("wait_max"),
-            *_percentile_columns("lateness", "lateness", (99,)),
-            F.max("lateness").alias("lateness_max"),
-        )
-        .withColumn("expiry_rate", F.col("expired") / F.col("ops"))
-        .orderBy("scenario", "purgatory", "interval_start")
-    )
+    return _rollups_of(_tables(facts, interval, (_LEVEL_ROLLUP,))).orderBy(*_ROLLUP_ORDER)
 
 
 def summary(facts: Any) -> Any:
     """Per scenario and purgatory, plus ``(all)`` per scenario: totals and percentiles."""
-    from pyspark.sql import functions as F
-
-    return (
-        facts.rollup("scenario", "purgatory")
-        .agg(
-            F.count(F.lit(1)).alias("ops"),
-            *_outcome_counts(),
-            *_percentile_columns("wait", "wait", (50, 95, 99)),
-            F.max("wait").alias("wait_max"),
-            *_percentile_columns("lateness", "lateness", (99,)),
-            F.max("lateness").alias("lateness_max"),
-            F.min("finished_at").alias("first_finished_at"),
-            F.max("finished_at").alias("last_finished_at"),
-        )
-        .where(F.col("scenario").isNotNull())
-        .withColumn("purgatory", F.coalesce("purgatory", F.lit("(all)")))
-        .withColumn("expiry_rate", F.col("expired") / F.col("ops"))
-        .orderBy("scenario", "purgatory")
-    )
+    levels = (_LEVEL_PURGATORY, _LEVEL_SCENARIO)
+    return _summary_of(_tables(facts, 1.0, levels)).orderBy(*_SUMMARY_ORDER)
 
 
 def hot_keys(facts: Any, top: int) -> Any:
+    """The ``top`` keys of each scenario by ops and by expiries.
+
+    Columns: ``scenario, purgatory, key, ops, expired, completed, wait_p99,
+    rank_by_ops, rank_by_expired`` (``rank_by_expired`` null for keys without
+    expiries). A key is a (purgatory, key) pair; ops finished at once have no keys.
+    Runs one Spark job at once (the top keys, see :func:`_hot_keys`).
+
+    Raises:
+        ValueError: ``top`` < 1.
+    """
+    return _hot_keys(facts, top).orderBy(*_HOT_KEYS_ORDER)
+
+
+def _hot_keys(facts: Any, top: int) -> Any:
     """The ``top`` keys of each scenario by ops and by expiries.
 
     Columns: ``scenario, purgatory, key, ops, expired, completed, wait_p99,
@@ -337,15 +381,18 @@ def hot_keys(facts: Any, top: int) -> Any:
 
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"top must be an int >= 1, got {top!r}")
-    per_key = (
-        facts.select("scenario", "purgatory", "outcome", "wait", F.explode("keys").alias("key"))
-        .groupBy("scenario", "purgatory", "key")
-        .agg(
-            F.count(F.lit(1)).alias("ops"),
-            F.sum(F.when(F.col("outcome") == "expired", 1).otherwise(0)).alias("expired"),
-            F.sum(F.when(F.col("outcome") == "completed", 1).otherwise(0)).alias("completed"),
-            F.percentile_approx("wait", 0.99, PERCENTILE_ACCURACY).alias("wait_p99"),
-        )
+    names = ["scenario", "purgatory", "key"]
+    exploded = facts.select(
+        "scenario", "purgatory", "outcome", "wait", F.explode("keys").alias("key")
+    )
+    # First the counts of every key (a hash aggregate), and the top keys from them
+    # (a few rows, kept by a local checkpoint); only then the wait percentile of
+    # those keys: with more than 128 keys per task, a percentile_approx aggregate
+    # over all of them falls back to sorting its input.
+    per_key = exploded.groupBy(*names).agg(
+        F.count(F.lit(1)).alias("ops"),
+        F.count(F.when(F.col("outcome") == "expired", 1)).alias("expired"),
+        F.count(F.when(F.col("outcome") == "completed", 1)).alias("completed"),
     )
     by_ops = Window.partitionBy("scenario").orderBy(F.desc("ops"), "purgatory", "key")
     by_expired = Window.partitionBy("scenario").orderBy(F.desc("expired"), "purgatory", "key")
@@ -354,8 +401,15 @@ def hot_keys(facts: Any, top: int) -> Any:
         F.row_number().over(by_ops).alias("rank_by_ops"),
         F.when(F.col("expired") > 0, F.row_number().over(by_expired)).alias("rank_by_expired"),
     )
-    return ranked.where((F.col("rank_by_ops") <= top) | (F.col("rank_by_expired") <= top)).orderBy(
-        "scenario", "rank_by_ops"
+    chosen = ranked.where((F.col("rank_by_ops") <= top) | (F.col("rank_by_expired") <= top))
+    chosen = chosen.localCheckpoint()
+    wait_p99 = (
+        exploded.join(F.broadcast(chosen.select(*names)), names)
+        .groupBy(*names)
+        .agg(F.percentile_approx("wait", 0.99, PERCENTILE_ACCURACY).alias("wait_p99"))
+    )
+    return chosen.join(wait_p99, names, "left").select(
+        *names, "ops", "expired", "completed", "wait_p99", "rank_by_ops", "rank_by_expired"
     )
 
 
@@ -386,44 +440,40 @@ def analyze_facts(
         report: write ``report.md`` and plots.
         extra: more facts for the report (e.g. replay timings), name -> value.
     """
-    from pyspark.sql import functions as F
-
     out = Path(out)
     seconds: dict[str, float] = {}
     facts = spark.read.parquet(str(facts_path))
     started = time.perf_counter()
-    rollups(facts, interval).write.mode("overwrite").parquet(str(out / "rollups"))
-    seconds["rollups"] = time.perf_counter() - started
+    # Each table is computed once (one aggregate for rollups and summary, one for
+    # the hot keys), kept by a local checkpoint, then written and brought to the
+    # driver from there; written as one sorted file each (small tables), without
+    # the sampling job of a global sort.
+    tables = _tables(facts, interval).localCheckpoint()
+    _write_sorted(_rollups_of(tables), _ROLLUP_ORDER, out / "rollups")
+    summary_pd = _to_pandas(_summary_of(tables), _SUMMARY_ORDER)
+    _write_sorted(_summary_of(tables), _SUMMARY_ORDER, out / "summary")
+    seconds["rollups+summary"] = time.perf_counter() - started
     started = time.perf_counter()
-    hot = hot_keys(facts, top)
-    hot.write.mode("overwrite").parquet(str(out / "hot_keys"))
-    hot_pd = spark.read.parquet(str(out / "hot_keys")).toPandas()
+    hot = _hot_keys(facts, top).localCheckpoint()
+    _write_sorted(hot, _HOT_KEYS_ORDER, out / "hot_keys")
+    hot_pd = _to_pandas(hot, _HOT_KEYS_ORDER)
     seconds["hot_keys"] = time.perf_counter() - started
-    started = time.perf_counter()
-    summary(facts).write.mode("overwrite").parquet(str(out / "summary"))
-    summary_pd = (
-        spark.read.parquet(str(out / "summary")).orderBy("scenario", "purgatory").toPandas()
-    )
-    seconds["summary"] = time.perf_counter() - started
     if quality is not None:
         (out / "quality.json").write_text(json.dumps(asdict(quality), indent=2, default=str))
-        schema = "source string, line long, problem string, text string"
-        rows = [(e["source"], e["line"], e["problem"], e["text"]) for e in quality.examples]
-        spark.createDataFrame(rows, schema).write.mode("overwrite").parquet(str(out / "malformed"))
+        _malformed_frame(spark, quality).write.mode("overwrite").parquet(str(out / "malformed"))
     report_path = None
     if report:
         from .report import write_report
 
         started = time.perf_counter()
-        rollups_pd = spark.read.parquet(str(out / "rollups")).toPandas()
-        histograms = _histograms(facts, F)
+        rollups_pd = _to_pandas(_rollups_of(tables), _ROLLUP_ORDER)
         report_path = write_report(
             out,
             title=title,
             summary=summary_pd,
             rollups=rollups_pd,
             hot_keys=hot_pd,
-            histograms=histograms,
+            histograms=histograms(facts),
             quality=quality,
             interval=interval,
             extra=extra or {},
@@ -432,30 +482,65 @@ def analyze_facts(
     return AnalysisResult(out, summary_pd, hot_pd, quality, report_path, seconds)
 
 
+def _write_sorted(frame: Any, order: Sequence[str], path: Path) -> None:
+    frame.coalesce(1).sortWithinPartitions(*order).write.mode("overwrite").parquet(str(path))
+
+
+def _to_pandas(frame: Any, order: Sequence[str]) -> Any:
+    return frame.toPandas().sort_values(list(order), kind="stable").reset_index(drop=True)
+
+
+def _malformed_frame(spark: Any, quality: Quality) -> Any:
+    """The located malformed lines as a DataFrame (``malformed/``). Without any, an
+    empty frame made in the JVM: a Python list would start Python workers."""
+    from pyspark.sql import functions as F
+
+    columns = {"source": "string", "line": "bigint", "problem": "string", "text": "string"}
+    if not quality.examples:
+        return spark.range(0).select(
+            *[F.lit(None).cast(ddl).alias(name) for name, ddl in columns.items()]
+        )
+    rows = [tuple(example[name] for name in columns) for example in quality.examples]
+    return spark.createDataFrame(rows, ", ".join(f"{n} {d}" for n, d in columns.items()))
+
+
 #: Histogram bins per decade of seconds (log scale); zero goes to its own bin.
 BINS_PER_DECADE = 10
 
 
-def _histograms(facts: Any, F: Any) -> Any:
-    """Log-binned counts of wait (by outcome) and of lateness, computed in Spark."""
+def histograms(facts: Any) -> Any:
+    """Log-binned counts of wait (by outcome) and of lateness (pandas: ``scenario,
+    metric, outcome, bin, count``; ``bin`` null for zero), from one aggregate."""
+    import pandas as pd
+    from pyspark.sql import functions as F
 
     def binned(column: str) -> Any:
         return F.when(F.col(column) > 0, F.floor(F.log10(column) * BINS_PER_DECADE)).cast("int")
 
-    wait = facts.groupBy(
-        "scenario", F.lit("wait").alias("metric"), "outcome", binned("wait").alias("bin")
-    ).count()
-    late = (
-        facts.where(F.col("lateness").isNotNull())
-        .groupBy(
+    # One group per (wait bin, lateness bin) pair: a few hundred rows at most;
+    # each histogram is a sum over the other's bins.
+    counts = (
+        facts.groupBy(
             "scenario",
-            F.lit("lateness").alias("metric"),
             "outcome",
-            binned("lateness").alias("bin"),
+            binned("wait").alias("wait_bin"),
+            F.col("lateness").isNotNull().alias("has_lateness"),
+            binned("lateness").alias("lateness_bin"),
         )
         .count()
+        .toPandas()
     )
-    return wait.unionByName(late).toPandas()
+    parts = []
+    for metric, rows in (("wait", counts), ("lateness", counts[counts["has_lateness"]])):
+        part = (
+            rows.groupby(["scenario", "outcome", f"{metric}_bin"], dropna=False)["count"]
+            .sum()
+            .reset_index()
+            .rename(columns={f"{metric}_bin": "bin"})
+        )
+        part.insert(1, "metric", metric)
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)
 
 
 def _build_parser() -> argparse.ArgumentParser:

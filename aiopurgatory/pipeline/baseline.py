@@ -9,15 +9,20 @@ written as Parquet. No malformed-line accounting, no report.
 
 It is a yardstick, not part of the pipeline: ``python -m
 aiopurgatory.pipeline.benchmark`` runs it next to ``analyze`` on the same events
-(see ``docs/pipeline.md``), and ``python -m aiopurgatory.pipeline.baseline
-EVENTS... --out DIR`` runs it alone and prints its times as JSON.
+with :func:`compare_with_analyze` (see ``docs/pipeline.md``), and ``python -m
+aiopurgatory.pipeline.baseline EVENTS... --out DIR`` runs it alone and prints its
+times as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +31,7 @@ from typing import Any
 from ..events import EVENT
 from .schema import EVENT_FIELDS
 
-__all__ = ["main", "run_baseline"]
+__all__ = ["compare_with_analyze", "main", "run_baseline"]
 
 
 def run_baseline(
@@ -129,6 +134,109 @@ def run_baseline(
     return seconds
 
 
+def compare_with_analyze(
+    events: Path, out: Path, *, master: str, rounds: int, report: bool = True
+) -> dict[str, Any]:
+    """Wall time and peak memory of ``aiopurgatory analyze`` and of the baseline job
+    on the same events, each run end to end in a fresh process (Spark session
+    included), in turns: analyze (tables only), analyze with its report, then the
+    baseline, ``rounds`` times, so that a change of the machine's load hits all.
+
+    Peak RSS is sampled from /proc every 0.1 s over the run's process tree: the
+    driver JVM, the Python workers (``pyspark.daemon``/``worker``) and the driver's
+    Python process, each a sum over its processes at one instant.
+    """
+    commands = {
+        "analyze": [sys.executable, "-m", "aiopurgatory.cli", "analyze"],
+        "baseline": [sys.executable, "-m", "aiopurgatory.pipeline.baseline"],
+    }
+    variants = {
+        "analyze_tables": [*commands["analyze"], str(events), "--no-report"],
+        "analyze_report": [*commands["analyze"], str(events)],
+        "baseline": [*commands["baseline"], str(events)],
+    }
+    if not report:
+        del variants["analyze_report"]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, command in variants.items():
+            load = os.getloadavg()[0]
+            full = [*command, "--out", str(out / name), "--master", master]
+            wall, peak, done = _timed_run(full)
+            if done.returncode:
+                raise RuntimeError(f"{name}: exit {done.returncode}\n{done.stderr[-2000:]}")
+            runs[name].append({"wall_s": round(wall, 2), "loadavg_1min_before": load, **peak})
+    result: dict[str, Any] = {"rounds": rounds, "master": master, "runs": runs}
+    median = {name: statistics.median(r["wall_s"] for r in rs) for name, rs in runs.items()}
+    result["median_wall_s"] = median
+    for name in variants:
+        if name != "baseline":
+            ratios = [
+                round(a["wall_s"] / b["wall_s"], 3)
+                for a, b in zip(runs[name], runs["baseline"], strict=True)
+            ]
+            result[f"{name}_over_baseline"] = ratios
+    return result
+
+
+def _timed_run(command: list[str]) -> tuple[float, dict[str, int], Any]:
+    """Run ``command``; return its wall time, the peak RSS (MiB) of its driver JVM,
+    Python workers and driver Python, and the completed process."""
+    peak = {
+        "jvm_peak_rss_mib": 0,
+        "python_workers_peak_rss_mib": 0,
+        "driver_python_peak_rss_mib": 0,
+    }
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.1):
+            now = dict.fromkeys(peak, 0)
+            for pid in [process.pid, *_descendants(process.pid)]:
+                kind, rss = _kind_and_rss(pid, process.pid)
+                if kind is not None:
+                    now[kind] += rss
+            for kind, value in now.items():
+                peak[kind] = max(peak[kind], value)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, stderr = process.communicate()
+    wall = time.perf_counter() - started
+    stop.set()
+    sampler.join()
+    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    return wall, {k: v // 1024 for k, v in peak.items()}, done
+
+
+def _descendants(pid: int) -> list[int]:
+    from .cluster import _children
+
+    return _children(pid)
+
+
+def _kind_and_rss(pid: int, driver: int) -> tuple[str | None, int]:
+    """Which peak a process counts in, and its RSS in KiB (None for a gone process
+    or one of none of the three kinds)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return None, 0
+    rss = next(
+        (int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0
+    )
+    if pid == driver:
+        return "driver_python_peak_rss_mib", rss
+    if "java" in cmdline.split(" ", 1)[0]:
+        return "jvm_peak_rss_mib", rss
+    if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
+        return "python_workers_peak_rss_mib", rss
+    return None, 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m aiopurgatory.pipeline.baseline EVENTS... --out DIR``: run the job,
     print its times (session included) as JSON; returns the exit status."""
@@ -145,11 +253,22 @@ def main(argv: list[str] | None = None) -> int:
     spark = get_spark(args.master, app_name="aiopurgatory-baseline")
     session_s = time.perf_counter() - started
     seconds = run_baseline(
-        spark, [str(Path(p).absolute()) for p in args.events], Path(args.out).absolute(),
-        interval=args.interval, top=args.top,
+        spark,
+        [str(Path(p).absolute()) for p in args.events],
+        Path(args.out).absolute(),
+        interval=args.interval,
+        top=args.top,
     )
     total = time.perf_counter() - started
-    print(json.dumps({"session": round(session_s, 2), **{k: round(v, 2) for k, v in seconds.items()}, "total": round(total, 2)}))
+    print(
+        json.dumps(
+            {
+                "session": round(session_s, 2),
+                **{k: round(v, 2) for k, v in seconds.items()},
+                "total": round(total, 2),
+            }
+        )
+    )
     return 0
 
 

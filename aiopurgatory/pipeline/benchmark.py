@@ -4,6 +4,9 @@
 --master local[2] --dir /tmp/aiopurgatory-bench`` prints one JSON object with the
 times (wall seconds) and rows per second of each step, plus the load average
 (the machine may be shared), and the single-process replay rate in CPU time.
+Analyze is measured against the plain PySpark job of
+:mod:`aiopurgatory.pipeline.baseline`: each in its own process, end to end, in
+turns (``--analyze-rounds``), with the peak RSS of the JVM and Python workers.
 
 ``--no-spark`` measures only the single-process replay core (no Spark session);
 ``--compare-plain`` also replays the same trace with the plain loop path (one
@@ -107,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         "local 2-worker standalone cluster started for the comparison)",
     )
     parser.add_argument("--rounds", type=int, default=1, help="turns of --compare-masters")
+    parser.add_argument(
+        "--analyze-rounds",
+        type=int,
+        default=3,
+        help="turns of analyze (tables only), analyze (with report) and the baseline job",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.compare_masters:
         return _compare_masters(args)
@@ -131,27 +140,17 @@ def main(argv: list[str] | None = None) -> int:
         spark = get_spark(args.master, app_name="aiopurgatory-benchmark", conf=conf)
         result["session_s"] = time.perf_counter() - started
 
-    if spark is not None and not args.skip_analyze:
-        from .analyze import analyze_facts, read_events
+    if not args.no_spark and not args.skip_analyze:
+        from .baseline import compare_with_analyze
 
         events_dir = root / f"events-{args.events}"
         if not events_dir.exists():
             result["events_bytes"] = write_synthetic_events(events_dir, args.events)
-        started = time.perf_counter()
-        quality = read_events(spark, [str(events_dir)], root / "analysis" / "facts")
-        read_s = time.perf_counter() - started
-        assert quality.events == args.events, quality
-        started = time.perf_counter()
-        analysis = analyze_facts(
-            spark, root / "analysis" / "facts", root / "analysis", interval=1.0, report=False
-        )
-        tables_s = time.perf_counter() - started
         result["analyze"] = {
             "events": args.events,
-            "read_parse_write_facts_s": round(read_s, 2),
-            "rollups_hotkeys_summary_s": round(tables_s, 2),
-            "steps_s": {k: round(v, 2) for k, v in analysis.seconds.items()},
-            "events_per_s": round(args.events / (read_s + tables_s)),
+            **compare_with_analyze(
+                events_dir, root / "analyze-runs", master=args.master, rounds=args.analyze_rounds
+            ),
         }
 
     if not args.skip_replay:
