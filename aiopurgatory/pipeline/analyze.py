@@ -512,24 +512,8 @@ def histograms(facts: Any) -> Any:
     """Log-binned counts of wait (by outcome) and of lateness (pandas: ``scenario,
     metric, outcome, bin, count``; ``bin`` null for zero), from one aggregate."""
     import pandas as pd
-    from pyspark.sql import functions as F
 
-    def binned(column: str) -> Any:
-        return F.when(F.col(column) > 0, F.floor(F.log10(column) * BINS_PER_DECADE)).cast("int")
-
-    # One group per (wait bin, lateness bin) pair: a few hundred rows at most;
-    # each histogram is a sum over the other's bins.
-    counts = (
-        facts.groupBy(
-            "scenario",
-            "outcome",
-            binned("wait").alias("wait_bin"),
-            F.col("lateness").isNotNull().alias("has_lateness"),
-            binned("lateness").alias("lateness_bin"),
-        )
-        .count()
-        .toPandas()
-    )
+    counts = _histogram_counts(facts).toPandas()
     parts = []
     for metric, rows in (("wait", counts), ("lateness", counts[counts["has_lateness"]])):
         part = (
@@ -541,6 +525,23 @@ def histograms(facts: Any) -> Any:
         part.insert(1, "metric", metric)
         parts.append(part)
     return pd.concat(parts, ignore_index=True)
+
+
+def _histogram_counts(facts: Any) -> Any:
+    """Ops per (scenario, outcome, wait bin, lateness bin): a few hundred rows at
+    most; each histogram is a sum over the other's bins."""
+    from pyspark.sql import functions as F
+
+    def binned(column: str) -> Any:
+        return F.when(F.col(column) > 0, F.floor(F.log10(column) * BINS_PER_DECADE)).cast("int")
+
+    return facts.groupBy(
+        "scenario",
+        "outcome",
+        binned("wait").alias("wait_bin"),
+        F.col("lateness").isNotNull().alias("has_lateness"),
+        binned("lateness").alias("lateness_bin"),
+    ).count()
 
 
 def _build_parser() -> argparse.ArgumentParser:
