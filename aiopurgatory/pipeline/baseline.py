@@ -134,13 +134,18 @@ def run_baseline(
     return seconds
 
 
+#: What :func:`compare_with_analyze` runs, in this order.
+VARIANTS = ("analyze_tables", "analyze_report", "baseline")
+
+
 def compare_with_analyze(
-    events: Path, out: Path, *, master: str, rounds: int, report: bool = True
+    events: Path, out: Path, *, master: str, rounds: int, variants: Sequence[str] = VARIANTS
 ) -> dict[str, Any]:
     """Wall time and peak memory of ``aiopurgatory analyze`` and of the baseline job
     on the same events, each run end to end in a fresh process (Spark session
-    included), in turns: analyze (tables only), analyze with its report, then the
-    baseline, ``rounds`` times, so that a change of the machine's load hits all.
+    included), in turns: analyze (``analyze_tables``: ``--no-report``), analyze with
+    its report (``analyze_report``), then the baseline, ``rounds`` times, so that a
+    change of the machine's load hits all; ``variants`` picks some of them.
 
     Peak RSS is sampled from /proc every 0.1 s over the run's process tree: the
     driver JVM, the Python workers (``pyspark.daemon``/``worker``) and the driver's
@@ -150,27 +155,37 @@ def compare_with_analyze(
         "analyze": [sys.executable, "-m", "aiopurgatory.cli", "analyze"],
         "baseline": [sys.executable, "-m", "aiopurgatory.pipeline.baseline"],
     }
-    variants = {
+    known = {
         "analyze_tables": [*commands["analyze"], str(events), "--no-report"],
         "analyze_report": [*commands["analyze"], str(events)],
         "baseline": [*commands["baseline"], str(events)],
     }
-    if not report:
-        del variants["analyze_report"]
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    unknown = set(variants) - set(known)
+    if unknown or not variants or rounds < 1:
+        raise ValueError(f"variants must be some of {VARIANTS} and rounds >= 1")
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS if name in variants}
     for _ in range(rounds):
-        for name, command in variants.items():
+        for name in runs:
+            command = known[name]
             load = os.getloadavg()[0]
             full = [*command, "--out", str(out / name), "--master", master]
             wall, peak, done = _timed_run(full)
             if done.returncode:
                 raise RuntimeError(f"{name}: exit {done.returncode}\n{done.stderr[-2000:]}")
-            runs[name].append({"wall_s": round(wall, 2), "loadavg_1min_before": load, **peak})
+            steps = [line for line in done.stdout.splitlines() if line.startswith(("times:", "{"))]
+            runs[name].append(
+                {
+                    "wall_s": round(wall, 2),
+                    "loadavg_1min_before": load,
+                    **peak,
+                    "steps": steps[-1] if steps else None,
+                }
+            )
     result: dict[str, Any] = {"rounds": rounds, "master": master, "runs": runs}
     median = {name: statistics.median(r["wall_s"] for r in rs) for name, rs in runs.items()}
     result["median_wall_s"] = median
-    for name in variants:
-        if name != "baseline":
+    for name in runs:
+        if name != "baseline" and "baseline" in runs:
             ratios = [
                 round(a["wall_s"] / b["wall_s"], 3)
                 for a, b in zip(runs[name], runs["baseline"], strict=True)

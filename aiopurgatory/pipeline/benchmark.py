@@ -116,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         default=3,
         help="turns of analyze (tables only), analyze (with report) and the baseline job",
     )
+    parser.add_argument(
+        "--analyze-variants",
+        default="analyze_tables,analyze_report,baseline",
+        help="which of those to run",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.compare_masters:
         return _compare_masters(args)
@@ -149,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         result["analyze"] = {
             "events": args.events,
             **compare_with_analyze(
-                events_dir, root / "analyze-runs", master=args.master, rounds=args.analyze_rounds
+                events_dir,
+                root / "analyze-runs",
+                master=args.master,
+                rounds=args.analyze_rounds,
+                variants=args.analyze_variants.split(","),
             ),
         }
 
