@@ -149,7 +149,8 @@ def compare_with_analyze(
 
     Peak RSS is sampled from /proc every 0.1 s over the run's process tree: the
     driver JVM, the Python workers (``pyspark.daemon``/``worker``) and the driver's
-    Python process, each a sum over its processes at one instant.
+    Python process, each a sum over its processes at one instant; ``cpu_s`` is
+    their CPU time, which depends less on the machine's load than wall time.
     """
     commands = {
         "analyze": [sys.executable, "-m", "aiopurgatory.cli", "analyze"],
@@ -184,6 +185,9 @@ def compare_with_analyze(
     result: dict[str, Any] = {"rounds": rounds, "master": master, "runs": runs}
     median = {name: statistics.median(r["wall_s"] for r in rs) for name, rs in runs.items()}
     result["median_wall_s"] = median
+    result["median_cpu_s"] = {
+        name: statistics.median(r["cpu_s"] for r in rs) for name, rs in runs.items()
+    }
     for name in runs:
         if name != "baseline" and "baseline" in runs:
             ratios = [
@@ -194,9 +198,10 @@ def compare_with_analyze(
     return result
 
 
-def _timed_run(command: list[str]) -> tuple[float, dict[str, int], Any]:
+def _timed_run(command: list[str]) -> tuple[float, dict[str, Any], Any]:
     """Run ``command``; return its wall time, the peak RSS (MiB) of its driver JVM,
-    Python workers and driver Python, and the completed process."""
+    Python workers and driver Python with the CPU seconds of these processes (as
+    last sampled, up to 0.1 s before each ended), and the completed process."""
     peak = {
         "jvm_peak_rss_mib": 0,
         "python_workers_peak_rss_mib": 0,
@@ -206,6 +211,8 @@ def _timed_run(command: list[str]) -> tuple[float, dict[str, int], Any]:
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stop = threading.Event()
 
+    cpu_ticks: dict[int, int] = {}
+
     def sample() -> None:
         while not stop.wait(0.1):
             now = dict.fromkeys(peak, 0)
@@ -213,6 +220,7 @@ def _timed_run(command: list[str]) -> tuple[float, dict[str, int], Any]:
                 kind, rss = _kind_and_rss(pid, process.pid)
                 if kind is not None:
                     now[kind] += rss
+                    cpu_ticks[pid] = _cpu_ticks(pid) or cpu_ticks.get(pid, 0)
             for kind, value in now.items():
                 peak[kind] = max(peak[kind], value)
 
@@ -223,7 +231,17 @@ def _timed_run(command: list[str]) -> tuple[float, dict[str, int], Any]:
     stop.set()
     sampler.join()
     done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
-    return wall, {k: v // 1024 for k, v in peak.items()}, done
+    usage: dict[str, Any] = {k: v // 1024 for k, v in peak.items()}
+    usage["cpu_s"] = round(sum(cpu_ticks.values()) / os.sysconf("SC_CLK_TCK"), 1)
+    return wall, usage, done
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """User + system CPU time of a process so far (clock ticks), None if it is gone."""
+    from .cluster import _stat_fields
+
+    fields = _stat_fields(Path(f"/proc/{pid}"))
+    return None if fields is None else int(fields[11]) + int(fields[12])
 
 
 def _descendants(pid: int) -> list[int]:
