@@ -31,15 +31,18 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ..events import EVENT, SCHEMA_VERSION
 from .schema import CORRUPT_COLUMN, EVENT_FIELDS, FACT_COLUMNS, OUTCOMES, event_schema
 from .session import DEFAULT_MASTER
+from .tables import BINS_PER_DECADE, MALFORMED_DETAIL_LIMIT, AnalysisResult, Quality
 
 __all__ = [
+    "BINS_PER_DECADE",
+    "MALFORMED_DETAIL_LIMIT",
     "PERCENTILE_ACCURACY",
     "AnalysisResult",
     "Quality",
@@ -54,39 +57,9 @@ __all__ = [
 
 #: ``percentile_approx`` accuracy: rank error at most ``1/accuracy`` of the group size.
 PERCENTILE_ACCURACY = 10_000
-#: At most this many malformed lines are located (file and line) and reported.
-MALFORMED_DETAIL_LIMIT = 1000
 #: What a non-blank line can be (``quality.json`` counts each).
 KINDS = ("event", "other", "malformed")
 _REQUIRED = ("purgatory", "op_id", "timeout", "watched_at", "finished_at", "outcome", "wait")
-
-
-@dataclass
-class Quality:
-    """Line counts of an event log read (``quality.json``)."""
-
-    #: Non-blank lines read.
-    lines: int = 0
-    #: Valid op events (rows of the fact table).
-    events: int = 0
-    #: Valid JSON with another ``event`` name (e.g. other structlog events): skipped.
-    other: int = 0
-    #: Lines that are not valid schema-1 op events.
-    malformed: int = 0
-    #: Up to :data:`MALFORMED_DETAIL_LIMIT` of them: file, line, reason, text.
-    examples: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass
-class AnalysisResult:
-    """What :func:`analyze_facts` wrote and computed (small tables as pandas)."""
-
-    out: Path
-    summary: Any
-    hot_keys: Any
-    quality: Quality | None
-    report: Path | None
-    seconds: dict[str, float]
 
 
 def _problem(e: Any) -> Any:
@@ -502,10 +475,6 @@ def _malformed_frame(spark: Any, quality: Quality) -> Any:
         )
     rows = [tuple(example[name] for name in columns) for example in quality.examples]
     return spark.createDataFrame(rows, ", ".join(f"{n} {d}" for n, d in columns.items()))
-
-
-#: Histogram bins per decade of seconds (log scale); zero goes to its own bin.
-BINS_PER_DECADE = 10
 
 
 def histograms(facts: Any) -> Any:
