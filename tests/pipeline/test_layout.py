@@ -14,7 +14,7 @@ PIPELINE = Path(pipeline.__file__).parent
 def _pipeline_imports(module: str) -> set[str]:
     """The pipeline modules that ``module`` imports (at any level of its code)."""
     tree = ast.parse((PIPELINE / f"{module}.py").read_text())
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 1:
             if node.module is None:
