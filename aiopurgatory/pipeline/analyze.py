@@ -191,6 +191,8 @@ def read_events(spark: Any, paths: Sequence[str], facts_out: str | Path) -> Qual
     if isinstance(paths, str) or not paths:
         raise ValueError("paths must be a non-empty list of paths")
     events = _read_json(spark, paths)
+    # The same tests as the locating pass, on the columns (the optimizer turns the
+    # struct's field references back into plain column references).
     row = F.struct(*[F.col(name) for name in (*EVENT_FIELDS, CORRUPT_COLUMN)])
     events = events.select(
         F.col("_metadata.file_path").alias("source"), "*", _kind(row).alias("kind")
