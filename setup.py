@@ -59,6 +59,15 @@ class OptionalBuildExt(build_ext):
             self.failure = exc
 
 
+def _histogram_macros() -> list[tuple[str, str]]:
+    # AIOPURGATORY_NO_HISTOGRAMS=1 builds a core that records no histograms, only
+    # to measure what they cost (docs/benchmarks.md); never for production.
+    if os.environ.get("AIOPURGATORY_NO_HISTOGRAMS", "") not in ("", "0"):
+        print("AIOPURGATORY_NO_HISTOGRAMS is set: histograms compiled out.", file=sys.stderr)
+        return [("AIOPURGATORY_HISTOGRAMS", "0")]
+    return []
+
+
 def _extensions() -> list[Extension]:
     if _no_extensions():
         print("AIOPURGATORY_NO_EXTENSIONS is set: pure-Python build.", file=sys.stderr)
@@ -75,7 +84,7 @@ def _extensions() -> list[Extension]:
             # Cython caches "this class does not override that cpdef method" by
             # the version of the instance's own class dict; a method patched onto
             # a base class later (unittest.mock.patch.object) would be missed.
-            define_macros=[("CYTHON_USE_DICT_VERSIONS", "0")],
+            define_macros=[("CYTHON_USE_DICT_VERSIONS", "0"), *_histogram_macros()],
         )
         for name in CORE
     ]

@@ -20,6 +20,7 @@ from ._errors import (
     PurgatoryError,
     PurgatoryFullError,
 )
+from ._latency import Histogram, PurgatoryHistograms
 from ._operation import DelayedOperation, Outcome
 from ._purgatory import Purgatory, PurgatoryStatistics
 from ._timeout import Timeout
@@ -33,12 +34,14 @@ __version__ = "0.1.0"
 __all__ = [
     "COMPILED",
     "DelayedOperation",
+    "Histogram",
     "OperationStateError",
     "Outcome",
     "Purgatory",
     "PurgatoryClosedError",
     "PurgatoryError",
     "PurgatoryFullError",
+    "PurgatoryHistograms",
     "PurgatoryStatistics",
     "Timeout",
     "Timer",

@@ -17,8 +17,8 @@ An operation is *new* until a purgatory takes it, *pending* while watched, and
   Exceptions that are not ``Exception`` subclasses (``KeyboardInterrupt``,
   ``SystemExit``, ``CancelledError``) are not contained: they propagate, and an
   operation interrupted that way mid-callback may be left as it was (for
-  instance watched but not yet scheduled, if it came from ``try_complete``
-  between the two checks); the application is usually stopping anyway.
+  instance taken by its purgatory but not yet watched, if it came from
+  ``try_complete`` inside ``try_complete_else_watch``); the application is usually stopping anyway.
 * An operation is itself the timer entry (no handle object per operation), and
   creates an awaitable future only when someone awaits it.
 """
@@ -167,9 +167,9 @@ class DelayedOperation(_TimerEntry):
     def try_complete(self) -> bool:
         """Check the condition; if met, ``return self.force_complete()``. Default: False.
 
-        Called by the purgatory when the operation is first watched (twice: before
-        and after it joins the watch lists) and on every ``check_and_complete`` of
-        one of its keys.
+        Called by the purgatory once when the operation is watched (before it
+        joins the watch lists) and on every ``check_and_complete`` of one of its
+        keys.
         """
         return False
 

@@ -3,8 +3,18 @@
 
 cimport cython
 
+from aiopurgatory._histogram cimport _Recorder
 from aiopurgatory._operation cimport DelayedOperation, _Owner
 from aiopurgatory._timer cimport Timer
+
+cdef extern from *:
+    """
+    #ifndef AIOPURGATORY_HISTOGRAMS
+    #define AIOPURGATORY_HISTOGRAMS 1
+    #endif
+    """
+    # As in _histogram.pxd: 0 only in a build that measures the histograms' cost.
+    const bint HISTOGRAMS "AIOPURGATORY_HISTOGRAMS"
 
 
 @cython.locals(i=Py_ssize_t, j=Py_ssize_t, h=Py_hash_t)
@@ -21,10 +31,15 @@ cdef class _PurgatoryCore(_Owner):
     cdef public Py_ssize_t _delayed
     cdef public Py_ssize_t _expired
     cdef public Py_ssize_t _failed
+    cdef public _Recorder _lateness
     cdef public object _loop
     cdef public object _max_pending
     cdef public Py_ssize_t _pending
     cdef public Timer _timer
+    cdef public _Recorder _wait_cancelled
+    cdef public _Recorder _wait_completed
+    cdef public _Recorder _wait_expired
+    cdef public _Recorder _wait_failed
     cdef public Py_ssize_t _watched
     cdef public dict _watchers
 
@@ -32,6 +47,6 @@ cdef class _PurgatoryCore(_Owner):
     cpdef bint _watch(self, DelayedOperation op, tuple keys) except -1
     @cython.locals(op=DelayedOperation, completed=Py_ssize_t, ops=dict)
     cpdef check_and_complete(self, key)
-    @cython.locals(watchers=dict, ops=dict, keys=tuple)
+    @cython.locals(watchers=dict, ops=dict, keys=tuple, late=double, wait=double)
     cpdef _detach(self, DelayedOperation op, outcome)
     cpdef _record(self, DelayedOperation op)

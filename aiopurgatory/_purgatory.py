@@ -18,7 +18,6 @@ operations' own ``__eq__``/``__hash__``. Empty lists are dropped at once.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -27,17 +26,21 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Self, TypeVar
 
 from ._backends import current_owner
 from ._errors import OperationStateError, PurgatoryClosedError, PurgatoryFullError
+from ._histogram import _Recorder
+from ._latency import Histogram, PurgatoryHistograms
 from ._logging import LazyLogger
 from ._operation import CANCELLED, COMPLETED, EXPIRED, DelayedOperation, Outcome, _Owner
 from ._timer import Timer
-
-_get_running_loop = asyncio._get_running_loop  # C; None outside a running loop
 
 __all__ = ["Purgatory", "PurgatoryStatistics"]
 
 OpT = TypeVar("OpT", bound=DelayedOperation)
 
 _DEFAULT_TICK = 0.001
+
+# Whether finished operations are recorded in the histograms: always, except in
+# a compiled core built to measure their cost (see aiopurgatory._histogram).
+HISTOGRAMS = True
 _DEFAULT_WHEEL_SIZE = 20
 
 
@@ -148,10 +151,15 @@ class _PurgatoryCore(_Owner):
         "_delayed",
         "_expired",
         "_failed",
+        "_lateness",
         "_loop",
         "_max_pending",
         "_pending",
         "_timer",
+        "_wait_cancelled",
+        "_wait_completed",
+        "_wait_expired",
+        "_wait_failed",
         "_watched",
         "_watchers",
     )
@@ -169,16 +177,25 @@ class _PurgatoryCore(_Owner):
     _expired: int
     _cancelled: int
     _failed: int
+    # Always-on histograms: the wait of finished operations by outcome, and how
+    # late each expiry fired (aiopurgatory._histogram; snapshots: histograms()).
+    _wait_completed: _Recorder
+    _wait_expired: _Recorder
+    _wait_cancelled: _Recorder
+    _wait_failed: _Recorder
+    _lateness: _Recorder
 
     # -- watching --------------------------------------------------------------------
 
     def try_complete_else_watch(self, op: Any, keys: Iterable[Hashable]) -> bool:
         """Complete ``op`` now if its condition holds, else watch it under ``keys``.
 
-        Kafka's ``tryCompleteElseWatch``: ``op.try_complete()``; if that did not
-        finish it, add it to the watch list of every key, call ``try_complete()``
-        once more (so a trigger between the two checks is not lost), and if still
-        pending schedule its expiry ``op.timeout`` seconds from now.
+        Kafka's ``tryCompleteElseWatch``: ``op.try_complete()``, once; if that did
+        not finish it, add it to the watch list of every key and schedule its
+        expiry ``op.timeout`` seconds from now. (Kafka before 2.7 checked a second
+        time after watching, against a trigger from another thread in between; on
+        an event loop nothing runs in between, and triggers from other threads
+        (:meth:`check_and_complete_threadsafe`) are run on the loop.)
 
         Args:
             op: a new :class:`DelayedOperation`.
@@ -227,7 +244,7 @@ class _PurgatoryCore(_Owner):
         loop = self._loop
         if loop is None:
             loop = self._bind()
-        elif _get_running_loop() is not loop and not self._timer._driver.is_current():  # type: ignore[union-attr]
+        elif not self._timer._driver.is_current():  # type: ignore[union-attr]
             raise RuntimeError(f"purgatory {self._name!r} is bound to another event loop")
         timer = self._timer
         if timer._closed:
@@ -237,8 +254,10 @@ class _PurgatoryCore(_Owner):
             raise timer._too_far("timeout", op._timeout)
 
         op._purgatory = self
-        # First check, before any bookkeeping: most requests that can complete at
-        # once never touch a watch list or the timer.
+        # The one check, before any bookkeeping: most requests that can complete
+        # at once never touch a watch list or the timer. Nothing can trigger the
+        # op between this check and its joining the watch lists (one loop, and
+        # other threads' triggers are run on it), so there is no second check.
         try:
             op.try_complete()
         except Exception as exc:
@@ -261,16 +280,6 @@ class _PurgatoryCore(_Owner):
         self._watched += len(keys)
         self._pending += 1
 
-        # Second check: a trigger that came between the first check and joining
-        # the watch lists would otherwise be missed.
-        try:
-            op.try_complete()
-        except Exception as exc:
-            op._try_complete_failed(exc)
-            raise
-        outcome = op._outcome
-        if outcome is not None:
-            return outcome is COMPLETED
         timer = self._timer
         if timer._closed:  # closed by a callback of try_complete meanwhile
             op.cancel()
@@ -370,6 +379,26 @@ class _PurgatoryCore(_Owner):
             self._cancelled += 1
         else:
             self._failed += 1
+        if HISTOGRAMS:
+            # One clock read per finished operation that was scheduled; one
+            # finished before it was scheduled (completed by its first check)
+            # waited no time. The watch began at deadline - timeout.
+            when = op._when
+            if when is None:
+                wait = 0.0
+            else:
+                late = self._timer._time() - when
+                wait = late + op._timeout
+                if outcome is EXPIRED and late >= 0.0:
+                    self._lateness.record(late)
+            if outcome is COMPLETED:
+                self._wait_completed.record(wait)
+            elif outcome is EXPIRED:
+                self._wait_expired.record(wait)
+            elif outcome is CANCELLED:
+                self._wait_cancelled.record(wait)
+            else:
+                self._wait_failed.record(wait)
         keys = op._keys
         if keys:
             oid = op._key
@@ -460,6 +489,11 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         self._expired = 0
         self._cancelled = 0
         self._failed = 0
+        self._wait_completed = _Recorder()
+        self._wait_expired = _Recorder()
+        self._wait_cancelled = _Recorder()
+        self._wait_failed = _Recorder()
+        self._lateness = _Recorder()
         self._recorder: Callable[[DelayedOperation], None] | None = None
         if logger is None:
             self._logger: Any = LazyLogger(purgatory=name)
@@ -530,6 +564,40 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             cancelled=self._cancelled,
             failed=self._failed,
         )
+
+    def histograms(self, *, reset: bool = False) -> PurgatoryHistograms:
+        """A snapshot of the wait and lateness histograms (always recorded).
+
+        Every operation that finishes is recorded when it finishes, by outcome:
+        how long it waited since it was watched, and for an expiry fired by the
+        timer, how late it fired. See :class:`PurgatoryHistograms` and
+        :class:`Histogram` (percentiles, merging, intervals) and
+        ``docs/metrics.md``.
+
+        Args:
+            reset: start the histograms afresh after taking the snapshot, so that
+                the next one covers only what finishes from now on. Exporters
+                (Prometheus) need the running totals: prefer subtracting two
+                snapshots (``later - earlier``) where an exporter reads too.
+
+        Safe to call from another thread than the loop's (a metrics scrape),
+        without ``reset``: each histogram is copied whole, the histograms of one
+        snapshot may be a few operations apart.
+        """
+        recorders = (
+            self._wait_completed,
+            self._wait_expired,
+            self._wait_cancelled,
+            self._wait_failed,
+            self._lateness,
+        )
+        histograms = []
+        for recorder in recorders:
+            count, total, largest, counts = recorder.counts()
+            histograms.append(Histogram(count, total, largest, tuple(counts)))
+            if reset:
+                recorder.reset()
+        return PurgatoryHistograms(self._name, *histograms)
 
     # -- watching --------------------------------------------------------------------
 

@@ -227,6 +227,8 @@ def test_cli_purgatory_with_sweep_in_process(tmp_path: Path) -> None:
             "2000,4000",
             "--sweep-num",
             "400",
+            "--headline-num",
+            "300",
             "--no-isolate",
             "--no-progress",
             "--quiet",
@@ -248,12 +250,20 @@ def test_cli_purgatory_with_sweep_in_process(tmp_path: Path) -> None:
     assert {s["impl"] for s in sat} == {"ap.Purgatory", "hand-written", "floor (no timer)"}
     # Virtual time never falls behind: every implementation keeps up with every rate.
     assert all(s["kept_up_with_all"] for s in sat)
+    # First, the realistic headline: one row per completion, every request pending
+    # at the peak on virtual time, each purgatory's own cost read against the null run.
+    headline = _load(out)["headline"]
+    assert [row["completion"] for row in headline["rows"]] == ["check", "force"]
+    for row in headline["rows"]:
+        assert row["peak_pending"] == 300
+        assert row["ap_own_us"] == pytest.approx(row["ap_us"] - row["null_us"])
 
 
 def test_cli_purgatory_every_completion_kind(tmp_path: Path) -> None:
     out = tmp_path / "completion.json"
     argv = ["purgatory", "--num", "600", "--loop", "virtual", "--repeat", "1"]
     argv += ["--completion", "all", "--memory-ops", "0", "--no-isolate", "--no-progress"]
+    argv += ["--no-headline"]
     assert bench_cli.main([*argv, "--quiet", "--json", str(out)]) == 0
     p = _load(out)["purgatory"]
     scenarios = {c["scenario"] for c in p["cells"]}
@@ -478,3 +488,74 @@ def test_cli_scale_refuses_trio() -> None:
     with pytest.raises(SystemExit) as exc:
         bench_cli.main(["scale", "--loop", "trio", "--no-progress"])
     assert exc.value.code == 2
+
+
+# -- the realistic headline, the GC stall, the registry ---------------------------------
+
+
+@pytest.mark.parametrize("completion", ["check", "clock", "force"])
+def test_realistic_case_finishes_every_request_alike(completion: str) -> None:
+    from aiopurgatory.bench.realistic import run_realistic
+
+    params = {"num": 3000, "pct50": 200.0, "pct75": 400.0, "timeout": 1000.0}
+    results = {
+        impl: run_realistic(impl, "virtual", completion=completion, **params)
+        for impl in ("null", "ap", "hand")
+    }
+    # Same inputs, exact virtual time: every implementation completes and expires
+    # the same requests, and all 3000 arrive before the first completion.
+    outcomes = {(r["completed"], r["expired"]) for r in results.values()}
+    assert len(outcomes) == 1
+    [(completed, expired)] = outcomes
+    assert completed + expired == 3000
+    assert 0 < expired < 3000
+    assert all(r["peak_pending"] == 3000 for r in results.values())
+    assert all(r["cpu_us_per_request"] > 0 for r in results.values())
+
+
+def test_gc_stall_counts_tracked_objects_per_pending_op() -> None:
+    from aiopurgatory.bench.realistic import run_gc_stall
+
+    ap_run = run_gc_stall("ap", "virtual", pending=20_000, rounds=1)
+    hand = run_gc_stall("hand", "virtual", pending=20_000, rounds=1)
+    # One GC-tracked object per pending op (the op itself; the watch-list dicts
+    # are per key), against a future, a handle and more for the hand-written one.
+    assert 1.0 <= ap_run["tracked_per_pending"] < 1.1
+    assert hand["tracked_per_pending"] > 3
+    assert ap_run["gc_collect_s"] > 0
+
+
+def test_the_registry_dispatches_specs_in_and_out_of_process() -> None:
+    from aiopurgatory.bench import _registry, realistic
+    from aiopurgatory.bench._common import execute
+
+    assert _registry.runner("realistic") is realistic.run_spec
+    with pytest.raises(ValueError, match="unknown benchmark 'nope'"):
+        _registry.runner("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        _registry.register("realistic", lambda spec: spec)
+    spec = {"bench": "gcstall", "impl": "ap", "loop": "virtual", "params": {"pending": 1000}}
+    assert execute(spec, isolate=False)["pending"] == 1000
+    assert execute(spec)["pending"] == 1000  # the worker process fills the registry itself
+
+
+def test_bench_modules_import_only_shared_modules() -> None:
+    # Imports go one way: workloads and suites import the shared modules
+    # (_common, _registry, workload, _runner, _report), never a sibling workload's
+    # private names; only the CLI, the suites and the worker import workloads.
+    import ast
+
+    bench = Path(bench_cli.__file__).parent
+    workloads = {"timer", "purgatory", "scale", "realistic", "trio_timer", "trio_purgatory"}
+    for path in bench.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names = [a.name for a in node.names]
+                assert not any(
+                    n.startswith("_") and n != "__version__"
+                    for n in names
+                    if node.module in workloads
+                ), f"{path.name} imports private names from .{node.module}"
+                if path.stem in workloads and node.module in workloads:
+                    # A workload may hand its trio variant over (lazy import), nothing else.
+                    assert node.module == f"trio_{path.stem}", f"{path.name} imports .{node.module}"

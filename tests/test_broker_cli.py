@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from examples.broker.__main__ import main
 
@@ -74,6 +76,12 @@ async def test_program_serves_a_client_and_stops_on_sigterm() -> None:
             await client.stop()
         stats = await _next_event(proc.stderr, "broker.purgatory_stats", seen)
         assert stats["produce"]["pending"] == 0
+        # Interval wait percentiles: numbers in ms, or None when nothing finished.
+        assert set(stats["produce"]) >= {"wait_p50_ms", "wait_p99_ms", "lateness_p99_ms"}
+        assert all(
+            stats["produce"][k] is None or stats["produce"][k] >= 0
+            for k in ("wait_p50_ms", "wait_p99_ms", "lateness_p99_ms")
+        )
         assert stats["level"] == "info"
 
         admin_port = next(e["port"] for e in seen if e["event"] == "broker.admin_listening")
@@ -90,6 +98,11 @@ async def test_program_serves_a_client_and_stops_on_sigterm() -> None:
         url = f"http://127.0.0.1:{metrics_port}/metrics"
         text = await asyncio.to_thread(_get, url)
         assert 'aiopurgatory_operations_total{outcome="completed",purgatory="produce"} 1.0' in text
+        assert (
+            'aiopurgatory_operation_wait_seconds_count{outcome="completed",purgatory="produce"} 1.0'
+            in text
+        )
+        assert 'aiopurgatory_expiry_lateness_seconds_count{purgatory="produce"}' in text
         proc.send_signal(signal.SIGTERM)
         await _next_event(proc.stderr, "broker.stopped", seen)
         async with asyncio.timeout(20):
@@ -103,3 +116,65 @@ async def test_program_serves_a_client_and_stops_on_sigterm() -> None:
 def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--port", "-1", "--log-format", "json"]) == 2
     assert "port" in capsys.readouterr().err
+
+
+def _admin_and_idempotent_producer(bootstrap: str) -> dict[str, Any]:
+    """What a client's first hour does, through confluent-kafka (runs in a thread)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic("first-hour", 2, 3)]).values():
+        future.result(timeout=15)
+    topics = set(admin.list_topics(timeout=15).topics)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
+    offsets: list[tuple[int, int]] = []
+
+    def delivered(err: Any, msg: Any) -> None:
+        assert err is None, err
+        offsets.append((msg.partition(), msg.offset()))
+
+    for i in range(10):
+        producer.produce("first-hour", f"m{i}".encode(), partition=i % 2, on_delivery=delivered)
+    assert producer.flush(30) == 0
+    groups = admin.list_consumer_groups().result(timeout=15)
+    for future in admin.delete_topics(["first-hour"]).values():
+        future.result(timeout=15)
+    return {
+        "topics": topics,
+        "offsets": sorted(offsets),
+        "groups": list(groups.valid),
+        "after_delete": set(admin.list_topics(timeout=15).topics),
+    }
+
+
+async def test_program_serves_admin_clients_and_idempotent_producers_as_is() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "examples.broker",
+        "--port",
+        "0",
+        "--log-format",
+        "json",
+        cwd=ROOT,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    seen: list[dict[str, Any]] = []
+    try:
+        started = await _next_event(proc.stderr, "broker.started", seen)
+        result = await asyncio.to_thread(
+            _admin_and_idempotent_producer, f"127.0.0.1:{started['port']}"
+        )
+        assert "first-hour" in result["topics"]
+        assert result["offsets"] == [(p, o) for p in (0, 1) for o in range(5)]
+        assert result["groups"] == []
+        assert "first-hour" not in result["after_delete"]
+        issued = await _next_event(proc.stderr, "broker.producer_id_issued", seen)
+        assert issued["producer_id"] >= 0
+        proc.send_signal(signal.SIGTERM)
+        await _next_event(proc.stderr, "broker.stopped", seen)
+        async with asyncio.timeout(20):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import struct
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from aiokafka.record.default_records import DefaultRecordBatch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,33 +17,19 @@ from examples.broker.messages import SUPPORTED_VERSIONS, ApiKey, ErrorCode
 from examples.broker.partition import PartitionLog
 from examples.broker.rawclient import RawConnection, build_fetch_v4, build_produce_v3
 from examples.broker.records import InvalidBatchError, crc32c, parse_batches
-from tests.broker_helpers import RecordingLogger, eventually, producer, running_broker
+from tests.broker_helpers import (
+    RecordingLogger,
+    eventually,
+    fetch_result,
+    frame,
+    make_batch,
+    produce_result,
+    producer,
+    raw,
+    running_broker,
+)
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def make_batch(values: list[bytes], *, base_offset: int = 0) -> bytes:
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=0,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
-    for i, value in enumerate(values):
-        builder.append(base_offset + i, timestamp=None, key=None, value=value, headers=[])
-    return bytes(builder.build())
-
-
-@contextlib.asynccontextmanager
-async def raw(broker: Broker) -> AsyncIterator[RawConnection]:
-    conn = await RawConnection.open("127.0.0.1", broker.port)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 async def send_parking_fetch_and_produce(broker: Broker) -> tuple[RawConnection, RawConnection]:
@@ -62,39 +46,6 @@ async def send_parking_fetch_and_produce(broker: Broker) -> tuple[RawConnection,
     producer_conn = await RawConnection.open("127.0.0.1", broker.port)
     producer_conn.send(ApiKey.PRODUCE, 3, build_produce_v3("t", 0, make_batch([b"x"])))
     return fetcher, producer_conn
-
-
-def frame(body: bytes) -> bytes:
-    return struct.pack(">i", len(body)) + body
-
-
-def _single_partition(body: Reader) -> int:
-    """Skip the one-topic, one-partition header of a response; return its error code."""
-    assert body.int32() == 1  # topics
-    body.string()
-    assert body.int32() == 1  # partitions
-    body.int32()  # partition index
-    return body.int16()
-
-
-def produce_result(body: Reader) -> tuple[int, int]:
-    """(error_code, base_offset) of the single partition of a Produce v3 response."""
-    error, offset = _single_partition(body), body.int64()
-    body.int64()  # log_append_time
-    assert body.int32() == 0  # throttle_time_ms
-    assert body.remaining == 0
-    return error, offset
-
-
-def fetch_result(body: Reader) -> tuple[int, int, bytes]:
-    """(error_code, high_watermark, records) of the single partition of a Fetch v4 response."""
-    body.int32()  # throttle
-    error, hw = _single_partition(body), body.int64()
-    body.int64()  # last_stable_offset
-    assert body.int32() == 0  # aborted_transactions
-    records = body.nullable_bytes() or b""
-    assert body.remaining == 0
-    return error, hw, records
 
 
 # -- codec --------------------------------------------------------------------------------------
@@ -361,7 +312,7 @@ async def test_bad_input_closes_only_that_connection() -> None:
                 return closed
 
             header = Writer().int16(ApiKey.METADATA).int16(1).int32(7).string("x").getvalue()
-            unknown = Writer().int16(22).int16(0).int32(1).string("x").getvalue()
+            unknown = Writer().int16(24).int16(0).int32(1).string("x").getvalue()
             old_version = Writer().int16(ApiKey.PRODUCE).int16(0).int32(1).string("x")
             assert await attempt(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # garbage
             assert await attempt(struct.pack(">i", 10_000) + b"\x00" * 100)  # oversize
@@ -369,7 +320,7 @@ async def test_bad_input_closes_only_that_connection() -> None:
             assert await attempt(frame(header + b"\x00\x00"))  # truncated body
             assert await attempt(frame(b"\x00\x03\x00\x01\x00\x00\x00\x01\x00\x09"))  # header
             assert await attempt(frame(header + b"\x00\x00\x00\x00\xff"))  # trailing bytes
-            assert await attempt(frame(unknown))  # unknown API key (InitProducerId)
+            assert await attempt(frame(unknown))  # unknown API key (AddPartitionsToTxn)
             assert await attempt(frame(old_version.getvalue()))  # unsupported version
             await attempt(struct.pack(">i", 100) + b"\x00" * 10, then_close=True)  # cut short
             await attempt(b"\x00\x00", then_close=True)  # cut inside the size
@@ -384,7 +335,7 @@ async def test_bad_input_closes_only_that_connection() -> None:
                 "broker.unsupported_version",
             ):
                 assert event in names
-            assert broker.unknown_api_keys == {22: 1}
+            assert broker.unknown_api_keys == {24: 1}
             # The connection that behaved keeps working, and so do new ones.
             md = await survivor.send_and_wait("t", b"after")
             assert md.offset == 1

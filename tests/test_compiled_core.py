@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 import aiopurgatory as ap
-from aiopurgatory import _compiled, _operation, _purgatory, _timer, _wheel, simulation
+from aiopurgatory import _compiled, _histogram, _operation, _purgatory, _timer, _wheel, simulation
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE = (_wheel, _timer, _operation, _purgatory)
+CORE = (_wheel, _timer, _operation, _purgatory, _histogram)
 
 
 def _is_extension(module: object) -> bool:

@@ -252,7 +252,7 @@ def test_op_whose_try_complete_closes_the_timer_ends_cancelled() -> None:
 
         def try_complete(self) -> bool:
             Closing.calls += 1
-            if Closing.calls == 2:  # the second check, after joining the watch lists
+            if Closing.calls == 1:  # the one check, before joining the watch lists
                 timer.close()
             return False
 
@@ -264,6 +264,7 @@ def test_op_whose_try_complete_closes_the_timer_ends_cancelled() -> None:
         return op.outcome, purgatory.pending, len(timer)
 
     assert simulation.run(main()) == (ap.Outcome.CANCELLED, 0, 0)
+    assert Closing.calls == 1
 
 
 # -- a clock patched on the loop instance --------------------------------------------------------

@@ -71,6 +71,8 @@ def scrape(registry: CollectorRegistry) -> dict[str, GaugeValues]:
     result: dict[str, GaugeValues] = {}
     seen = set()
     for family in text_string_to_metric_families(text):
+        if family.type == "histogram":
+            continue  # tests/test_histograms.py
         seen.add(family.name)
         if family.name in names:
             assert family.type == "gauge"
@@ -200,6 +202,13 @@ def test_prometheus_collector_registration_rules() -> None:
 # -- OpenTelemetry --------------------------------------------------------------------
 
 
+HISTOGRAM_INSTRUMENTS = {
+    "aiopurgatory.operation.wait.sum",
+    "aiopurgatory.operation.wait.quantile",
+    "aiopurgatory.expiry.lateness.quantile",
+}
+
+
 def observe(reader: InMemoryMetricReader) -> dict[str, GaugeValues]:
     """Collect through the SDK into {purgatory: values}, checking instrument kinds."""
     names = {
@@ -218,6 +227,8 @@ def observe(reader: InMemoryMetricReader) -> dict[str, GaugeValues]:
             assert scope.scope.name == "aiopurgatory"
             assert scope.scope.version == ap.__version__
             for metric in scope.metrics:
+                if metric.name in HISTOGRAM_INSTRUMENTS:
+                    continue  # tests/test_histograms.py
                 seen.add(metric.name)
                 kind = type(metric.data).__name__
                 for point in metric.data.data_points:

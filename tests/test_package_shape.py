@@ -16,6 +16,7 @@ PACKAGE = Path(aiopurgatory.__file__).parent
 # to its right.
 CORE_ORDER = [
     "_purgatory",
+    "_latency",
     "_operation",
     "_timer",
     "_timeout",
@@ -23,6 +24,7 @@ CORE_ORDER = [
     "_trio_driver",
     "_asyncio_driver",
     "_wheel",
+    "_histogram",
 ]
 SHARED = {"_errors", "_logging"}
 

@@ -363,22 +363,27 @@ async def test_completed_in_first_check_touches_no_list_and_no_timer() -> None:
 
 
 @each_backend(virtual=True)
-async def test_condition_true_only_at_second_check_completes() -> None:
+async def test_try_complete_runs_once_per_watch() -> None:
+    # One check when watched (Kafka 2.7+): an op whose condition would hold at a
+    # second check stays watched until a trigger on one of its keys checks it.
     p: ap.Purgatory[Op] = ap.Purgatory()
     seen: list[tuple[int, int]] = []
     op = Op(1.0, complete_on_try=2)
     op.on_try = lambda: seen.append((p.watched, p.delayed))
-    assert p.try_complete_else_watch(op, ["a", "b"]) is True
-    # The second check runs with the op already on both watch lists, not yet in the timer.
-    assert seen == [(0, 0), (2, 0)]
-    assert op.deadline is None
+    assert p.try_complete_else_watch(op, ["a", "b"]) is False
+    assert op.tries == 1
+    assert seen == [(0, 0)]  # checked before joining any watch list or the timer
+    assert (p.watched, p.delayed, p.pending) == (2, 1, 1)
+    assert op.deadline is not None
+    assert p.check_and_complete("b") == 1
+    assert op.tries == 2
     assert op.outcome is COMPLETED
     assert op.callbacks() == ["on_complete"]
     assert_clean(p)
 
 
-class TriggeredBetweenChecks(Op):
-    """Its condition becomes true, and its key is triggered, right after its first check."""
+class TriggersItsOwnKey(Op):
+    """Its condition becomes true, and its key is triggered, inside its own first check."""
 
     def __init__(self, purgatory: ap.Purgatory[Op]) -> None:
         super().__init__(1.0)
@@ -390,19 +395,22 @@ class TriggeredBetweenChecks(Op):
         if self.completable:
             return self.force_complete()
         if self.tries == 1:
-            # The producer's state changes and it triggers the key while the op is
-            # not yet on any watch list: this trigger cannot see the op.
+            # The only code that can run between the check and the watch is the
+            # op's own try_complete: its trigger cannot see the op yet.
             self.completable = True
             self.missed_trigger = self.purgatory.check_and_complete("k")
         return False
 
 
 @each_backend(virtual=True)
-async def test_trigger_between_the_two_checks_is_not_lost() -> None:
+async def test_trigger_from_inside_try_complete_is_seen_by_the_next_trigger() -> None:
     p: ap.Purgatory[Op] = ap.Purgatory()
-    op = TriggeredBetweenChecks(p)
-    assert p.try_complete_else_watch(op, ["k"]) is True
+    op = TriggersItsOwnKey(p)
+    assert p.try_complete_else_watch(op, ["k"]) is False
     assert op.missed_trigger == 0
+    assert op.tries == 1
+    assert outcome(op) is None
+    assert p.check_and_complete("k") == 1
     assert op.tries == 2
     assert op.outcome is COMPLETED
     assert_clean(p)
@@ -414,7 +422,7 @@ async def test_pending_op_is_watched_then_scheduled() -> None:
     p: ap.Purgatory[Op] = ap.Purgatory()
     op = Op(0.5)
     assert p.try_complete_else_watch(op, ["a", "b", "a", "c", "b"]) is False  # duplicates ignored
-    assert op.tries == 2
+    assert op.tries == 1
     assert outcome(op) is None
     assert not op.done()
     assert op.deadline == now() + 0.5 == 0.75
@@ -801,11 +809,10 @@ async def test_cancel_inside_on_complete_of_another_op() -> None:
 
 
 @each_backend(virtual=True)
-@pytest.mark.parametrize("failing_try", [1, 2])
-async def test_try_complete_raising_while_watching(failing_try: int) -> None:
+async def test_try_complete_raising_while_watching() -> None:
     p: ap.Purgatory[Op] = ap.Purgatory()
     op = Op(1.0, name="x")
-    # Raise on the first or the second check.
+    failing_try = 1  # the only check
     op.on_try = lambda: _raise_if(op.tries == failing_try)
     with capture_logs() as logs, pytest.raises(Boom):
         p.try_complete_else_watch(op, ["a", "b"])
@@ -978,7 +985,7 @@ async def test_callbacks_watch_complete_and_cancel_on_the_key_being_checked() ->
     for op in (a, b, c):
         assert op.callbacks() == ["on_complete"]
     assert d.callbacks() == []
-    assert e.tries == 3  # two checks on watch, one from the nested trigger
+    assert e.tries == 2  # one check on watch, one from the nested trigger
     assert (p.watched, p.delayed, p.pending) == (1, 1, 1)
     e.completable = True
     assert p.check_and_complete("k") == 1
@@ -1006,7 +1013,7 @@ async def test_op_watched_during_a_trigger_is_not_checked_by_it() -> None:
     a.after_complete = lambda: p.try_complete_else_watch(late, ["k"])
     a.completable = True
     assert p.check_and_complete("k") == 1
-    assert late.tries == 2
+    assert late.tries == 1
     assert outcome(late) is None
     assert p.watched == 1
 

@@ -171,14 +171,15 @@ class PurgatoryMachine(RuleBasedStateMachine):
         if mode == "first":
             op.completable = True
         elif mode == "second":
-            # Becomes completable only after the first check, as if a trigger
-            # arrived between the two checks of try_complete_else_watch.
+            # Becomes completable right after its one check: it stays watched
+            # (no second check) until a trigger or its expiry.
             original = op.try_complete
 
             def second_time() -> bool:
+                result = original()
                 if op.tries == 1:
                     op.completable = True
-                return original()
+                return result
 
             op.try_complete = second_time  # type: ignore[method-assign]
 
@@ -191,16 +192,16 @@ class PurgatoryMachine(RuleBasedStateMachine):
         assert not expired_inside
         unique = tuple(dict.fromkeys(keys))
         self.ops.append(op)
-        if mode == "pending":
+        if mode in ("pending", "second"):
             assert result is False
-            assert op.tries == 2
+            assert op.tries == 1
             assert op.deadline == (self.now_q + timeout_q) * QUANTUM
             self.expected[number] = Expected(unique, self.now_q + timeout_q)
             for key in unique:
                 self.watch_order[key].append(number)
         else:
             assert result is True
-            assert op.tries == (1 if mode == "first" else 2)
+            assert op.tries == 1
             assert op.deadline is None
             self.expected[number] = Expected(unique, None)
             self.finish(number, COMPLETED)

@@ -94,7 +94,8 @@ async def test_twenty_threads_trigger_concurrently() -> None:
 
 async def test_threadsafe_triggers_while_ops_are_being_watched() -> None:
     # Triggers arrive from threads while the loop keeps adding operations: none is
-    # lost (the second check of try_complete_else_watch covers the gap).
+    # lost, with one check per watch (the triggers run on the loop, never between
+    # an op's check and its joining the watch lists).
     purgatory: ap.Purgatory[Gathering] = ap.Purgatory()
     ops: list[Gathering] = []
     stop = threading.Event()

@@ -6,7 +6,7 @@ one set of parameters, described by a JSON-able spec dict::
     {"bench": "timer", "impl": "ap", "loop": "asyncio", "params": {...}}
 
 :func:`execute` runs a spec and returns a JSON-able result dict. By default each
-run goes to a fresh subprocess (``python -m aiopurgatory.bench._common SPEC``):
+run goes to a fresh subprocess (``python -m aiopurgatory.bench._worker SPEC``):
 
 * peak RSS (``ru_maxrss``) is a per-process high-water mark that cannot be reset
   portably, so measuring two implementations in one process would report the
@@ -30,6 +30,8 @@ import subprocess
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
+
+from ._registry import runner
 
 T = TypeVar("T")
 
@@ -192,23 +194,6 @@ def quiet_logging() -> None:
     )
 
 
-def _dispatch(spec: Spec) -> Result:
-    bench = spec["bench"]
-    if bench == "timer":
-        from . import timer
-
-        return timer.run_spec(spec)
-    if bench == "purgatory":
-        from . import purgatory
-
-        return purgatory.run_spec(spec)
-    if bench == "scale":
-        from . import scale
-
-        return scale.run_spec(spec)
-    raise ValueError(f"unknown benchmark {bench!r}")
-
-
 def execute(spec: Spec, *, isolate: bool = True) -> Result:
     """Run one benchmark spec, in a fresh subprocess unless ``isolate`` is False.
 
@@ -216,11 +201,12 @@ def execute(spec: Spec, *, isolate: bool = True) -> Result:
         RuntimeError: the subprocess failed (its stderr is in the message).
     """
     if not isolate:
-        result = _dispatch(spec)
+        # In this process: the caller imported the workload, which registered it.
+        result = runner(spec["bench"])(spec)
         result["isolated"] = False
         return result
     proc = subprocess.run(
-        [sys.executable, "-m", "aiopurgatory.bench._common", json.dumps(spec)],
+        [sys.executable, "-m", "aiopurgatory.bench._worker", json.dumps(spec)],
         capture_output=True,
         text=True,
         check=False,
@@ -233,16 +219,3 @@ def execute(spec: Spec, *, isolate: bool = True) -> Result:
     assert isinstance(result, dict)
     result["isolated"] = True
     return result
-
-
-def _worker_main(argv: list[str]) -> int:
-    quiet_logging()
-    spec = json.loads(argv[0])
-    result = _dispatch(spec)
-    # One JSON line on stdout; everything else goes to stderr.
-    sys.stdout.write(json.dumps(result) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_worker_main(sys.argv[1:]))

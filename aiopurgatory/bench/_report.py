@@ -45,6 +45,52 @@ def _print_report(report: dict[str, Any]) -> None:
             table.add_row(*row)
         console.print(table)
 
+    if "headline" in report:
+        h = report["headline"]
+        print_table(
+            f"bench purgatory, the realistic case: tasks await ops, try_complete reads a "
+            f"flag, check_and_complete on keys ({h['params']['num']:,} requests; CPU us per "
+            f"request, median of {h['repeat']})",
+            (
+                "completion",
+                "loop",
+                "null (generator + tasks)",
+                "ap.Purgatory.watch",
+                "hand-written",
+                "ap own cost",
+                "hand own cost",
+                "CPU hand/ap",
+                "peak pending",
+            ),
+            [
+                (
+                    row["completion"],
+                    row["loop"],
+                    _fmt(row["null_us"]),
+                    _fmt(row["ap_us"]),
+                    _fmt(row["hand_us"]),
+                    _fmt(row["ap_own_us"]),
+                    _fmt(row["hand_own_us"]),
+                    _fmt(row["cpu_hand_over_ap"]),
+                    _fmt(row["peak_pending"]),
+                )
+                for row in h["rows"]
+            ],
+        )
+        if h.get("gc"):
+            print_table(
+                "full gc.collect() with operations pending",
+                ("impl", "pending", "gc.collect() s", "GC-tracked objects per pending op"),
+                [
+                    (
+                        g["impl"],
+                        _fmt(g["pending"]),
+                        _fmt(g["gc_collect_s"]),
+                        _fmt(g["tracked_per_pending"]),
+                    )
+                    for g in h["gc"]
+                ],
+            )
     if "timer" in report:
         t = report["timer"]
         rows: list[tuple[str, ...]] = []

@@ -31,10 +31,13 @@ from ._report import _print_report
 from ._runner import _positive_int, _Runner
 from .suite_purgatory import (
     _DEFAULT_SWEEP,
+    _headline_args,
     _purgatory_args,
     _scenarios,
     _sweep_args,
     completion_cases,
+    headline_loops,
+    run_headline,
     run_purgatory_suite,
 )
 from .suite_scale import _scale_args, run_scale_suite
@@ -96,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _purgatory_args(p)
     _sweep_args(p)
+    _headline_args(p)
 
     p = sub.add_parser(
         "scale", parents=[common], help="cost per op as pending timers grow (asyncio loops)"
@@ -145,6 +149,8 @@ def _count_runs(args: argparse.Namespace, loops: Sequence[str]) -> int:
         n = cells * 3 * repeat * len(_scenarios(args))
         if args.sweep:
             n += cells * 3 * len(args.sweep)
+        if not args.no_headline:
+            n += len(headline_loops(loops)) * 3 * 2 * repeat + (2 if args.gc_pending else 0)
         return n
     if args.command == "scale":
         pendings: list[int] = args.pending
@@ -153,6 +159,7 @@ def _count_runs(args: argparse.Namespace, loops: Sequence[str]) -> int:
     # three impls, a sweep of two impls, scale at 4 sizes + memory (not on trio)
     return (
         timer_cells * repeat
+        + len(headline_loops(loops)) * 6 * repeat
         + cells * (12 * repeat + 2 * len(_DEFAULT_SWEEP))
         + scale_cells * 2 * (4 * repeat + 1)
     )
@@ -197,6 +204,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 loops, dict(params, seed=args.seed), args.repeat, runner
             )
         elif args.command == "purgatory":
+            if not args.no_headline and headline_loops(loops):
+                # First: the case users have (see aiopurgatory.bench.realistic).
+                report["headline"] = run_headline(
+                    headline_loops(loops),
+                    {"num": args.headline_num, "seed": args.seed},
+                    args.repeat,
+                    runner,
+                    gc_pending=args.gc_pending,
+                )
             report["purgatory"] = run_purgatory_suite(
                 loops,
                 scenarios,
@@ -241,6 +257,13 @@ def _run_all(
         args.repeat,
         runner,
     )
+    if headline_loops(loops):
+        report["headline"] = run_headline(
+            headline_loops(loops),
+            {"num": 200_000 // scale_down, "seed": args.seed},
+            args.repeat,
+            runner,
+        )
     base = dict(purgatory_bench.DEFAULTS, num=200_000 // scale_down, seed=args.seed)
     scenarios = [
         dict(base, pct75=p75, pct50=p50) for p75, p50 in purgatory_bench.SCENARIOS.values()

@@ -44,16 +44,16 @@ awaits its outcome, against a hand-written trio version of the same waits: see
 from __future__ import annotations
 
 import asyncio
-import heapq
 import math
-import random
 import time
 import tracemalloc
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Hashable
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Callable, Coroutine, Hashable
+from typing import Any
 
 from ._common import TRIO_LOOPS, Result, Spec, latency_summary, peak_rss_mib, rss_mib, run_on
+from ._registry import register
+from .workload import OwnTimer, WatchLists, ap_ops, generate, purgatory_inputs
 
 __all__ = [
     "COMPLETIONS",
@@ -111,7 +111,7 @@ DEFAULTS: dict[str, Any] = {
 # for completion "check") and ``ready_at`` (for "clock").
 
 
-class _ApImpl:
+class _ApImpl(OwnTimer):
     def __init__(self, late: list[float], clock: Callable[[], float], completion: str) -> None:
         import aiopurgatory as ap
 
@@ -121,41 +121,17 @@ class _ApImpl:
             def on_expiration(self) -> None:
                 late.append(clock() - self.deadline)  # type: ignore[operator]
 
-        class FlagOp(BenchOp):
-            __slots__ = ("ready", "ready_at")
+        FlagOp, ClockOp = ap_ops(clock, BenchOp)
 
-            def __init__(self, timeout: float) -> None:
-                super().__init__(timeout)
-                self.ready = False
-                self.ready_at = math.inf
-
-            def try_complete(self) -> bool:
-                return self.ready and self.force_complete()
-
-        class ClockOp(FlagOp):
-            __slots__ = ()
-
-            def try_complete(self) -> bool:
-                return clock() >= self.ready_at and self.force_complete()
-
-        self.make: Callable[[float], Any] = {
+        makers: dict[str, Callable[[float], Any]] = {
             "force": BenchOp,
             "check": FlagOp,
             "clock": ClockOp,
-        }[completion]
+        }
+        self.make = makers[completion]
         self.purgatory: ap.Purgatory[Any] = ap.Purgatory("bench")
         self.watch = self.purgatory.try_complete_else_watch
         self.check = self.purgatory.check_and_complete
-
-    @staticmethod
-    def complete(op: Any) -> None:
-        op.force_complete()
-
-    def poll(self, now: float) -> None:
-        pass
-
-    def next_due(self) -> float:
-        return math.inf
 
     def pending(self) -> int:
         return self.purgatory.pending
@@ -163,63 +139,6 @@ class _ApImpl:
     def outcomes(self) -> tuple[int, int]:
         stats = self.purgatory.statistics()
         return stats.completed, stats.expired
-
-
-class _KeyedOp(Protocol):
-    keys: tuple[Hashable, ...]
-
-    def try_complete(self) -> bool: ...
-
-
-_OpT = TypeVar("_OpT", bound=_KeyedOp)
-
-
-class _WatchLists(Generic[_OpT]):
-    """The bookkeeping the hand-written and floor implementations share.
-
-    Both insert into ``watchers`` inline in their ``watch`` (a call per op there
-    would add to the very cost being measured).
-    """
-
-    def __init__(self, late: list[float], clock: Callable[[], float]) -> None:
-        self.watchers: dict[Hashable, dict[int, _OpT]] = {}
-        self.late = late
-        self.clock = clock
-        self.count = 0
-        self.completed = 0
-        self.expired = 0
-
-    def complete(self, op: _OpT) -> None:
-        raise NotImplementedError
-
-    def check(self, key: Hashable) -> int:
-        """``check_and_complete``: try every op watched under ``key``, in watch order."""
-        ops = self.watchers.get(key)
-        if not ops:
-            return 0
-        completed = 0
-        complete = self.complete
-        for op in list(ops.values()):
-            if op.try_complete():
-                complete(op)
-                completed += 1
-        return completed
-
-    def _detach(self, op: _OpT) -> None:
-        oid = id(op)
-        watchers = self.watchers
-        for key in op.keys:
-            ops = watchers[key]
-            del ops[oid]
-            if not ops:
-                del watchers[key]
-        self.count -= 1
-
-    def pending(self) -> int:
-        return self.count
-
-    def outcomes(self) -> tuple[int, int]:
-        return self.completed, self.expired
 
 
 class _HandOp:
@@ -258,7 +177,7 @@ def _hand_clock_op(clock: Callable[[], float]) -> type[_HandFlagOp]:
     return _HandClockOp
 
 
-class _HandImpl(_WatchLists[_HandOp]):
+class _HandImpl(WatchLists[_HandOp]):
     """What a careful asyncio programmer writes without a library."""
 
     def __init__(self, late: list[float], clock: Callable[[], float], completion: str) -> None:
@@ -347,7 +266,7 @@ def _floor_clock_op(clock: Callable[[], float]) -> type[_FloorFlagOp]:
     return _FloorClockOp
 
 
-class _FloorImpl(_WatchLists[_FloorOp]):
+class _FloorImpl(WatchLists[_FloorOp]):
     """The hand-written bookkeeping minus any timer: expiry from a FIFO."""
 
     def __init__(self, late: list[float], clock: Callable[[], float], completion: str) -> None:
@@ -408,121 +327,6 @@ _IMPL_CLASSES: dict[str, Callable[[list[float], Callable[[], float], str], Any]]
 # -- the workload ------------------------------------------------------------------
 
 
-def _inputs(
-    num: int,
-    rate: float,
-    pct75: float,
-    pct50: float,
-    keys: int,
-    key_space_size: int,
-    seed: int,
-) -> tuple[list[float], list[float], list[tuple[int, ...]]]:
-    """Arrival offsets (s), completion latencies (s) and key tuples, per request."""
-    rng = random.Random(seed)
-    mu = math.log(pct50)
-    sigma = (math.log(pct75) - mu) / 0.674490  # the 75th percentile of N(0, 1)
-    offsets: list[float] = []
-    t = 0.0
-    for _ in range(num):
-        if rate > 0:
-            t += rng.expovariate(rate)
-        offsets.append(t)
-    latencies = [rng.lognormvariate(mu, sigma) / 1000.0 for _ in range(num)]
-    space = range(key_space_size)
-    keysets = [tuple(rng.sample(space, keys)) for _ in range(num)]
-    return offsets, latencies, keysets
-
-
-async def _generate(
-    impl: Any,
-    offsets: list[float],
-    latencies: list[float],
-    keysets: list[tuple[int, ...]],
-    *,
-    timeout_s: float,
-    batch: int,
-    completion: str,
-    clock: Callable[[], float],
-    sleep: Callable[[float], Awaitable[object]],
-    min_sleep: float = 0.0,
-    deferred: bool = False,
-) -> tuple[float, float]:
-    """Issue the requests to ``impl`` and complete them on schedule, until all finished.
-
-    The open-loop generator every implementation is driven by, on every loop:
-    arrivals at ``offsets`` (s), each op watched under its key tuple and, if its
-    latency is below the timeout, completed that long after it arrived (a heap of
-    pending completions, as Kafka's ``CompletionQueue``); ``sleep`` is the loop's
-    sleep, never shorter than ``min_sleep`` unless zero. With ``deferred`` (trio,
-    where each request's own task watches its op when it first runs, and the ops
-    have a ``started`` flag that it sets), a completion that comes due before its
-    op's task has started waits for the generator's next wake-up.
-
-    Returns:
-        The clock readings at the start and when the last request had arrived.
-    """
-    make, watch, complete, poll = impl.make, impl.watch, impl.complete, impl.poll
-    check = impl.check
-    num = len(offsets)
-    forced = completion == "force"
-    flagged = completion == "check"
-    completions: list[tuple[float, int, Any]] = []
-    waiting: list[tuple[float, int, Any]] = []
-    push, pop = heapq.heappush, heapq.heappop
-    start = first = last = clock()
-    arrived = False
-    i = 0
-    while True:
-        now = clock()
-        # Arrivals due by now (all of them when rate == 0), at most a batch per
-        # wake-up so that expiries and completions get their turn.
-        stop = min(num, i + batch)
-        while i < stop and start + offsets[i] <= now:
-            op = make(timeout_s)
-            latency = latencies[i]
-            if not forced:
-                op.ready_at = now + latency
-            watch(op, keysets[i])
-            if latency < timeout_s:
-                push(completions, (now + latency, i, op))
-            i += 1
-        if i == num and not arrived:
-            arrived = True
-            last = clock()
-        while completions and completions[0][0] <= now:
-            item = pop(completions)
-            op = item[2]
-            if deferred and not op.started:
-                waiting.append(item)
-                continue
-            if forced:
-                complete(op)
-            else:
-                if flagged:
-                    op.ready = True
-                check(keysets[item[1]][0])
-        if waiting:
-            for item in waiting:
-                push(completions, item)
-            waiting.clear()
-        poll(now)
-        if i == num and not completions and not impl.pending():
-            break
-        wake = min(
-            start + offsets[i] if i < num else math.inf,
-            completions[0][0] if completions else math.inf,
-            impl.next_due(),
-        )
-        if wake == math.inf:
-            # Only timer-driven expiries remain: look again a tick from now.
-            wake = clock() + 0.001
-        delay = wake - clock()
-        if 0 < delay < min_sleep:
-            delay = min_sleep
-        await sleep(delay if delay > 0 else 0)
-    return first, last
-
-
 async def _workload(
     impl_name: str,
     *,
@@ -540,7 +344,9 @@ async def _workload(
 ) -> Result:
     loop = asyncio.get_running_loop()
     clock = loop.time
-    offsets, latencies, keysets = _inputs(num, rate, pct75, pct50, keys, key_space_size, seed)
+    offsets, latencies, keysets = purgatory_inputs(
+        num, rate, pct75, pct50, keys, key_space_size, seed
+    )
     timeout_s = timeout / 1000.0
     late: list[float] = []
     impl = _IMPL_CLASSES[impl_name](late, clock, completion)
@@ -552,7 +358,7 @@ async def _workload(
     # least there (asyncio's selector rounds its timeout up to one anyway).
     min_sleep = 0.001 if type(loop).__module__.startswith("uvloop") else 0.0
     cpu0 = time.process_time()
-    first, last = await _generate(
+    first, last = await generate(
         impl,
         offsets,
         latencies,
@@ -703,3 +509,6 @@ def run_purgatory(
 def run_spec(spec: Spec) -> Result:
     """Run a ``{"bench": "purgatory", "impl", "loop", "params"}`` spec."""
     return run_purgatory(spec["impl"], spec["loop"], **spec.get("params", {}))
+
+
+register("purgatory", run_spec)

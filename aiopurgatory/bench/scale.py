@@ -26,6 +26,7 @@ import tracemalloc
 from typing import Any
 
 from ._common import Result, Spec, peak_rss_mib, rss_mib, run_on
+from ._registry import register
 
 __all__ = ["IMPLS", "run_scale", "run_spec"]
 
@@ -151,3 +152,6 @@ def run_scale(
 def run_spec(spec: Spec) -> Result:
     """Run a ``{"bench": "scale", "impl", "loop", "params"}`` spec."""
     return run_scale(spec["impl"], spec["loop"], **spec.get("params", {}))
+
+
+register("scale", run_spec)

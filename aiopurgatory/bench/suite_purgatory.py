@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import purgatory as purgatory_bench
+from . import realistic
 from ._common import TRIO_LOOPS, Result
 from ._runner import (
     MEMORY_VS_HAND,
@@ -33,11 +34,15 @@ from ._runner import (
 
 __all__ = [
     "CHECK_RATE",
+    "HEADLINE_COMPLETIONS",
     "_DEFAULT_SWEEP",
+    "_headline_args",
     "_purgatory_args",
     "_scenarios",
     "_sweep_args",
     "completion_cases",
+    "headline_loops",
+    "run_headline",
     "run_purgatory_suite",
 ]
 
@@ -66,6 +71,95 @@ _PURGATORY_METRICS = (
 #: each completion scans a watch list, so back-to-back arrivals (thousands pending
 #: per key) would measure little but that scan.
 CHECK_RATE = 20_000.0
+
+
+#: The headline's rows: the realistic case (try_complete reads a flag), then force.
+HEADLINE_COMPLETIONS = ("check", "force")
+
+_HEADLINE_METRICS = (
+    "cpu_s",
+    "cpu_us_per_request",
+    "wall_s",
+    "completed",
+    "expired",
+    "peak_pending",
+    "gc_collections",
+)
+
+
+def headline_loops(loops: Sequence[str]) -> list[str]:
+    """The loops the headline runs on: the asyncio ones (its tasks are asyncio tasks)."""
+    return [loop for loop in loops if loop not in TRIO_LOOPS]
+
+
+def run_headline(
+    loops: Sequence[str],
+    params: dict[str, Any],
+    repeat: int,
+    runner: _Runner,
+    *,
+    gc_pending: int = 0,
+) -> dict[str, Any]:
+    """The realistic case (:mod:`.realistic`) on each asyncio loop, one row per completion.
+
+    Each row: CPU per request of the null run, ``ap`` and the hand-written
+    purgatory (medians of ``repeat`` interleaved rounds), and each purgatory's own
+    cost above the null run. With ``gc_pending``, also the full-GC stall with that
+    many operations pending.
+    """
+    rows = []
+    runs: list[Result] = []
+    for completion in HEADLINE_COMPLETIONS:
+        case = dict(params, completion=completion)
+        specs = _interleaved("realistic", list(realistic.IMPLS), loops, case, repeat)
+        results = [runner.run(s) for s in specs]
+        runs += results
+        cells = _cells(results, ("loop", "impl"), _HEADLINE_METRICS)
+        for loop in loops:
+            null, ap, hand = (
+                _cell(cells, loop=loop, impl=realistic.IMPLS[k]) for k in ("null", "ap", "hand")
+            )
+            rows.append(
+                {
+                    "completion": completion,
+                    "loop": loop,
+                    "null_us": null["cpu_us_per_request"],
+                    "ap_us": ap["cpu_us_per_request"],
+                    "hand_us": hand["cpu_us_per_request"],
+                    "ap_own_us": ap["cpu_us_per_request"] - null["cpu_us_per_request"],
+                    "hand_own_us": hand["cpu_us_per_request"] - null["cpu_us_per_request"],
+                    "cpu_hand_over_ap": _ratio(hand["cpu_s"], ap["cpu_s"]),
+                    "peak_pending": ap["peak_pending"],
+                    "expired": ap["expired"],
+                }
+            )
+    report: dict[str, Any] = {"params": params, "repeat": repeat, "rows": rows, "runs": runs}
+    if gc_pending:
+        gc_runs = [
+            runner.run(s)
+            for s in _interleaved("gcstall", ("ap", "hand"), loops[:1], {"pending": gc_pending}, 1)
+        ]
+        report["gc"] = gc_runs
+    return report
+
+
+def _headline_args(p: argparse.ArgumentParser) -> None:
+    """Add the options of the realistic headline to ``p``."""
+    p.add_argument(
+        "--no-headline", action="store_true", help="skip the realistic case (tasks await ops)"
+    )
+    p.add_argument(
+        "--headline-num",
+        type=_positive_int,
+        default=realistic.DEFAULTS["num"],
+        help="requests of the realistic case (10^5 to 10^6 pending at the peak)",
+    )
+    p.add_argument(
+        "--gc-pending",
+        type=int,
+        default=0,
+        help="also time a full gc.collect() with this many ops pending (e.g. 1000000)",
+    )
 
 
 def _scenario_name(params: dict[str, Any]) -> str:

@@ -25,11 +25,12 @@ trio's own deadlines instead of ``loop.call_later``: see
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from typing import Any
 
 from ._common import TRIO_LOOPS, Result, Spec, latency_summary, peak_rss_mib, rss_mib, run_on
+from ._registry import register
+from .workload import timer_inputs
 
 __all__ = ["IMPLS", "TRIO_IMPLS", "impls", "run_spec", "run_timer"]
 
@@ -58,25 +59,11 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def _inputs(
-    n: int, cancel_fraction: float, max_delay: float, seed: int
-) -> tuple[list[float], list[bool]]:
-    """Delays (s) and whether each timer is kept (else cancelled at once).
-
-    Drawn before any measurement; every implementation, on every loop, gets the
-    same ones.
-    """
-    rng = random.Random(seed)
-    delays = [rng.random() * max_delay for _ in range(n)]
-    keep = [rng.random() >= cancel_fraction for _ in range(n)]
-    return delays, keep
-
-
 async def _workload(
     impl: str, n: int, cancel_fraction: float, max_delay: float, batch: int, seed: int
 ) -> Result:
     loop = asyncio.get_running_loop()
-    delays, keep = _inputs(n, cancel_fraction, max_delay, seed)
+    delays, keep = timer_inputs(n, cancel_fraction, max_delay, seed)
     kept_total = sum(keep)
     fired_at = [0.0] * kept_total
     handles: list[Any] = []
@@ -206,3 +193,6 @@ def run_timer(
 def run_spec(spec: Spec) -> Result:
     """Run a ``{"bench": "timer", "impl", "loop", "params"}`` spec (see :mod:`._common`)."""
     return run_timer(spec["impl"], spec["loop"], **spec.get("params", {}))
+
+
+register("timer", run_spec)

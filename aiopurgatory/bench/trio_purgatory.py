@@ -50,7 +50,7 @@ import trio
 import trio.testing
 
 from ._common import Result, latency_summary, peak_rss_mib, rss_mib
-from .purgatory import _generate, _inputs, _WatchLists
+from .workload import OwnTimer, WatchLists, generate, purgatory_inputs
 
 __all__ = ["workload"]
 
@@ -63,7 +63,7 @@ __all__ = ["workload"]
 # keeps polling (the floor's expiries) until every task is done.
 
 
-class _ApImpl:
+class _ApImpl(OwnTimer):
     def __init__(
         self,
         nursery: trio.Nursery,
@@ -119,16 +119,6 @@ class _ApImpl:
             self.expired += 1
             self._late.append(self._clock() - op.deadline)
 
-    @staticmethod
-    def complete(op: Any) -> None:
-        op.force_complete()
-
-    def poll(self, now: float) -> None:
-        pass
-
-    def next_due(self) -> float:
-        return math.inf
-
     def pending(self) -> int:
         return self.count
 
@@ -176,7 +166,7 @@ def _clock_op(clock: Callable[[], float]) -> type[_TrioOp]:
     return _ClockOp
 
 
-class _TaskWatchLists(_WatchLists[_TrioOp]):
+class _TaskWatchLists(WatchLists[_TrioOp]):
     """Watch lists that each request's task joins when it starts and leaves when it ends.
 
     ``count`` (what :meth:`pending` returns) goes up at the arrival, in
@@ -322,7 +312,9 @@ async def workload(
 ) -> Result:
     """One run of ``impl_name`` in the running trio run (see the module documentation)."""
     clock: Callable[[], float] = trio.lowlevel.current_clock().current_time
-    offsets, latencies, keysets = _inputs(num, rate, pct75, pct50, keys, key_space_size, seed)
+    offsets, latencies, keysets = purgatory_inputs(
+        num, rate, pct75, pct50, keys, key_space_size, seed
+    )
     timeout_s = timeout / 1000.0
     late: list[float] = []
     rss_before = rss_mib()
@@ -332,7 +324,7 @@ async def workload(
         impl = _IMPL_CLASSES[impl_name](nursery, late, clock, completion)
         # trio's sleeps are exact floats, and epoll rounds its timeout up to a
         # millisecond: no minimum sleep needed against spinning.
-        first, last = await _generate(
+        first, last = await generate(
             impl,
             offsets,
             latencies,

@@ -45,6 +45,7 @@ from typing import Any
 import trio
 
 from ._common import Result, latency_summary, peak_rss_mib, rss_mib
+from .workload import timer_inputs
 
 __all__ = ["workload"]
 
@@ -69,9 +70,7 @@ async def workload(
     impl: str, n: int, cancel_fraction: float, max_delay: float, batch: int, seed: int
 ) -> Result:
     """One run of ``impl`` (``"ap"``, ``"task"`` or ``"scope"``) in the running trio run."""
-    from .timer import _inputs
-
-    delays, keep = _inputs(n, cancel_fraction, max_delay, seed)
+    delays, keep = timer_inputs(n, cancel_fraction, max_delay, seed)
     kept_total = sum(keep)
     fired_at = [0.0] * kept_total
     due: list[float] = []

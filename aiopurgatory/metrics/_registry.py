@@ -19,10 +19,45 @@ import weakref
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from .._latency import PurgatoryHistograms
 from .._operation import Outcome
 from .._purgatory import Purgatory, PurgatoryStatistics
 
-__all__ = ["GAUGES", "Gauge", "PurgatorySet", "gauge_value", "outcome_values"]
+__all__ = [
+    "GAUGES",
+    "HISTOGRAM_EDGES",
+    "Gauge",
+    "PurgatorySet",
+    "gauge_value",
+    "outcome_values",
+]
+
+#: The fixed ``le`` edges (seconds) of the exported histograms, coarse enough for a
+#: dashboard: 1, 2.5 and 5 times powers of ten from 100 us to 10 s, then 30 s, 1 min
+#: and 5 min (purgatory timeouts are typically 0.5 s to 5 min), and +Inf. Each is
+#: an edge of the core's fine buckets, so every cumulative count is exact.
+HISTOGRAM_EDGES: tuple[float, ...] = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    float("inf"),
+)
 
 
 class Gauge(NamedTuple):
@@ -141,3 +176,7 @@ class PurgatorySet:
         """``statistics()`` of every live registered purgatory, sorted by name."""
         # Outside the lock: statistics() is cheap, but nothing needs to wait on it.
         return [purgatory.statistics() for purgatory in self.purgatories()]
+
+    def histograms(self) -> list[PurgatoryHistograms]:
+        """``histograms()`` of every live registered purgatory, sorted by name."""
+        return [purgatory.histograms() for purgatory in self.purgatories()]

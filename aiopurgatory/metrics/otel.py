@@ -25,6 +25,21 @@ Instruments (attribute ``purgatory`` = the purgatory's name):
   non-empty watch list.
 * ``aiopurgatory.operations`` (ObservableCounter, ``{operation}``, extra
   attribute ``outcome``): running totals of finished operations.
+* ``aiopurgatory.operation.wait.sum`` (ObservableCounter, ``s``, extra attribute
+  ``outcome``): the running total of the waits of finished operations (with
+  ``aiopurgatory.operations``, the mean wait over any interval).
+* ``aiopurgatory.operation.wait.quantile`` (ObservableGauge, ``s``, extra
+  attributes ``outcome`` and ``quantile`` = ``0.5``, ``0.9``, ``0.99``,
+  ``0.999``, ``1``): percentiles of the waits of the operations that finished
+  since the previous collection, read from the purgatory's histograms.
+* ``aiopurgatory.expiry.lateness.quantile`` (ObservableGauge, ``s``, extra
+  attribute ``quantile``): the same for how late expiries fired.
+
+The OpenTelemetry API has no asynchronous histogram instrument: a ``Histogram``
+is fed by ``record()`` calls, which would be one Python call per operation on
+the loop. The purgatory's own histograms are always recorded in the core; this
+adapter reads them at collection time and reports their percentiles and sums
+(see ``docs/metrics.md``). The Prometheus collector exports the full histograms.
 
 The names follow the Prometheus names of :mod:`aiopurgatory.metrics.prometheus`
 (dots for underscores, no ``_total``), so that exporters translating OpenTelemetry
@@ -35,6 +50,7 @@ Needs the ``otel`` extra: ``pip install 'aiopurgatory[otel]'``.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -45,13 +61,26 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
         "aiopurgatory.metrics.otel needs opentelemetry-api: pip install 'aiopurgatory[otel]'"
     ) from exc
 
+from .._latency import Histogram, PurgatoryHistograms
+from .._operation import Outcome
 from .._purgatory import Purgatory
 from ._registry import GAUGES, Gauge, PurgatorySet, gauge_value, outcome_values
 
-__all__ = ["METER_NAME", "PurgatoryInstruments"]
+__all__ = ["METER_NAME", "QUANTILES", "PurgatoryInstruments"]
 
 #: The instrumentation scope (meter) name the instruments are created under.
 METER_NAME = "aiopurgatory"
+
+#: The quantiles reported by the ``*.quantile`` gauges (1 is the maximum).
+QUANTILES = (0.5, 0.9, 0.99, 0.999, 1.0)
+
+
+def _quantiles(histogram: Histogram, attributes: dict[str, str]) -> list[Observation]:
+    if not histogram.count:
+        return []  # nothing finished in the interval: no value rather than NaN
+    return [
+        Observation(histogram.quantile(q), {**attributes, "quantile": f"{q:g}"}) for q in QUANTILES
+    ]
 
 
 class PurgatoryInstruments:
@@ -101,6 +130,28 @@ class PurgatoryInstruments:
             unit="{operation}",
             description="Operations finished, by outcome (running total).",
         )
+        # The histograms' previous reading per purgatory name, for the interval
+        # quantiles (collections may come from several threads: a lock).
+        self._previous: dict[str, PurgatoryHistograms] = {}
+        self._previous_lock = threading.Lock()
+        meter.create_observable_counter(
+            "aiopurgatory.operation.wait.sum",
+            callbacks=[self._observe_wait_sums],
+            unit="s",
+            description="Total wait of finished operations, by outcome (running total).",
+        )
+        meter.create_observable_gauge(
+            "aiopurgatory.operation.wait.quantile",
+            callbacks=[self._observe_wait_quantiles],
+            unit="s",
+            description="Wait percentiles of the operations finished since the last collection.",
+        )
+        meter.create_observable_gauge(
+            "aiopurgatory.expiry.lateness.quantile",
+            callbacks=[self._observe_lateness_quantiles],
+            unit="s",
+            description="Lateness percentiles of the expiries since the last collection.",
+        )
 
     def register(self, purgatory: Purgatory[Any]) -> None:
         """Report ``purgatory`` from the next collection on. Idempotent.
@@ -135,6 +186,49 @@ class PurgatoryInstruments:
             ]
 
         return observe
+
+    def _intervals(self, key: str) -> list[PurgatoryHistograms]:
+        # The change since the previous reading of the same gauge; the first
+        # reading covers everything since the purgatory was created.
+        intervals = []
+        with self._previous_lock:
+            for histograms in self._purgatories.histograms():
+                name = f"{key}:{histograms.name}"
+                previous = self._previous.get(name)
+                self._previous[name] = histograms
+                try:
+                    interval = histograms if previous is None else histograms - previous
+                except ValueError:  # a new purgatory of the same name (or reset)
+                    interval = histograms
+                intervals.append(interval)
+        return intervals
+
+    def _observe_wait_sums(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(
+                histograms.wait(outcome).sum,
+                {"purgatory": histograms.name, "outcome": outcome.value},
+            )
+            for histograms in self._purgatories.histograms()
+            for outcome in Outcome
+        ]
+
+    def _observe_wait_quantiles(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            observation
+            for histograms in self._intervals("wait")
+            for outcome in Outcome
+            for observation in _quantiles(
+                histograms.wait(outcome), {"purgatory": histograms.name, "outcome": outcome.value}
+            )
+        ]
+
+    def _observe_lateness_quantiles(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            observation
+            for histograms in self._intervals("lateness")
+            for observation in _quantiles(histograms.lateness, {"purgatory": histograms.name})
+        ]
 
     def _observe_operations(self, options: CallbackOptions) -> Iterable[Observation]:
         return [

@@ -25,6 +25,15 @@ Exposed families (label ``purgatory`` = the purgatory's name):
 * ``aiopurgatory_watch_keys`` (gauge): keys with a non-empty watch list.
 * ``aiopurgatory_operations_total`` (counter, extra label ``outcome``): operations
   finished as ``completed``, ``expired``, ``cancelled`` or ``failed``.
+* ``aiopurgatory_operation_wait_seconds`` (histogram, extra label ``outcome``):
+  how long finished operations waited, from watch to finish.
+* ``aiopurgatory_expiry_lateness_seconds`` (histogram): how late each expiry
+  fired after its deadline.
+
+The histograms have the standard ``_bucket{le=...}``, ``_sum`` and ``_count``
+series, with the fixed edges of :data:`HISTOGRAM_EDGES` (100 us to 5 min, and
+``+Inf``), read from :meth:`~aiopurgatory.Purgatory.histograms` at scrape time:
+each edge is an edge of the purgatory's fine buckets, so the counts are exact.
 
 Needs the ``prometheus`` extra: ``pip install 'aiopurgatory[prometheus]'``.
 """
@@ -35,7 +44,12 @@ from collections.abc import Iterable
 from typing import Any
 
 try:
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+    )
     from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 except ImportError as exc:  # pragma: no cover - the extra is part of the test install
     raise ImportError(
@@ -43,14 +57,27 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
         "pip install 'aiopurgatory[prometheus]'"
     ) from exc
 
+from .._latency import Histogram, PurgatoryHistograms
+from .._operation import Outcome
 from .._purgatory import Purgatory, PurgatoryStatistics
-from ._registry import GAUGES, PurgatorySet, gauge_value, outcome_values
+from ._registry import GAUGES, HISTOGRAM_EDGES, PurgatorySet, gauge_value, outcome_values
 
-__all__ = ["PurgatoryCollector"]
+__all__ = ["HISTOGRAM_EDGES", "PurgatoryCollector"]
 
 # prometheus_client appends the _total suffix to counter samples.
 _COUNTER = "aiopurgatory_operations"
 _COUNTER_HELP = "Operations finished, by outcome (running total since the purgatory was created)."
+_WAIT = "aiopurgatory_operation_wait_seconds"
+_WAIT_HELP = "How long finished operations waited in the purgatory (watch to finish), by outcome."
+_LATENESS = "aiopurgatory_expiry_lateness_seconds"
+_LATENESS_HELP = "How late each expiry fired after the operation's deadline."
+# The le label values, formatted as prometheus_client formats its own ("0.005",
+# "1.0", "+Inf"): Python's repr gives the same digits for these edges.
+_LE = ["+Inf" if edge == float("inf") else repr(edge) for edge in HISTOGRAM_EDGES]
+
+
+def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
+    return list(zip(_LE, map(float, histogram.cumulative(HISTOGRAM_EDGES)), strict=True))
 
 
 class PurgatoryCollector(Collector):
@@ -120,11 +147,28 @@ class PurgatoryCollector(Collector):
         ``CollectorRegistry.register`` uses it to detect name clashes without
         reading any purgatory.
         """
-        return self._families(())
+        return [*self._families(()), *self._histogram_families(())]
 
     def collect(self) -> list[Metric]:
-        """Read every registered purgatory's statistics now (called on scrape)."""
-        return self._families(self._purgatories.snapshot())
+        """Read every registered purgatory's statistics and histograms now (on scrape)."""
+        return [
+            *self._families(self._purgatories.snapshot()),
+            *self._histogram_families(self._purgatories.histograms()),
+        ]
+
+    @staticmethod
+    def _histogram_families(snapshot: Iterable[PurgatoryHistograms]) -> list[Metric]:
+        wait = HistogramMetricFamily(_WAIT, _WAIT_HELP, labels=["purgatory", "outcome"])
+        lateness = HistogramMetricFamily(_LATENESS, _LATENESS_HELP, labels=["purgatory"])
+        for histograms in snapshot:
+            for outcome in Outcome:
+                histogram = histograms.wait(outcome)
+                wait.add_metric(
+                    [histograms.name, outcome.value], _buckets(histogram), histogram.sum
+                )
+            late = histograms.lateness
+            lateness.add_metric([histograms.name], _buckets(late), late.sum)
+        return [wait, lateness]
 
     @staticmethod
     def _families(snapshot: Iterable[PurgatoryStatistics]) -> list[Metric]:

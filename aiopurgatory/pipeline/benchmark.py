@@ -121,12 +121,17 @@ def main(argv: list[str] | None = None) -> int:
         default="analyze_tables,analyze_report,baseline",
         help="which of those to run",
     )
+    parser.add_argument(
+        "--timeouts",
+        default="0.2",
+        help="replay scenarios: comma-separated timeouts (min_insync 2), e.g. 0.2,1",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.compare_masters:
         return _compare_masters(args)
 
-    from .replay_core import ReplayParams, replay_trace
-    from .trace import TraceSpec, generate_trace, write_trace
+    from .replay_core import ReplayParams
+    from .trace import TraceSpec, generate_trace_table, write_trace
 
     root = Path(args.dir)
     result: dict[str, Any] = {"master": None if args.no_spark else args.master}
@@ -164,43 +169,117 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.skip_replay:
         spec = TraceSpec(requests=args.requests, brokers=4, rate=20_000.0, seed=1)
-        trace_pd = generate_trace(spec)
-        params = [ReplayParams(timeout=0.2, min_insync=2)]
-        replay: dict[str, Any] = {"requests": args.requests, "brokers": spec.brokers}
+        table = generate_trace_table(spec)
+        params = [ReplayParams(timeout=float(t), min_insync=2) for t in args.timeouts.split(",")]
+        simulated = args.requests * len(params)
+        replay: dict[str, Any] = {
+            "requests": args.requests,
+            "brokers": spec.brokers,
+            "scenarios": len(params),
+            "simulated_requests": simulated,
+        }
         if spark is not None:
             from .replay import read_trace, replay_spark
 
             trace_path = root / f"trace-{args.requests}.parquet"
-            write_trace(trace_pd, trace_path)
+            write_trace(table, trace_path)
+            cpu_before = _tree_cpu()
             started = time.perf_counter()
             busy = _busy_cores() if args.task_times else None
             facts = replay_spark(spark, read_trace(spark, str(trace_path)), params)
             facts.write.mode("overwrite").parquet(str(root / "replay-facts"))
             spark_s = time.perf_counter() - started
+            spark_cpu = _tree_cpu() - cpu_before
+            cores = _master_cores(spark)
             replay["spark_s"] = round(spark_s, 2)
-            replay["spark_requests_per_s"] = round(args.requests / spark_s)
+            replay["spark_requests_per_s"] = round(simulated / spark_s)
+            replay["spark_cores"] = cores
+            replay["spark_requests_per_s_per_core"] = round(simulated / spark_s / cores)
+            if spark_cpu > 0:
+                # This process, the driver JVM and the Python workers (their CPU time).
+                replay["spark_cpu_s"] = round(spark_cpu, 2)
+                replay["spark_requests_per_cpu_s"] = round(simulated / spark_cpu)
+                replay["peak_rss_mb"] = _tree_peak_rss_mb()
             if args.task_times:
                 replay["machine_busy_cores"] = _busy_cores(busy)
                 replay["replay_task_s"] = _last_stage_task_seconds(ui_port)
         if not args.no_single:
+            from .replay_core import replay_trace_table
+
             cpu = time.process_time()
             wall = time.perf_counter()
-            fast = replay_trace(trace_pd, params)
+            fast = replay_trace_table(table, params)
             cpu_s = time.process_time() - cpu
             replay["single_process_wall_s"] = round(time.perf_counter() - wall, 2)
             replay["single_process_cpu_s"] = round(cpu_s, 2)
-            replay["single_process_requests_per_cpu_s"] = round(args.requests / cpu_s)
+            replay["single_process_requests_per_cpu_s"] = round(simulated / cpu_s)
+            if "spark_requests_per_s_per_core" in replay:
+                replay["spark_per_core_vs_single"] = round(
+                    replay["spark_requests_per_s_per_core"]
+                    / replay["single_process_requests_per_cpu_s"],
+                    2,
+                )
             if args.compare_plain:
                 cpu = time.process_time()
-                plain = replay_trace(trace_pd, params, fast=False)
+                plain = replay_trace_table(table, params, fast=False)
                 cpu_s = time.process_time() - cpu
                 replay["plain_loop_cpu_s"] = round(cpu_s, 2)
-                replay["plain_loop_requests_per_cpu_s"] = round(args.requests / cpu_s)
+                replay["plain_loop_requests_per_cpu_s"] = round(simulated / cpu_s)
                 replay["same_facts"] = bool(fast.equals(plain))
         result["replay"] = replay
     result["loadavg"] = os.getloadavg()
     print(json.dumps(result, indent=2))
     return 0
+
+
+def _tree() -> list[Path]:
+    """/proc entries of this process and its descendants (the driver JVM, Python workers)."""
+    from .cluster import _children
+
+    return [Path("/proc") / str(pid) for pid in [os.getpid(), *_children(os.getpid())]]
+
+
+def _tree_cpu() -> float:
+    """CPU seconds of this process tree so far: every live process's user and system
+    time, with that of its reaped children; 0.0 without /proc."""
+    from .cluster import _stat_fields
+
+    ticks = 0
+    for process in _tree():
+        fields = _stat_fields(process)
+        if fields is not None:
+            ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK") if ticks else 0.0
+
+
+def _tree_peak_rss_mb() -> dict[str, float]:
+    """Peak resident set (VmHWM, MB) of the driver JVM and the largest Python worker."""
+    peaks: dict[str, float] = {}
+    for process in _tree()[1:]:
+        try:
+            status = (process / "status").read_text()
+            command = (process / "cmdline").read_bytes().split(b"\0")[0].decode()
+        except OSError:
+            continue
+        hwm = next(
+            (line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")), None
+        )
+        if hwm is None:
+            continue
+        kind = "driver_jvm" if command.endswith("java") else "python_worker"
+        peaks[kind] = max(peaks.get(kind, 0.0), round(int(hwm) / 1024, 1))
+    return peaks
+
+
+def _master_cores(spark: Any) -> int:
+    """The cores the session's tasks run on (``local[N]``: N; else Spark's default parallelism)."""
+    import re
+
+    master = spark.conf.get("spark.master", "")
+    found = re.fullmatch(r"local\[(\d+|\*)\]", master)
+    if found:
+        return os.cpu_count() or 1 if found.group(1) == "*" else int(found.group(1))
+    return max(1, int(spark.sparkContext.defaultParallelism))
 
 
 def _busy_cores(since: tuple[int, int] | None = None) -> Any:

@@ -1,11 +1,12 @@
 """``aiopurgatory replay``: replay a request trace through the real purgatory on Spark.
 
-The trace (Parquet, or CSV) is cross-joined with the parameter sets of the sweep
-(``--timeout 0.5,1,30 --min-insync 2,3`` gives six scenarios) and grouped by
-(scenario, broker); each group runs :func:`~aiopurgatory.pipeline.replay_core.replay_requests`
-in a Spark task (``applyInPandas``) on virtual time. Only DataFrame APIs are used,
-so it also runs over Spark Connect. The output is the same per-op fact table as
-``analyze`` writes, followed by the same rollups, hot keys, summary and report;
+Each (broker, parameter set) of the sweep (``--timeout 0.5,1,30 --min-insync 2,3``
+gives six parameter sets) is a group that
+:func:`~aiopurgatory.pipeline.replay_core.replay_table` replays on virtual time in a
+Spark task of its own (``mapInArrow``: Arrow in and out, see :func:`replay_spark`).
+Only DataFrame APIs are used, so it also runs over Spark Connect. The output is
+the same per-op fact table as ``analyze`` writes, followed by the same rollups,
+hot keys, summary and report;
 ``scenarios/`` maps each scenario label to its parameters.
 
 ``--local`` runs the same replay in this process without Spark (the reference the
@@ -17,18 +18,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .replay_core import ReplayParams, parse_sweep, replay_requests
-from .schema import TRACE_COLUMNS, fact_ddl
+from .replay_core import ReplayParams, parse_sweep, replay_table
+from .schema import TRACE_COLUMNS
 from .session import DEFAULT_MASTER
 
 if TYPE_CHECKING:
-    import pandas as pd
+    import pyarrow as pa
 
-__all__ = ["main", "read_trace", "replay_spark"]
+__all__ = ["main", "read_trace", "replay_spark", "spark_hash_int"]
 
 
 def read_trace(spark: Any, path: str) -> Any:
@@ -65,16 +66,98 @@ def read_trace(spark: Any, path: str) -> Any:
     )
 
 
-def _replay_group(source: str, group: pd.DataFrame) -> pd.DataFrame:
-    """One (scenario, broker) group in a Spark task."""
-    first = group.iloc[0]
-    params = ReplayParams(
-        timeout=float(first["p_timeout"]),
-        min_insync=int(first["p_min_insync"]),
-        tick=float(first["p_tick"]),
-        wheel_size=int(first["p_wheel_size"]),
-    )
-    return replay_requests(group, params, purgatory=f"broker-{int(first['broker'])}", source=source)
+_MASK = 0xFFFFFFFF
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _MASK
+
+
+def spark_hash_int(value: int, seed: int = 42) -> int:
+    """Spark's ``hash()`` of an int column value (Murmur3 x86 32-bit, seed 42).
+
+    Hash partitioning (``repartition(n, col)``) puts a row in partition
+    ``pmod(hash(col), n)``; :func:`replay_spark` uses it to give each replay
+    group a task of its own. (The tests check it against Spark's ``F.hash``.)
+    """
+    k1 = (value & _MASK) * 0xCC9E2D51 & _MASK
+    k1 = _rotl(k1, 15) * 0x1B873593 & _MASK
+    h1 = (seed & _MASK) ^ k1
+    h1 = (_rotl(h1, 13) * 5 + 0xE6546B64) & _MASK
+    h1 ^= 4
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & _MASK
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & _MASK
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 >= 1 << 31 else h1
+
+
+def _partition_keys(tasks: int) -> list[int]:
+    """For each task ``t`` of a ``repartition(tasks, key)``, an int key that lands in it."""
+    keys: dict[int, int] = {}
+    candidate = 0
+    while len(keys) < tasks:
+        keys.setdefault(spark_hash_int(candidate) % tasks, candidate)
+        candidate += 1
+    return [keys[t] for t in range(tasks)]
+
+
+#: The trace columns a replay task needs (``broker`` is in the slot).
+_REPLAY_INPUT = ("request_id", "topic", "partition", "arrival", "acks")
+
+
+def _replay_slots(
+    batches: Iterator[pa.RecordBatch],
+    slots: dict[int, tuple[int, list[ReplayParams]]],
+    followers: int | None,
+    source: str,
+) -> Iterator[pa.RecordBatch]:
+    """A replay task: the rows of one or more slots in, their facts out, as Arrow.
+
+    With ``followers`` set, the delays came as columns ``d0``, ``d1``, ... (see
+    :func:`replay_spark`) and become the ``replica_delays`` lists again here.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    received = list(batches)
+    if not received:
+        return
+    table = pa.Table.from_batches(received)
+    del received
+    if followers is not None:
+        table = _delays_as_lists(table, followers)
+    slot = table.column("slot").to_numpy()
+    for s in np.unique(slot).tolist():
+        broker, param_sets = slots[s]
+        rows = table.take(np.flatnonzero(slot == s)) if len(slots) > 1 else table
+        for params in param_sets:
+            facts = replay_table(rows, params, purgatory=f"broker-{broker}", source=source)
+            yield from facts.to_batches(max_chunksize=_OUTPUT_BATCH)
+
+
+def _delays_as_lists(table: pa.Table, followers: int) -> pa.Table:
+    """Columns ``d0`` .. ``d{followers-1}`` (nulls kept) as one ``replica_delays`` list column."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = table.num_rows
+    names = [f"d{j}" for j in range(followers)]
+    if followers:
+        matrix = np.column_stack(
+            [table.column(name).to_numpy(zero_copy_only=False) for name in names]
+        ).reshape(-1)
+        values = pa.array(matrix, pa.float64(), mask=np.isnan(matrix))
+    else:
+        values = pa.array([], pa.float64())
+    offsets = pa.array(np.arange(n + 1, dtype="int64") * followers, pa.int32())
+    lists = pa.ListArray.from_arrays(offsets, values)
+    return table.drop_columns(names).append_column("replica_delays", lists)
+
+
+#: Rows per Arrow batch handed back to Spark.
+_OUTPUT_BATCH = 65536
 
 
 def replay_spark(
@@ -87,44 +170,97 @@ def replay_spark(
 ) -> Any:
     """The Spark replay: facts of every (parameter set, broker) group, as a DataFrame.
 
+    The data path is Arrow from end to end and as narrow as the core allows:
+
+    * One small job counts each broker's requests and the lengths of their delay
+      lists. When every list has the same length ``F`` (the usual trace), the
+      delays travel as ``F`` plain double columns, not as arrays (which cost
+      Spark far more per row to shuffle and convert).
+    * A *slot* is a broker with some of the parameter sets. Each row goes to its
+      broker's slots through a map lookup on literals (slot ids only: the
+      parameters themselves ship once, with the task's function); a trace
+      row is copied only when there are too few brokers to keep
+      ``spark.sql.shuffle.partitions`` tasks busy (then the parameter sets are
+      split between copies).
+    * The rows are hash-partitioned so that each slot lands in a task of its own
+      (keys chosen with Spark's own hash), largest first, and ``mapInArrow``
+      replays each slot's parameter sets: Arrow batches in, the core's Arrow
+      fact batches out, no pandas and no Python object per row on the way.
+
     Args:
         spark: a SparkSession (classic or Connect).
         trace: the trace DataFrame (see :func:`read_trace`).
         param_sets: at least one parameter set.
         source: the facts' ``source`` column.
-        partitions: Spark tasks of the replay stage; default: one per (parameter
-            set, broker) group (counting the brokers takes one small job). Groups
-            are hashed to tasks, so some tasks may get two groups and some none.
+        partitions: Spark tasks of the replay stage; default: one per slot.
+            With fewer, slots are dealt to tasks largest first, round robin.
 
     Raises:
         ValueError: ``param_sets`` is empty, or ``partitions`` < 1.
     """
     from pyspark.sql import functions as F
 
+    from .schema import fact_schema
+
     if not param_sets:
         raise ValueError("param_sets must not be empty")
-    if partitions is None:
-        partitions = max(1, trace.select("broker").distinct().count()) * len(param_sets)
-    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+    if partitions is not None and (
+        isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1
+    ):
         raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
-    params = spark.createDataFrame(
-        [(p.label, p.timeout, p.min_insync, p.tick, p.wheel_size) for p in param_sets],
-        "scenario string, p_timeout double, p_min_insync int, p_tick double, p_wheel_size int",
+    lengths = F.size("replica_delays")  # -1 for a null list
+    stats = (
+        trace.groupBy("broker")
+        .agg(F.count(F.lit(1)).alias("n"), F.min(lengths).alias("lo"), F.max(lengths).alias("hi"))
+        .collect()
     )
+    sizes = {int(row["broker"]): int(row["n"]) for row in stats if row["broker"] is not None}
+    if not sizes:
+        return spark.createDataFrame([], fact_schema())
+    bounds = {(row["lo"], row["hi"]) for row in stats}
+    uniform = len(bounds) == 1 and next(iter(bounds))[0] == next(iter(bounds))[1]
+    followers = int(next(iter(bounds))[0]) if uniform and next(iter(bounds))[0] >= 0 else None
 
-    # A plain function (not functools.partial), so that pyspark's eval-type
-    # inference from type hints does not warn.
-    def replay_group(group: pd.DataFrame) -> pd.DataFrame:
-        return _replay_group(source, group)
+    wanted = partitions or int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+    copies = max(1, min(len(param_sets), -(-wanted // len(sizes))))
+    chunks = [list(param_sets[k::copies]) for k in range(copies)]
+    groups = sorted(
+        ((broker, k) for broker in sizes for k in range(copies)),
+        key=lambda group: (-sizes[group[0]] * len(chunks[group[1]]), group[0], group[1]),
+    )
+    tasks = len(groups) if partitions is None else partitions
+    keys = _partition_keys(tasks)
+    slots = {s: (broker, chunks[k]) for s, (broker, k) in enumerate(groups)}
+    # Each row's slots and each slot's task key as map lookups on literals: no
+    # table to make (a local DataFrame costs a Python job) and no join.
+    slots_of: dict[int, list[int]] = {}
+    for s, (broker, _) in enumerate(groups):
+        slots_of.setdefault(broker, []).append(s)
+    slot_map = F.create_map(
+        *[
+            part
+            for broker, ids in sorted(slots_of.items())
+            for part in (F.lit(broker), F.array(*[F.lit(s) for s in ids]))
+        ]
+    )
+    task_map = F.create_map(*[part for s in slots for part in (F.lit(s), F.lit(keys[s % tasks]))])
+    if followers is None:
+        delays = [F.col("replica_delays")]
+    else:
+        delays = [F.col("replica_delays")[j].alias(f"d{j}") for j in range(followers)]
 
-    # An explicit number of partitions: adaptive execution would otherwise merge
-    # the small shuffle into one task and replay every group on one core. The
-    # grouping reuses this partitioning (no second shuffle).
+    def replay_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return _replay_slots(batches, slots, followers, source)
+
+    # An explicit number of partitions: adaptive execution leaves it as is (it
+    # would otherwise merge the small shuffle into one task).
+    slot = F.explode(slot_map[F.col("broker")]).alias("slot")
     return (
-        trace.crossJoin(F.broadcast(params))
-        .repartition(partitions, "scenario", "broker")
-        .groupBy("scenario", "broker")
-        .applyInPandas(replay_group, schema=fact_ddl())
+        trace.select(*_REPLAY_INPUT, *delays, slot)
+        .withColumn("task", task_map[F.col("slot")].cast("int"))
+        .repartition(tasks, "task")
+        .drop("task")
+        .mapInArrow(replay_task, fact_schema())
     )
 
 
@@ -183,13 +319,15 @@ def main(argv: list[str]) -> int:
 
     started = time.perf_counter()
     if args.local:
-        from .replay_core import replay_trace
-        from .trace import read_trace_pandas
+        import pyarrow.parquet as pq
 
-        trace_pd = read_trace_pandas(args.trace)
-        requests = len(trace_pd)
-        facts_pd = replay_trace(trace_pd, param_sets, source=args.trace)
-        facts_pd.to_parquet(out / "facts.parquet", index=False)
+        from .replay_core import replay_trace_table
+        from .trace import read_trace_table
+
+        trace_table = read_trace_table(args.trace)
+        requests = trace_table.num_rows
+        facts_table = replay_trace_table(trace_table, param_sets, source=args.trace)
+        pq.write_table(facts_table, out / "facts.parquet")
         facts_path = out / "facts.parquet"
     else:
         trace = read_trace(spark, spark_path(args.trace))

@@ -16,8 +16,10 @@ __all__ = [
     "OUTCOMES",
     "TRACE_COLUMNS",
     "event_schema",
+    "fact_arrow_schema",
     "fact_ddl",
     "fact_schema",
+    "trace_arrow_schema",
     "trace_schema",
 ]
 
@@ -107,6 +109,29 @@ def event_schema() -> Any:
 def fact_schema() -> Any:
     """The Spark schema of the per-op fact table."""
     return _struct(FACT_COLUMNS)
+
+
+def _arrow_type(ddl: str) -> Any:
+    import pyarrow as pa
+
+    if ddl.startswith("array<") and ddl.endswith(">"):
+        return pa.list_(_arrow_type(ddl[6:-1]))
+    simple = {"bigint": pa.int64, "int": pa.int32, "string": pa.string, "double": pa.float64}
+    return simple[ddl]()
+
+
+def fact_arrow_schema() -> Any:
+    """The fact table's Arrow schema (what the replay builds, and Spark's ``mapInArrow`` takes)."""
+    import pyarrow as pa
+
+    return pa.schema([(name, _arrow_type(ddl)) for name, ddl in FACT_COLUMNS.items()])
+
+
+def trace_arrow_schema() -> Any:
+    """A request trace's Arrow schema (as ``trace.write_trace`` writes it)."""
+    import pyarrow as pa
+
+    return pa.schema([(name, _arrow_type(ddl)) for name, ddl in TRACE_COLUMNS.items()])
 
 
 def fact_ddl() -> str:

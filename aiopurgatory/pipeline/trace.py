@@ -18,6 +18,7 @@ import argparse
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["TraceSpec", "generate_trace", "main", "read_trace_pandas", "write_trace"]
+__all__ = [
+    "TraceSpec",
+    "arrow_trace",
+    "generate_trace",
+    "generate_trace_table",
+    "main",
+    "read_trace_pandas",
+    "read_trace_table",
+    "write_trace",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +93,23 @@ def generate_trace(spec: TraceSpec) -> pd.DataFrame:
     ``replica_delays`` is a list per request with ``None`` for a follower that never
     acknowledges. Deterministic in ``spec`` (numpy's PCG64 seeded with ``spec.seed``).
     """
+    return _pandas_trace(generate_trace_table(spec))
+
+
+def _pandas_trace(table: Any) -> pd.DataFrame:
+    """An Arrow trace as pandas, ``replica_delays`` as lists with None for "never"."""
+    trace: pd.DataFrame = table.drop_columns(["replica_delays"]).to_pandas()
+    trace["replica_delays"] = table.column("replica_delays").to_pylist()
+    return trace
+
+
+def generate_trace_table(spec: TraceSpec) -> Any:
+    """:func:`generate_trace` as an Arrow table, built from numpy columns (no Python
+    object per request): what ``aiopurgatory gen-trace`` writes."""
     import numpy as np
-    import pandas as pd
+    import pyarrow as pa
+
+    from .schema import trace_arrow_schema
 
     if not isinstance(spec, TraceSpec):
         raise TypeError(f"spec must be a TraceSpec, got {type(spec).__name__}")
@@ -121,43 +146,75 @@ def generate_trace(spec: TraceSpec) -> pd.DataFrame:
         hit = (arrival >= start) & (arrival < end)
         never |= hit[:, None] & (follower_broker == down)
     delays = np.where(never, np.nan, delays)
-    replica_delays = [[None if d != d else d for d in row] for row in delays.tolist()]
-
-    return pd.DataFrame(
-        {
-            "request_id": np.arange(n, dtype="int64"),
-            "broker": leader.astype("int32"),
-            "topic": [f"topic-{t}" for t in topic.tolist()],
-            "partition": partition.astype("int32"),
-            "arrival": arrival,
-            "acks": acks,
-            "replica_delays": replica_delays,
-        }
-    )
-
-
-def _arrow_table(trace: pd.DataFrame) -> Any:
-    import pyarrow as pa
-
+    flat = delays.reshape(-1)
+    values = pa.array(flat, pa.float64(), mask=np.isnan(flat))
+    offsets = pa.array(np.arange(n + 1, dtype="int64") * followers, pa.int32())
+    topics = pa.DictionaryArray.from_arrays(
+        pa.array(topic, pa.int32()), pa.array([f"topic-{t}" for t in range(spec.topics)])
+    ).cast(pa.string())
     return pa.table(
         {
-            "request_id": pa.array(trace["request_id"], pa.int64()),
-            "broker": pa.array(trace["broker"], pa.int32()),
-            "topic": pa.array(trace["topic"], pa.string()),
-            "partition": pa.array(trace["partition"], pa.int32()),
-            "arrival": pa.array(trace["arrival"], pa.float64()),
-            "acks": pa.array(trace["acks"], pa.int32()),
-            "replica_delays": pa.array(trace["replica_delays"], pa.list_(pa.float64())),
-        }
+            "request_id": pa.array(np.arange(n, dtype="int64")),
+            "broker": pa.array(leader.astype("int32")),
+            "topic": topics,
+            "partition": pa.array(partition.astype("int32")),
+            "arrival": pa.array(arrival),
+            "acks": pa.array(acks),
+            "replica_delays": pa.ListArray.from_arrays(offsets, values),
+        },
+        schema=trace_arrow_schema(),
     )
 
 
-def write_trace(trace: pd.DataFrame, path: str | Path) -> Path:
-    """Write a trace as Parquet, or as CSV if ``path`` ends in ``.csv``; return the path."""
+def arrow_trace(trace: pd.DataFrame, columns: Sequence[str] | None = None) -> Any:
+    """A pandas trace as an Arrow table with the trace types (``columns``: a subset)."""
+    import pyarrow as pa
+
+    from .schema import trace_arrow_schema
+
+    schema = trace_arrow_schema()
+    names = [name for name in schema.names if columns is None or name in columns]
+    return pa.table(
+        {name: pa.array(trace[name], schema.field(name).type) for name in names},
+    )
+
+
+def read_trace_table(path: str | Path) -> Any:
+    """Read a trace written by :func:`write_trace` as an Arrow table of the trace types.
+
+    Parquet is read column by column straight into Arrow (no Python objects per
+    row); CSV goes through :func:`read_trace_pandas`.
+
+    Raises:
+        ValueError: the trace lacks a column.
+    """
+    import pyarrow.parquet as pq
+
+    from .schema import TRACE_COLUMNS, trace_arrow_schema
+
+    path = Path(path)
+    if path.suffix.lower() == ".csv":
+        return arrow_trace(read_trace_pandas(path))
+    table = pq.read_table(path)
+    missing = set(TRACE_COLUMNS) - set(table.column_names)
+    if missing:
+        raise ValueError(f"trace {path}: missing columns {sorted(missing)}")
+    return table.select(list(TRACE_COLUMNS)).cast(trace_arrow_schema())
+
+
+def write_trace(trace: pd.DataFrame | Any, path: str | Path) -> Path:
+    """Write a trace (pandas or Arrow) as Parquet, or as CSV if ``path`` ends in
+    ``.csv``; return the path."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(trace, pa.Table):
+        if path.suffix.lower() != ".csv":
+            pq.write_table(trace, path)
+            return path
+        trace = _pandas_trace(trace)
     if path.suffix.lower() == ".csv":
         csv = trace.copy()
         csv["replica_delays"] = [
@@ -166,7 +223,7 @@ def write_trace(trace: pd.DataFrame, path: str | Path) -> Path:
         ]
         csv.to_csv(path, index=False)
     else:
-        pq.write_table(_arrow_table(trace), path)
+        pq.write_table(arrow_trace(trace), path)
     return path
 
 
@@ -252,7 +309,7 @@ def main(argv: list[str]) -> int:
         print(f"aiopurgatory gen-trace: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    trace = generate_trace(spec)
+    trace = generate_trace_table(spec)
     path = write_trace(trace, args.out)
     print(
         f"wrote {len(trace)} requests to {path} in {time.perf_counter() - started:.2f} s",

@@ -7,6 +7,9 @@ consumer's long-poll fetch parks a :class:`DelayedFetch` until ``min_bytes`` are
 readable or ``max_wait_ms`` passes. Consumer groups (``group_id`` set) are
 coordinated by a :class:`GroupCoordinator` whose join phases (:class:`DelayedJoin`)
 and member sessions (:class:`DelayedHeartbeat`) are delayed operations too.
+Admin clients create, describe and delete topics and groups, and idempotent
+producers get producer ids; their retried batches are recognised by sequence
+number (:mod:`examples.broker.idempotence`) and never appended twice.
 Run it with ``python -m examples.broker``; see ``docs/broker.md``.
 """
 

@@ -41,6 +41,7 @@ from typing import Any
 
 import aiopurgatory as ap
 
+from .admin_messages import DescribedGroup, DescribedMember, ListedGroup
 from .messages import ErrorCode, JoinGroupResult, OffsetFetchPartition
 from .partition import TopicPartition
 
@@ -76,6 +77,7 @@ class Member:
         "assignment",
         "awaiting_join",
         "awaiting_sync",
+        "client_host",
         "client_id",
         "heartbeat_op",
         "heartbeat_satisfied",
@@ -93,9 +95,11 @@ class Member:
         session_timeout: float,
         rebalance_timeout: float,
         protocols: list[tuple[str, bytes]],
+        client_host: str = "",
     ) -> None:
         self.member_id = member_id
         self.client_id = client_id
+        self.client_host = client_host
         self.session_timeout = session_timeout
         self.rebalance_timeout = rebalance_timeout
         self.protocols = protocols
@@ -419,8 +423,12 @@ class GroupCoordinator:
         rebalance_timeout_ms: int,
         protocol_type: str,
         protocols: list[tuple[str, bytes]],
+        client_host: str = "",
     ) -> JoinGroupResult:
-        """Handle JoinGroup; waits until the group's join phase ends."""
+        """Handle JoinGroup; waits until the group's join phase ends.
+
+        ``client_host`` is the member's address, shown by DescribeGroups.
+        """
         if self.closed:
             return JoinGroupResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id=member_id)
         if not group_id:
@@ -444,6 +452,7 @@ class GroupCoordinator:
                 session_timeout,
                 rebalance_timeout,
                 protocols,
+                client_host,
             )
             member.awaiting_join = future
             if not group.members:
@@ -821,6 +830,99 @@ class GroupCoordinator:
                 rows.append(OffsetFetchPartition(index, offset, metadata))
             answer.append((topic, rows))
         return ErrorCode.NONE, answer
+
+    # -- administration: DescribeGroups, ListGroups, DeleteGroups --------------------------------
+
+    def describe_groups(self, group_ids: list[str]) -> list[DescribedGroup]:
+        """Handle DescribeGroups, as Kafka: an unknown group is ``Dead`` with no error.
+
+        Members' subscriptions and assignments are shown only while the group is
+        ``Stable`` (in a rebalance they are being replaced).
+        """
+        answer: list[DescribedGroup] = []
+        for group_id in group_ids:
+            if self.closed:
+                answer.append(
+                    DescribedGroup(group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, "", "", "")
+                )
+                continue
+            group = self.groups.get(group_id)
+            if group is None:
+                answer.append(
+                    DescribedGroup(group_id, ErrorCode.NONE, GroupState.DEAD.value, "", "")
+                )
+                continue
+            stable = group.state is GroupState.STABLE
+            protocol = group.protocol or ""
+            members = [
+                DescribedMember(
+                    m.member_id,
+                    m.client_id,
+                    m.client_host,
+                    m.metadata_for(protocol) if stable else b"",
+                    m.assignment if stable else b"",
+                )
+                for m in group.members.values()
+            ]
+            answer.append(
+                DescribedGroup(
+                    group_id,
+                    ErrorCode.NONE,
+                    group.state.value,
+                    group.protocol_type or "",
+                    protocol if stable else "",
+                    members,
+                )
+            )
+        return answer
+
+    def list_groups(self, states: list[str], types: list[str]) -> tuple[int, list[ListedGroup]]:
+        """Handle ListGroups: (error, groups), filtered by state and type when asked.
+
+        Filters compare case-insensitively, as Kafka does; every group here is a
+        ``classic`` group.
+        """
+        if self.closed:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
+        wanted_states = {s.lower() for s in states}
+        if types and "classic" not in {t.lower() for t in types}:
+            return ErrorCode.NONE, []
+        return ErrorCode.NONE, [
+            ListedGroup(gid, g.protocol_type or "", g.state.value)
+            for gid, g in self.groups.items()
+            if not wanted_states or g.state.value.lower() in wanted_states
+        ]
+
+    def delete_groups(self, group_ids: list[str]) -> list[tuple[str, int]]:
+        """Handle DeleteGroups: an empty group and its committed offsets go.
+
+        Errors as Kafka: ``GROUP_ID_NOT_FOUND`` (no such group),
+        ``NON_EMPTY_GROUP`` (it has members), ``INVALID_GROUP_ID`` (empty id).
+        """
+        results: list[tuple[str, int]] = []
+        for group_id in group_ids:
+            group = self.groups.get(group_id)
+            if self.closed:
+                error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            elif not group_id:
+                error = ErrorCode.INVALID_GROUP_ID
+            elif group is None:
+                error = ErrorCode.GROUP_ID_NOT_FOUND
+            elif group.members or group.state is not GroupState.EMPTY:
+                error = ErrorCode.NON_EMPTY_GROUP
+            else:
+                group.state = GroupState.DEAD
+                del self.groups[group_id]
+                self.log.info("broker.group_deleted", group=group_id)
+                error = ErrorCode.NONE
+            results.append((group_id, error))
+        return results
+
+    def forget_partitions(self, tps: set[TopicPartition]) -> None:
+        """Drop committed offsets of deleted partitions (Kafka does so on topic deletion)."""
+        for group in self.groups.values():
+            for tp in tps & group.offsets.keys():
+                del group.offsets[tp]
 
     # -- shutdown and introspection -------------------------------------------------------------
 

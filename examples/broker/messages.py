@@ -14,7 +14,8 @@ Produce/Fetch/Metadata (v9+/v12+/v9+) get older versions from the negotiation.
 The consumer-group APIs (FindCoordinator, JoinGroup, SyncGroup, Heartbeat,
 LeaveGroup, OffsetCommit, OffsetFetch) are advertised only in the classic
 versions before static membership (KIP-345) and KIP-394's MEMBER_ID_REQUIRED,
-which is all aiokafka 0.14 needs.
+which is all aiokafka 0.14 needs. The administration APIs and InitProducerId
+(layouts in :mod:`examples.broker.admin_messages`) go up to flexible versions.
 """
 
 from __future__ import annotations
@@ -58,7 +59,14 @@ class ApiKey:
     HEARTBEAT = 12
     LEAVE_GROUP = 13
     SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
     API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    INIT_PRODUCER_ID = 22
+    DESCRIBE_CONFIGS = 32
+    DELETE_GROUPS = 42
 
 
 API_NAMES = {
@@ -73,7 +81,14 @@ API_NAMES = {
     ApiKey.HEARTBEAT: "Heartbeat",
     ApiKey.LEAVE_GROUP: "LeaveGroup",
     ApiKey.SYNC_GROUP: "SyncGroup",
+    ApiKey.DESCRIBE_GROUPS: "DescribeGroups",
+    ApiKey.LIST_GROUPS: "ListGroups",
     ApiKey.API_VERSIONS: "ApiVersions",
+    ApiKey.CREATE_TOPICS: "CreateTopics",
+    ApiKey.DELETE_TOPICS: "DeleteTopics",
+    ApiKey.INIT_PRODUCER_ID: "InitProducerId",
+    ApiKey.DESCRIBE_CONFIGS: "DescribeConfigs",
+    ApiKey.DELETE_GROUPS: "DeleteGroups",
 }
 
 #: (min, max) version per API key, as advertised in ApiVersions.
@@ -89,7 +104,14 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     ApiKey.HEARTBEAT: (0, 1),
     ApiKey.LEAVE_GROUP: (0, 1),
     ApiKey.SYNC_GROUP: (0, 1),
+    ApiKey.DESCRIBE_GROUPS: (0, 5),
+    ApiKey.LIST_GROUPS: (0, 5),
     ApiKey.API_VERSIONS: (0, 3),
+    ApiKey.CREATE_TOPICS: (0, 7),
+    ApiKey.DELETE_TOPICS: (0, 5),
+    ApiKey.INIT_PRODUCER_ID: (0, 4),
+    ApiKey.DESCRIBE_CONFIGS: (0, 4),
+    ApiKey.DELETE_GROUPS: (0, 2),
 }
 
 # First flexible version of each API (request header v2, response header v1 except
@@ -106,7 +128,14 @@ _FIRST_FLEXIBLE = {
     ApiKey.HEARTBEAT: 4,
     ApiKey.LEAVE_GROUP: 4,
     ApiKey.SYNC_GROUP: 4,
+    ApiKey.DESCRIBE_GROUPS: 5,
+    ApiKey.LIST_GROUPS: 3,
     ApiKey.API_VERSIONS: 3,
+    ApiKey.CREATE_TOPICS: 5,
+    ApiKey.DELETE_TOPICS: 4,
+    ApiKey.INIT_PRODUCER_ID: 2,
+    ApiKey.DESCRIBE_CONFIGS: 4,
+    ApiKey.DELETE_GROUPS: 2,
 }
 
 
@@ -138,9 +167,20 @@ class ErrorCode:
     INVALID_SESSION_TIMEOUT = 26
     REBALANCE_IN_PROGRESS = 27
     UNSUPPORTED_VERSION = 35
+    TOPIC_ALREADY_EXISTS = 36
+    INVALID_PARTITIONS = 37
+    INVALID_REPLICATION_FACTOR = 38
+    INVALID_REPLICA_ASSIGNMENT = 39
+    INVALID_CONFIG = 40
     INVALID_REQUEST = 42
     UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+    OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+    INVALID_PRODUCER_EPOCH = 47
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+    UNKNOWN_PRODUCER_ID = 59
+    NON_EMPTY_GROUP = 68
+    GROUP_ID_NOT_FOUND = 69
+    INVALID_RECORD = 87
 
 
 # -- request header --------------------------------------------------------------------

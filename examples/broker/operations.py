@@ -24,8 +24,9 @@ class DelayedProduce(ap.DelayedOperation):
 
     A partition is satisfied once its HW reaches the offset after its batches
     (``required_offsets``); if by then the ISR has shrunk below min.insync.replicas
-    its answer is NOT_ENOUGH_REPLICAS_AFTER_APPEND, as in Kafka. Partitions left
-    unsatisfied at expiry answer REQUEST_TIMED_OUT.
+    its answer is NOT_ENOUGH_REPLICAS_AFTER_APPEND, as in Kafka. A partition whose
+    topic is deleted meanwhile answers UNKNOWN_TOPIC_OR_PARTITION at once.
+    Partitions left unsatisfied at expiry answer REQUEST_TIMED_OUT.
 
     Args:
         timeout: seconds (the request's ``timeout_ms`` / 1000).
@@ -53,7 +54,11 @@ class DelayedProduce(ap.DelayedOperation):
         required = self._required
         for tp in list(required):
             partition = self._partitions[tp]
-            if partition.high_watermark >= required[tp]:
+            if partition.deleted:
+                # The topic was deleted while this produce waited (DeleteTopics).
+                self.results[tp].error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                del required[tp]
+            elif partition.high_watermark >= required[tp]:
                 if not partition.enough_replicas():
                     self.results[tp].error_code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
                 del required[tp]
@@ -83,7 +88,8 @@ class DelayedFetch(ap.DelayedOperation):
 
     Consumers read below the HW, followers below the leader's LEO (``bound``).
     A partition whose fetch offset fell outside the log (truncation or a bad
-    offset) completes the fetch at once, so its error is answered without delay.
+    offset), or whose topic was deleted, completes the fetch at once, so its
+    error is answered without delay.
 
     Args:
         timeout: seconds (``max_wait_ms`` / 1000).
@@ -113,7 +119,11 @@ class DelayedFetch(ap.DelayedOperation):
         for target in self.targets:
             partition = target.partition
             offset = target.fetch_offset
-            if offset > partition.log_end_offset or offset < partition.log.log_start_offset:
+            if (
+                partition.deleted
+                or offset > partition.log_end_offset
+                or offset < partition.log.log_start_offset
+            ):
                 return self.force_complete()
             upper = bound(partition)
             if offset < upper:

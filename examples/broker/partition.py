@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 from typing import NamedTuple
 
+from .idempotence import ProducerStates
 from .records import BatchHeader, with_base_offset
 
 __all__ = ["LEADER_ID", "Partition", "PartitionLog", "TopicPartition"]
@@ -147,12 +148,23 @@ class Partition:
 
     Args:
         tp: the partition.
-        follower_ids: node ids of the follower replicas (1, 2, ...).
+        follower_ids: node ids of the follower replicas of this partition (1, 2, ...;
+            fewer than the broker's followers for a topic created with a smaller
+            replication factor).
         min_insync_replicas: smallest ISR that accepts ``acks=all``.
         now: loop time of creation (followers count as caught up then).
     """
 
-    __slots__ = ("_followers", "high_watermark", "isr", "log", "min_insync_replicas", "tp")
+    __slots__ = (
+        "_followers",
+        "deleted",
+        "high_watermark",
+        "isr",
+        "log",
+        "min_insync_replicas",
+        "producers",
+        "tp",
+    )
 
     def __init__(
         self,
@@ -166,6 +178,10 @@ class Partition:
         self.high_watermark = 0
         self.min_insync_replicas = min_insync_replicas
         self._followers = {fid: _FollowerState(now) for fid in follower_ids}
+        #: Idempotent producers' sequence state on this partition.
+        self.producers = ProducerStates()
+        #: Set when its topic is deleted: parked operations on it then finish.
+        self.deleted = False
         # A new partition is empty, so every replica starts in sync.
         self.isr: set[int] = {LEADER_ID, *follower_ids}
 
@@ -173,6 +189,10 @@ class Partition:
     def replicas(self) -> list[int]:
         """All replica node ids, leader first."""
         return [LEADER_ID, *self._followers]
+
+    def has_replica(self, follower_id: int) -> bool:
+        """True if this follower replicates this partition."""
+        return follower_id in self._followers
 
     @property
     def offline_replicas(self) -> list[int]:

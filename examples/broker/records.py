@@ -44,6 +44,8 @@ BATCH_HEADER_SIZE = 61
 _LOG_OVERHEAD = 12  # baseOffset + batchLength: the bytes batchLength does not count
 _MAGIC = 2
 _CRC_START = 21
+_TRANSACTIONAL = 0x10
+_CONTROL = 0x20
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _BASE_OFFSET = struct.Struct(">q")
@@ -101,6 +103,16 @@ class BatchHeader:
     #: producerId as sent (-1 when the producer is not idempotent).
     producer_id: int
     record_count: int
+    #: producerEpoch and baseSequence as sent (-1 without a producer id).
+    producer_epoch: int = -1
+    base_sequence: int = -1
+    #: the attributes (compression, timestamp type, transactional, control bits).
+    attributes: int = 0
+
+    @property
+    def is_transactional(self) -> bool:
+        """The transactional bit (4) or the control bit (5) is set."""
+        return bool(self.attributes & (_TRANSACTIONAL | _CONTROL))
 
 
 def parse_batches(records: bytes, *, verify_crc: bool = True) -> list[BatchHeader]:
@@ -132,13 +144,13 @@ def parse_batches(records: bytes, *, verify_crc: bool = True) -> list[BatchHeade
             _leader_epoch,
             magic,
             crc,
-            _attributes,
+            attributes,
             last_offset_delta,
             base_timestamp,
             max_timestamp,
             producer_id,
-            _producer_epoch,
-            _base_sequence,
+            producer_epoch,
+            base_sequence,
             record_count,
         ) = _HEADER.unpack_from(view, pos)
         if magic != _MAGIC:
@@ -159,6 +171,9 @@ def parse_batches(records: bytes, *, verify_crc: bool = True) -> list[BatchHeade
                 max_timestamp=max_timestamp,
                 producer_id=producer_id,
                 record_count=record_count,
+                producer_epoch=producer_epoch,
+                base_sequence=base_sequence,
+                attributes=attributes,
             )
         )
         pos += size

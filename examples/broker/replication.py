@@ -44,6 +44,8 @@ class Follower:
         self._resumed.set()
         self._task: asyncio.Task[None] | None = None
         self.fetches = 0
+        # Partitions deleted during the current round: what it fetched of them is stale.
+        self._forgotten: set[TopicPartition] = set()
 
     def __repr__(self) -> str:
         return f"<Follower {self.id} {self.state}>"
@@ -79,9 +81,16 @@ class Follower:
             # wait() does not raise the task's CancelledError (nor swallow ours).
             await asyncio.wait([task])
 
+    def forget(self, tps: set[TopicPartition]) -> None:
+        """Drop deleted partitions (a topic recreated under the same name starts empty)."""
+        for tp in tps:
+            self.offsets.pop(tp, None)
+        self._forgotten |= tps
+
     async def _run(self) -> None:
         while True:
             await self._resumed.wait()
+            self._forgotten.clear()
             fetched = await self._fetch(self.id, self.offsets)
             self.fetches += 1
             if not any(fetched.values()):
@@ -89,6 +98,8 @@ class Follower:
             if self.lag > 0:
                 await asyncio.sleep(self.lag)
             for tp, data in fetched.items():
+                if tp in self._forgotten:
+                    continue
                 end = next_offset_after(data)
                 if end > self.offsets.get(tp, 0):
                     self.offsets[tp] = end

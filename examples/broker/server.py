@@ -27,6 +27,8 @@ import asyncio
 import contextlib
 import re
 import struct
+import uuid
+from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -34,8 +36,32 @@ import structlog
 
 import aiopurgatory as ap
 
+from .admin_messages import (
+    ConfigEntry,
+    ConfigResource,
+    ConfigType,
+    CreatableTopic,
+    CreatableTopicResult,
+    DescribeConfigsResult,
+    ResourceType,
+    decode_create_topics,
+    decode_delete_groups,
+    decode_delete_topics,
+    decode_describe_configs,
+    decode_describe_groups,
+    decode_init_producer_id,
+    decode_list_groups,
+    encode_create_topics,
+    encode_delete_groups,
+    encode_delete_topics,
+    encode_describe_configs,
+    encode_describe_groups,
+    encode_init_producer_id,
+    encode_list_groups,
+)
 from .codec import DecodeError, Reader, Writer
 from .coordinator import DelayedHeartbeat, GroupCoordinator
+from .idempotence import BatchMetadata, ProducerIdManager
 from .messages import (
     API_NAMES,
     SUPPORTED_VERSIONS,
@@ -78,7 +104,7 @@ from .messages import (
 )
 from .operations import DelayedFetch, DelayedProduce, FetchTarget
 from .partition import LEADER_ID, Partition, TopicPartition
-from .records import InvalidBatchError, parse_batches
+from .records import BatchHeader, InvalidBatchError, parse_batches
 from .replication import Follower
 
 __all__ = ["Broker", "BrokerConfig"]
@@ -98,6 +124,20 @@ _GROUP_APIS = frozenset(
         ApiKey.OFFSET_FETCH,
     )
 )
+_ADMIN_APIS = frozenset(
+    (
+        ApiKey.CREATE_TOPICS,
+        ApiKey.DELETE_TOPICS,
+        ApiKey.DESCRIBE_GROUPS,
+        ApiKey.LIST_GROUPS,
+        ApiKey.DELETE_GROUPS,
+        ApiKey.DESCRIBE_CONFIGS,
+        ApiKey.INIT_PRODUCER_ID,
+    )
+)
+#: Most partitions a CreateTopics may ask for (beyond, INVALID_PARTITIONS): every
+#: partition costs memory and a slot in each follower's fetch.
+MAX_PARTITIONS_PER_TOPIC = 10_000
 
 
 @dataclass
@@ -210,10 +250,11 @@ class _CloseConnection(Exception):
 
 
 class _Connection:
-    __slots__ = ("busy", "log", "processor", "reader_task", "requests", "writer")
+    __slots__ = ("busy", "host", "log", "processor", "reader_task", "requests", "writer")
 
-    def __init__(self, writer: asyncio.StreamWriter, log: Any) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, log: Any, host: str) -> None:
         self.writer = writer
+        self.host = host
         self.busy = False
         self.log = log
         self.processor: asyncio.Task[None] | None = None
@@ -257,6 +298,10 @@ class Broker:
         )
         self.partitions: dict[TopicPartition, Partition] = {}
         self.topics: dict[str, int] = {}
+        #: Each topic's id (CreateTopics v7 answers it); a recreated topic gets a new one.
+        self.topic_ids: dict[str, uuid.UUID] = {}
+        #: Producer ids issued by InitProducerId (idempotent producers).
+        self.producer_ids = ProducerIdManager()
         #: Consumer groups (FindCoordinator names this broker for every group).
         self.coordinator = GroupCoordinator(
             self.rebalance_purgatory,
@@ -379,33 +424,89 @@ class Broker:
 
     # -- admin hooks -----------------------------------------------------------------------
 
-    def create_topic(self, name: str, partitions: int) -> bool:
+    def create_topic(
+        self, name: str, partitions: int, replication_factor: int | None = None
+    ) -> bool:
         """Create a topic led by this broker; False if it exists already.
 
+        Args:
+            name: the topic.
+            partitions: how many.
+            replication_factor: replicas of each partition, the leader included
+                (1 to followers + 1; the first ``replication_factor - 1``
+                followers replicate it); None: every follower.
+
         Raises:
-            ValueError: invalid name or partition count.
+            ValueError: invalid name, partition count or replication factor.
         """
         if not isinstance(name, str) or not _TOPIC_NAME.match(name):
             raise ValueError(f"name: invalid topic name {name!r}")
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise ValueError(f"partitions must be a positive int, got {partitions!r}")
+        all_replicas = len(self.followers) + 1
+        if replication_factor is None:
+            replication_factor = all_replicas
+        elif (
+            isinstance(replication_factor, bool)
+            or not isinstance(replication_factor, int)
+            or not 1 <= replication_factor <= all_replicas
+        ):
+            raise ValueError(
+                f"replication_factor must be an int in [1, {all_replicas}], "
+                f"got {replication_factor!r}"
+            )
         if name in self.topics:
             return False
         now = asyncio.get_running_loop().time()
-        follower_ids = [f.id for f in self.followers]
+        followers = self.followers[: replication_factor - 1]
+        follower_ids = [f.id for f in followers]
         for index in range(partitions):
             tp = TopicPartition(name, index)
             self.partitions[tp] = Partition(tp, follower_ids, self.config.min_insync_replicas, now)
-            for follower in self.followers:
+            for follower in followers:
                 if follower.state == "crashed" and self._server is not None:
                     self.partitions[tp].set_crashed(follower.id, True, now)
         self.topics[name] = partitions
-        # Parked follower fetches do not watch the new partitions: wake them so the
-        # next round includes them (otherwise the first acks=all waits a round).
+        self.topic_ids[name] = uuid.uuid4()
+        self._wake_replica_fetches()
+        self.log.info(
+            "broker.topic_created",
+            topic=name,
+            partitions=partitions,
+            replication_factor=replication_factor,
+        )
+        return True
+
+    def delete_topic(self, name: str) -> bool:
+        """Delete a topic and its data; False if there is no such topic.
+
+        Produces and fetches parked on its partitions finish at once: their
+        partitions answer UNKNOWN_TOPIC_OR_PARTITION. Committed offsets of the
+        topic and the producers' sequence state go too, and the followers forget
+        it, so a topic created again under the name starts empty.
+        """
+        count = self.topics.pop(name, None)
+        if count is None:
+            return False
+        del self.topic_ids[name]
+        tps = {TopicPartition(name, index) for index in range(count)}
+        for tp in tps:
+            self.partitions.pop(tp).deleted = True
+        for follower in self.followers:
+            follower.forget(tps)
+        self.coordinator.forget_partitions(tps)
+        for tp in tps:
+            self._hw_advanced(tp)  # wakes the parked produces and fetches: they see `deleted`
+        self._wake_replica_fetches()
+        self.log.info("broker.topic_deleted", topic=name, partitions=count)
+        return True
+
+    def _wake_replica_fetches(self) -> None:
+        # Parked follower fetches watch the partitions of their round: wake them so
+        # the next round includes new ones (otherwise the first acks=all waits a
+        # round) and leaves deleted ones.
         for op in list(self._replica_ops.values()):
             op.force_complete()
-        self.log.info("broker.topic_created", topic=name, partitions=partitions)
-        return True
 
     def follower(self, follower_id: int) -> Follower:
         """The follower with this node id (1, 2, ...).
@@ -434,7 +535,7 @@ class Broker:
         await follower.crash()
         now = asyncio.get_running_loop().time()
         for tp, partition in self.partitions.items():
-            if partition.set_crashed(follower_id, True, now):
+            if partition.has_replica(follower_id) and partition.set_crashed(follower_id, True, now):
                 self._hw_advanced(tp)
         self.log.warning("broker.follower_crashed", follower=follower_id)
 
@@ -443,7 +544,8 @@ class Broker:
         follower = self.follower(follower_id)
         now = asyncio.get_running_loop().time()
         for partition in self.partitions.values():
-            partition.set_crashed(follower_id, False, now)
+            if partition.has_replica(follower_id):
+                partition.set_crashed(follower_id, False, now)
         follower.start()
         self.log.info("broker.follower_restarted", follower=follower_id)
 
@@ -486,6 +588,8 @@ class Broker:
         now = asyncio.get_running_loop().time()
         targets: list[FetchTarget] = []
         for tp, partition in self.partitions.items():
+            if not partition.has_replica(follower_id):
+                continue
             offset = offsets.setdefault(tp, 0)
             in_isr = follower_id in partition.isr
             if partition.update_follower(follower_id, offset, now):
@@ -509,6 +613,7 @@ class Broker:
                 t.fetch_offset, t.partition.log_end_offset, 1024 * 1024, min_one=True
             )
             for t in targets
+            if not t.partition.deleted
         }
 
     async def _isr_checker(self) -> None:
@@ -525,9 +630,14 @@ class Broker:
                     self._hw_advanced(tp)
 
     async def _stats_logger(self) -> None:
+        # Wait percentiles over each interval: the histograms since the last line.
+        previous = {p.name: p.histograms() for p in self.purgatories}
         while True:
             await asyncio.sleep(self.config.stats_interval)
             stats = self.statistics()
+            current = {p.name: p.histograms() for p in self.purgatories}
+            waits = {name: current[name] - previous[name] for name in current}
+            previous = current
             self.log.info(
                 "broker.purgatory_stats",
                 connections=len(self._connections),
@@ -538,6 +648,7 @@ class Broker:
                         "completed": s.completed,
                         "expired": s.expired,
                         "cancelled": s.cancelled,
+                        **_wait_summary(waits[name]),
                     }
                     for name, s in stats.items()
                 },
@@ -554,7 +665,7 @@ class Broker:
             self._handler_tasks.add(task)
         peer = writer.get_extra_info("peername")
         log = self.log.bind(peer=f"{peer[0]}:{peer[1]}" if peer else "?")
-        conn = _Connection(writer, log)
+        conn = _Connection(writer, log, f"/{peer[0]}" if peer else "")
         self._connections.add(conn)
         queue: asyncio.Queue[bytes] = asyncio.Queue(_READ_AHEAD)
         loop = asyncio.get_running_loop()
@@ -676,7 +787,9 @@ class Broker:
                 check_fully_consumed(reader, "Fetch")
                 return await self._fetch(header, fetch)
             if api in _GROUP_APIS:
-                return await self._group_request(header, reader)
+                return await self._group_request(conn, header, reader)
+            if api in _ADMIN_APIS:
+                return self._admin_request(header, reader)
             writer = Writer()
             if api == ApiKey.METADATA:
                 metadata = decode_metadata(reader, version)
@@ -700,7 +813,9 @@ class Broker:
             )
             raise _CloseConnection from exc
 
-    async def _group_request(self, header: RequestHeader, reader: Reader) -> bytes:
+    async def _group_request(
+        self, conn: _Connection, header: RequestHeader, reader: Reader
+    ) -> bytes:
         """The consumer-group APIs: decode, ask the coordinator, encode."""
         api, version = header.api_key, header.api_version
         coordinator = self.coordinator
@@ -712,7 +827,9 @@ class Broker:
             if find.key_type == 0:
                 error = ErrorCode.COORDINATOR_NOT_AVAILABLE if self._closing else ErrorCode.NONE
             elif find.key_type == 1:
-                error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+                # No transactions: refused at once rather than "not available" (which
+                # clients retry until their own timeout).
+                error = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
             else:
                 error = ErrorCode.INVALID_REQUEST
             ok = error == ErrorCode.NONE
@@ -735,6 +852,7 @@ class Broker:
                 join.rebalance_timeout_ms,
                 join.protocol_type,
                 join.protocols,
+                conn.host,
             )
             encode_join_group(writer, version, result)
         elif api == ApiKey.SYNC_GROUP:
@@ -774,6 +892,253 @@ class Broker:
             error, topics = coordinator.fetch_offsets(fetch.group_id, fetch.topics)
             encode_offset_fetch(writer, version, error, topics)
         return self._frame(header, writer)
+
+    def _admin_request(self, header: RequestHeader, reader: Reader) -> bytes:
+        """Topic and group administration, DescribeConfigs and InitProducerId."""
+        api, version = header.api_key, header.api_version
+        writer = Writer()
+        if api == ApiKey.CREATE_TOPICS:
+            create = decode_create_topics(reader, version)
+            check_fully_consumed(reader, "CreateTopics")
+            results = self._create_topics(create.topics, create.validate_only)
+            encode_create_topics(writer, version, results)
+        elif api == ApiKey.DELETE_TOPICS:
+            names, _timeout_ms = decode_delete_topics(reader, version)
+            check_fully_consumed(reader, "DeleteTopics")
+            encode_delete_topics(writer, version, self._delete_topics(names))
+        elif api == ApiKey.DESCRIBE_GROUPS:
+            group_ids = decode_describe_groups(reader, version)
+            check_fully_consumed(reader, "DescribeGroups")
+            encode_describe_groups(writer, version, self.coordinator.describe_groups(group_ids))
+        elif api == ApiKey.LIST_GROUPS:
+            states, types = decode_list_groups(reader, version)
+            check_fully_consumed(reader, "ListGroups")
+            error, groups = self.coordinator.list_groups(states, types)
+            encode_list_groups(writer, version, error, groups)
+        elif api == ApiKey.DELETE_GROUPS:
+            group_ids = decode_delete_groups(reader, version)
+            check_fully_consumed(reader, "DeleteGroups")
+            encode_delete_groups(writer, version, self.coordinator.delete_groups(group_ids))
+        elif api == ApiKey.DESCRIBE_CONFIGS:
+            resources = decode_describe_configs(reader, version)
+            check_fully_consumed(reader, "DescribeConfigs")
+            encode_describe_configs(writer, version, [self._describe_configs(r) for r in resources])
+        else:
+            init = decode_init_producer_id(reader, version)
+            check_fully_consumed(reader, "InitProducerId")
+            if init.transactional_id is not None:
+                # Transactions are out of scope: Kafka's answer to a transactional id
+                # this client may not use, which clients treat as fatal at once.
+                encode_init_producer_id(
+                    writer, version, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1, -1
+                )
+            else:
+                producer_id, epoch = self.producer_ids.init_producer(
+                    init.producer_id, init.producer_epoch
+                )
+                self.log.info("broker.producer_id_issued", producer_id=producer_id, epoch=epoch)
+                encode_init_producer_id(writer, version, ErrorCode.NONE, producer_id, epoch)
+        return self._frame(header, writer)
+
+    def _create_topics(
+        self, topics: list[CreatableTopic], validate_only: bool
+    ) -> list[CreatableTopicResult]:
+        """CreateTopics: validate each topic as Kafka does, then create it (unless validating)."""
+        counts = Counter(topic.name for topic in topics)
+        all_replicas = len(self.followers) + 1
+        results: list[CreatableTopicResult] = []
+        for topic in topics:
+            name = topic.name
+            partitions = (
+                self.config.default_partitions
+                if topic.num_partitions == -1
+                else topic.num_partitions
+            )
+            replication = (
+                all_replicas if topic.replication_factor == -1 else topic.replication_factor
+            )
+            error, message = ErrorCode.NONE, None
+            if counts[name] > 1:
+                error, message = (
+                    ErrorCode.INVALID_REQUEST,
+                    "topic named more than once in the request",
+                )
+            elif not _TOPIC_NAME.match(name) or name in (".", ".."):
+                error, message = ErrorCode.INVALID_TOPIC_EXCEPTION, f"invalid topic name {name!r}"
+            elif name in self.topics:
+                error, message = ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+            elif topic.assignments:
+                error = ErrorCode.INVALID_REPLICA_ASSIGNMENT
+                message = (
+                    "manual replica assignment is not supported: give partitions and replication"
+                )
+            elif not 1 <= partitions <= MAX_PARTITIONS_PER_TOPIC:
+                error = ErrorCode.INVALID_PARTITIONS
+                message = f"partitions must be in [1, {MAX_PARTITIONS_PER_TOPIC}], got {partitions}"
+            elif not 1 <= replication <= all_replicas:
+                error = ErrorCode.INVALID_REPLICATION_FACTOR
+                message = (
+                    f"replication factor must be in [1, {all_replicas}] "
+                    f"(this broker and its {len(self.followers)} followers), got {replication}"
+                )
+            elif topic.configs:
+                error = ErrorCode.INVALID_CONFIG
+                message = "per-topic configs are not supported: every topic uses the broker's"
+            result = CreatableTopicResult(name, error, message)
+            if error == ErrorCode.NONE:
+                if not validate_only:
+                    self.create_topic(name, partitions, replication)
+                    result.topic_id = self.topic_ids[name]
+                result.num_partitions = partitions
+                result.replication_factor = replication
+                result.configs = self._topic_configs()
+            else:
+                self.log.info(
+                    "broker.create_topic_refused", topic=name, error=error, reason=message
+                )
+            results.append(result)
+        return results
+
+    def _delete_topics(self, names: list[str]) -> list[tuple[str, int, str | None]]:
+        """DeleteTopics: per name (name, error, message)."""
+        counts = Counter(names)
+        results: list[tuple[str, int, str | None]] = []
+        for name in names:
+            if counts[name] > 1:
+                results.append((name, ErrorCode.INVALID_REQUEST, "topic named more than once"))
+            elif self.delete_topic(name):
+                results.append((name, ErrorCode.NONE, None))
+            else:
+                results.append((name, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "no such topic"))
+        return results
+
+    def _topic_configs(self) -> list[ConfigEntry]:
+        """The settings every topic has (no per-topic overrides: the broker's)."""
+        cfg = self.config
+        return [
+            ConfigEntry(
+                "min.insync.replicas",
+                str(cfg.min_insync_replicas),
+                ConfigType.INT,
+                "Smallest ISR that accepts acks=all.",
+            ),
+            ConfigEntry(
+                "max.message.bytes",
+                str(cfg.max_message_bytes),
+                ConfigType.INT,
+                "Largest records field of one partition in a produce.",
+            ),
+            ConfigEntry(
+                "message.timestamp.type",
+                "CreateTime",
+                ConfigType.STRING,
+                "Timestamps are the producer's.",
+            ),
+            ConfigEntry(
+                "retention.ms", "-1", ConfigType.LONG, "Logs are kept in memory, unbounded."
+            ),
+            ConfigEntry("retention.bytes", "-1", ConfigType.LONG, "No size limit either."),
+        ]
+
+    def _broker_configs(self) -> list[ConfigEntry]:
+        """The broker's settings, under Kafka's names (durations in ms)."""
+        cfg = self.config
+
+        def ms(seconds: float) -> str:
+            return str(round(seconds * 1000))
+
+        return [
+            ConfigEntry("broker.id", str(LEADER_ID), ConfigType.INT, "This broker's node id."),
+            ConfigEntry(
+                "num.partitions",
+                str(cfg.default_partitions),
+                ConfigType.INT,
+                "Partitions of auto-created topics.",
+            ),
+            ConfigEntry(
+                "default.replication.factor",
+                str(len(self.followers) + 1),
+                ConfigType.INT,
+                "Replicas of a topic: this broker and its in-process followers.",
+            ),
+            ConfigEntry(
+                "min.insync.replicas",
+                str(cfg.min_insync_replicas),
+                ConfigType.INT,
+                "Smallest ISR that accepts acks=all.",
+            ),
+            ConfigEntry(
+                "auto.create.topics.enable",
+                str(cfg.auto_create_topics).lower(),
+                ConfigType.BOOLEAN,
+                "Metadata requests create unknown topics.",
+            ),
+            ConfigEntry(
+                "replica.lag.time.max.ms",
+                ms(cfg.replica_lag_time_max),
+                ConfigType.LONG,
+                "A follower not caught up for this long leaves the ISR.",
+            ),
+            ConfigEntry(
+                "message.max.bytes",
+                str(cfg.max_message_bytes),
+                ConfigType.INT,
+                "Largest records field of one partition in a produce.",
+            ),
+            ConfigEntry(
+                "socket.request.max.bytes",
+                str(cfg.max_frame_bytes),
+                ConfigType.INT,
+                "Largest request frame.",
+            ),
+            ConfigEntry(
+                "group.min.session.timeout.ms",
+                ms(cfg.group_min_session_timeout),
+                ConfigType.INT,
+                "Smallest consumer session timeout.",
+            ),
+            ConfigEntry(
+                "group.max.session.timeout.ms",
+                ms(cfg.group_max_session_timeout),
+                ConfigType.INT,
+                "Largest consumer session timeout.",
+            ),
+            ConfigEntry(
+                "group.initial.rebalance.delay.ms",
+                ms(cfg.group_initial_rebalance_delay),
+                ConfigType.INT,
+                "How long an empty group waits for more members.",
+            ),
+        ]
+
+    def _describe_configs(self, resource: ConfigResource) -> DescribeConfigsResult:
+        """DescribeConfigs for one resource: a topic, or this broker ("0" or "")."""
+        if resource.resource_type == ResourceType.TOPIC:
+            if resource.name not in self.topics:
+                return DescribeConfigsResult(
+                    resource, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "no such topic", []
+                )
+            entries = self._topic_configs()
+        elif resource.resource_type == ResourceType.BROKER:
+            if resource.name not in ("", str(LEADER_ID)):
+                return DescribeConfigsResult(
+                    resource,
+                    ErrorCode.INVALID_REQUEST,
+                    f"unexpected broker id {resource.name!r}, expected {LEADER_ID} or empty",
+                    [],
+                )
+            entries = self._broker_configs()
+        else:
+            return DescribeConfigsResult(
+                resource,
+                ErrorCode.INVALID_REQUEST,
+                f"resource type {resource.resource_type} is not supported (2 topic, 4 broker)",
+                [],
+            )
+        if resource.keys:  # null or empty: all of them (as Kafka)
+            wanted = set(resource.keys)
+            entries = [e for e in entries if e.name in wanted]
+        return DescribeConfigsResult(resource, ErrorCode.NONE, None, entries)
 
     @staticmethod
     def _frame(header: RequestHeader, body: Writer) -> bytes:
@@ -833,13 +1198,17 @@ class Broker:
                 tp = TopicPartition(topic, index)
                 result = ProducePartitionResult()
                 topic_results[index] = by_tp[tp] = result
-                error = self._append(tp, records, acks, request.transactional_id, result)
+                error, end_offset = self._append(
+                    tp, records, acks, request.transactional_id, result
+                )
                 if error:
                     result.error_code = error
                     failed = True
                 elif acks == -1:
+                    # A retried idempotent batch waits for the HW to pass the
+                    # original, in the same purgatory.
                     waiting[tp] = self.partitions[tp]
-                    required[tp] = self.partitions[tp].log_end_offset
+                    required[tp] = end_offset
         if acks == 0:
             if failed:
                 # acks=0 has no response: closing is the only way to tell the client.
@@ -862,35 +1231,84 @@ class Broker:
         acks: int,
         transactional_id: str | None,
         result: ProducePartitionResult,
-    ) -> int:
-        """Validate and append one partition's batches; return an error code or 0."""
+    ) -> tuple[int, int]:
+        """Validate and append one partition's batches.
+
+        Returns:
+            (error code or 0, the offset after the batches: what ``acks=all``
+            waits for the HW to reach).
+        """
         if acks not in (-1, 0, 1):
-            return ErrorCode.INVALID_REQUIRED_ACKS
+            return ErrorCode.INVALID_REQUIRED_ACKS, -1
         if transactional_id is not None:
-            return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1
         partition = self.partitions.get(tp)
         if partition is None:
-            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1
         if records is None:
-            return ErrorCode.CORRUPT_MESSAGE
+            return ErrorCode.CORRUPT_MESSAGE, -1
         if len(records) > self.config.max_message_bytes:
-            return ErrorCode.MESSAGE_TOO_LARGE
+            return ErrorCode.MESSAGE_TOO_LARGE, -1
         if acks == -1 and not partition.enough_replicas():
-            return ErrorCode.NOT_ENOUGH_REPLICAS
+            return ErrorCode.NOT_ENOUGH_REPLICAS, -1
         try:
             headers = parse_batches(records, verify_crc=self.config.verify_crc)
         except InvalidBatchError as exc:
             self.log.warning("broker.invalid_batch", partition=str(tp), error=str(exc))
             if exc.corrupt:
-                return ErrorCode.CORRUPT_MESSAGE
-            return ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT
+                return ErrorCode.CORRUPT_MESSAGE, -1
+            return ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT, -1
+        idempotent = headers[0].producer_id >= 0
+        if idempotent:
+            error, duplicate = self._check_idempotent(partition, headers)
+            if error:
+                self.log.info(
+                    "broker.produce_sequence_rejected",
+                    partition=str(tp),
+                    producer_id=headers[0].producer_id,
+                    producer_epoch=headers[0].producer_epoch,
+                    base_sequence=headers[0].base_sequence,
+                    error=error,
+                )
+                return error, -1
+            if duplicate is not None:
+                # A retry of a batch already in the log: its original offsets, no append.
+                self.log.info(
+                    "broker.produce_duplicate",
+                    partition=str(tp),
+                    producer_id=headers[0].producer_id,
+                    base_sequence=headers[0].base_sequence,
+                    offset=duplicate.first_offset,
+                )
+                result.base_offset = duplicate.first_offset
+                result.log_start_offset = partition.log.log_start_offset
+                return ErrorCode.NONE, duplicate.end_offset
+        elif any(h.is_transactional for h in headers):
+            return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1
         base, hw_moved = partition.append(records, headers)
+        if idempotent:
+            partition.producers.record(headers[0], base)
         result.base_offset = base
         result.log_start_offset = partition.log.log_start_offset
         self.replica_fetch_purgatory.check_and_complete(tp)
         if hw_moved:
             self._hw_advanced(tp)
-        return ErrorCode.NONE
+        return ErrorCode.NONE, partition.log_end_offset
+
+    def _check_idempotent(
+        self, partition: Partition, headers: list[BatchHeader]
+    ) -> tuple[int, BatchMetadata | None]:
+        """An idempotent producer's batch: (error, None), (0, the original if a retry)."""
+        header = headers[0]
+        if len(headers) > 1:
+            # Kafka accepts exactly one batch per partition from Produce v3 on.
+            return ErrorCode.INVALID_RECORD, None
+        if header.is_transactional:
+            return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, None
+        error = self.producer_ids.check(header.producer_id, header.producer_epoch)
+        if error:
+            return error, None
+        return partition.producers.check(header)
 
     async def _fetch(self, header: RequestHeader, request: FetchRequest) -> bytes:
         targets: list[FetchTarget] = []
@@ -981,3 +1399,18 @@ class Broker:
 
 def _errors_of(results: dict[TopicPartition, ProducePartitionResult]) -> dict[str, int]:
     return {str(tp): r.error_code for tp, r in results.items() if r.error_code}
+
+
+def _wait_summary(interval: ap.PurgatoryHistograms) -> dict[str, float | None]:
+    """Interval wait percentiles (ms) of completed operations and expiry lateness."""
+
+    def ms(value: float) -> float | None:
+        return None if value != value else round(value * 1000, 3)  # NaN: none finished
+
+    completed = interval.completed
+    return {
+        "wait_p50_ms": ms(completed.p50),
+        "wait_p99_ms": ms(completed.p99),
+        "wait_max_ms": ms(completed.quantile(1.0)),
+        "lateness_p99_ms": ms(interval.lateness.p99),
+    }

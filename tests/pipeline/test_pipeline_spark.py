@@ -19,6 +19,7 @@ import pytest
 from aiopurgatory.events import EVENT
 from aiopurgatory.pipeline import analyze, replay, trace
 from aiopurgatory.pipeline.replay_core import ReplayParams, replay_trace
+from aiopurgatory.pipeline.schema import FACT_COLUMNS
 from aiopurgatory.pipeline.trace import TraceSpec, generate_trace, write_trace
 
 pytestmark = pytest.mark.spark
@@ -183,6 +184,58 @@ def test_spark_replay_equals_single_process_replay(spark: Any, tmp_path: Path) -
     pd.testing.assert_frame_equal(got, want, check_exact=True, check_dtype=False)
     assert len(got) == 2 * 4000
     assert set(got["outcome"]) == {"completed", "expired"}
+
+
+def test_replay_groups_get_a_task_each(spark: Any) -> None:
+    from pyspark.sql import functions as F
+
+    # The Python Murmur3 is Spark's hash() of an int ...
+    values = [0, 1, -1, 7, 42, 2**31 - 1, -(2**31), 123456789]
+    got = spark.createDataFrame([(v,) for v in values], "v int").select(F.hash("v")).collect()
+    assert [row[0] for row in got] == [replay.spark_hash_int(v) for v in values]
+    # ... so each task's key lands in that task under repartition(n, key).
+    for tasks in (1, 2, 5, 8):
+        keys = replay._partition_keys(tasks)
+        frame = spark.createDataFrame([(k,) for k in keys], "task int").repartition(tasks, "task")
+        placed = frame.select("task", F.spark_partition_id().alias("p")).collect()
+        assert sorted((keys.index(row["task"]), row["p"]) for row in placed) == [
+            (t, t) for t in range(tasks)
+        ]
+
+
+def test_spark_replay_of_an_empty_trace_and_fewer_tasks(spark: Any, tmp_path: Path) -> None:
+    data = generate_trace(TraceSpec(requests=500, brokers=3, seed=4))
+    frame = replay.read_trace(spark, str(write_trace(data, tmp_path / "trace.parquet")))
+    sweep = [ReplayParams(timeout=0.05), ReplayParams(timeout=0.5, min_insync=3)]
+    one_task = replay.replay_spark(spark, frame, sweep, partitions=1).toPandas()
+    want = replay_trace(data, sweep)
+    columns = ["scenario", "op_id", "finished_at"]
+    assert sorted(map(tuple, one_task[columns].to_numpy().tolist())) == sorted(
+        map(tuple, want[columns].to_numpy().tolist())
+    )
+    empty = replay.replay_spark(spark, frame.limit(0), sweep)
+    assert empty.count() == 0
+    assert empty.columns == list(FACT_COLUMNS)
+    with pytest.raises(ValueError, match="partitions"):
+        replay.replay_spark(spark, frame, sweep, partitions=0)
+
+
+def test_spark_replay_of_ragged_and_null_delay_lists(spark: Any, tmp_path: Path) -> None:
+    # Lists of several lengths (and a null one) travel as arrays, not as columns.
+    data = generate_trace(TraceSpec(requests=600, brokers=3, seed=5))
+    delays = list(data["replica_delays"])
+    delays[::7] = [[0.001]] * len(delays[::7])
+    delays[3] = None
+    delays[5] = [0.002, None, 0.003]
+    data["replica_delays"] = pd.Series(delays, index=data.index, dtype=object)
+    frame = replay.read_trace(spark, str(write_trace(data, tmp_path / "ragged.parquet")))
+    sweep = [ReplayParams(timeout=0.05), ReplayParams(timeout=0.5, min_insync=3)]
+    got = replay.replay_spark(spark, frame, sweep).toPandas()
+    want = replay_trace(trace.read_trace_pandas(tmp_path / "ragged.parquet"), sweep)
+    columns = ["scenario", "op_id", "finished_at", "outcome"]
+    assert sorted(map(tuple, got[columns].to_numpy().tolist())) == sorted(
+        map(tuple, want[columns].to_numpy().tolist())
+    )
 
 
 def test_spark_reads_csv_trace_like_parquet(spark: Any, tmp_path: Path) -> None:

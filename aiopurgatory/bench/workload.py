@@ -1,0 +1,263 @@
+"""The workloads' shared parts, used alike by the asyncio and the trio benchmarks.
+
+* :func:`timer_inputs`: the timer benchmarks' delays and cancellations;
+* :func:`purgatory_inputs`: the purgatory benchmarks' arrivals, completion
+  latencies and watch keys (Kafka's ``TestPurgatoryPerformance`` distributions);
+* :func:`generate`: the open-loop request generator every purgatory
+  implementation is driven by, on every loop;
+* :class:`WatchLists`: the watch-list bookkeeping of the hand-written purgatories.
+
+Benchmark modules import from here (and from :mod:`._common`), never from each
+other: imports go one way.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, Generic, Protocol, TypeVar
+
+__all__ = [
+    "KeyedOp",
+    "OwnTimer",
+    "WatchLists",
+    "ap_ops",
+    "generate",
+    "purgatory_inputs",
+    "timer_inputs",
+]
+
+
+def timer_inputs(
+    n: int, cancel_fraction: float, max_delay: float, seed: int
+) -> tuple[list[float], list[bool]]:
+    """Delays (s) and whether each timer is kept (else cancelled at once).
+
+    Drawn before any measurement; every implementation, on every loop, gets the
+    same ones.
+    """
+    rng = random.Random(seed)
+    delays = [rng.random() * max_delay for _ in range(n)]
+    keep = [rng.random() >= cancel_fraction for _ in range(n)]
+    return delays, keep
+
+
+def purgatory_inputs(
+    num: int,
+    rate: float,
+    pct75: float,
+    pct50: float,
+    keys: int,
+    key_space_size: int,
+    seed: int,
+) -> tuple[list[float], list[float], list[tuple[int, ...]]]:
+    """Arrival offsets (s), completion latencies (s) and key tuples, per request."""
+    rng = random.Random(seed)
+    mu = math.log(pct50)
+    sigma = (math.log(pct75) - mu) / 0.674490  # the 75th percentile of N(0, 1)
+    offsets: list[float] = []
+    t = 0.0
+    for _ in range(num):
+        if rate > 0:
+            t += rng.expovariate(rate)
+        offsets.append(t)
+    latencies = [rng.lognormvariate(mu, sigma) / 1000.0 for _ in range(num)]
+    space = range(key_space_size)
+    keysets = [tuple(rng.sample(space, keys)) for _ in range(num)]
+    return offsets, latencies, keysets
+
+
+async def generate(
+    impl: Any,
+    offsets: list[float],
+    latencies: list[float],
+    keysets: list[tuple[int, ...]],
+    *,
+    timeout_s: float,
+    batch: int,
+    completion: str,
+    clock: Callable[[], float],
+    sleep: Callable[[float], Awaitable[object]],
+    min_sleep: float = 0.0,
+    deferred: bool = False,
+) -> tuple[float, float]:
+    """Issue the requests to ``impl`` and complete them on schedule, until all finished.
+
+    The open-loop generator every implementation is driven by, on every loop:
+    arrivals at ``offsets`` (s), each op watched under its key tuple and, if its
+    latency is below the timeout, completed that long after it arrived (a heap of
+    pending completions, as Kafka's ``CompletionQueue``); ``sleep`` is the loop's
+    sleep, never shorter than ``min_sleep`` unless zero. With ``deferred`` (trio,
+    where each request's own task watches its op when it first runs, and the ops
+    have a ``started`` flag that it sets), a completion that comes due before its
+    op's task has started waits for the generator's next wake-up.
+
+    Returns:
+        The clock readings at the start and when the last request had arrived.
+    """
+    make, watch, complete, poll = impl.make, impl.watch, impl.complete, impl.poll
+    check = impl.check
+    num = len(offsets)
+    forced = completion == "force"
+    flagged = completion == "check"
+    completions: list[tuple[float, int, Any]] = []
+    waiting: list[tuple[float, int, Any]] = []
+    push, pop = heapq.heappush, heapq.heappop
+    start = first = last = clock()
+    arrived = False
+    i = 0
+    while True:
+        now = clock()
+        # Arrivals due by now (all of them when rate == 0), at most a batch per
+        # wake-up so that expiries and completions get their turn.
+        stop = min(num, i + batch)
+        while i < stop and start + offsets[i] <= now:
+            op = make(timeout_s)
+            latency = latencies[i]
+            if not forced:
+                op.ready_at = now + latency
+            watch(op, keysets[i])
+            if latency < timeout_s:
+                push(completions, (now + latency, i, op))
+            i += 1
+        if i == num and not arrived:
+            arrived = True
+            last = clock()
+        while completions and completions[0][0] <= now:
+            item = pop(completions)
+            op = item[2]
+            if deferred and not op.started:
+                waiting.append(item)
+                continue
+            if forced:
+                complete(op)
+            else:
+                if flagged:
+                    op.ready = True
+                check(keysets[item[1]][0])
+        if waiting:
+            for item in waiting:
+                push(completions, item)
+            waiting.clear()
+        poll(now)
+        if i == num and not completions and not impl.pending():
+            break
+        wake = min(
+            start + offsets[i] if i < num else math.inf,
+            completions[0][0] if completions else math.inf,
+            impl.next_due(),
+        )
+        if wake == math.inf:
+            # Only timer-driven expiries remain: look again a tick from now.
+            wake = clock() + 0.001
+        delay = wake - clock()
+        if 0 < delay < min_sleep:
+            delay = min_sleep
+        await sleep(delay if delay > 0 else 0)
+    return first, last
+
+
+class KeyedOp(Protocol):
+    keys: tuple[Hashable, ...]
+
+    def try_complete(self) -> bool: ...
+
+
+_OpT = TypeVar("_OpT", bound=KeyedOp)
+
+
+class WatchLists(Generic[_OpT]):
+    """The bookkeeping the hand-written and floor implementations share.
+
+    Both insert into ``watchers`` inline in their ``watch`` (a call per op there
+    would add to the very cost being measured).
+    """
+
+    def __init__(self, late: list[float], clock: Callable[[], float]) -> None:
+        self.watchers: dict[Hashable, dict[int, _OpT]] = {}
+        self.late = late
+        self.clock = clock
+        self.count = 0
+        self.completed = 0
+        self.expired = 0
+
+    def complete(self, op: _OpT) -> None:
+        raise NotImplementedError
+
+    def check(self, key: Hashable) -> int:
+        """``check_and_complete``: try every op watched under ``key``, in watch order."""
+        ops = self.watchers.get(key)
+        if not ops:
+            return 0
+        completed = 0
+        complete = self.complete
+        for op in list(ops.values()):
+            if op.try_complete():
+                complete(op)
+                completed += 1
+        return completed
+
+    def _detach(self, op: _OpT) -> None:
+        oid = id(op)
+        watchers = self.watchers
+        for key in op.keys:
+            ops = watchers[key]
+            del ops[oid]
+            if not ops:
+                del watchers[key]
+        self.count -= 1
+
+    def pending(self) -> int:
+        return self.count
+
+    def outcomes(self) -> tuple[int, int]:
+        return self.completed, self.expired
+
+
+def ap_ops(
+    clock: Callable[[], float], base: type[Any] | None = None
+) -> tuple[type[Any], type[Any]]:
+    """Delayed operations whose ``try_complete`` reads a flag, and the loop clock.
+
+    ``FlagOp`` completes once ``ready`` is set; ``ClockOp`` once ``clock()``
+    reaches ``ready_at``. Both derive from ``base`` (default
+    :class:`aiopurgatory.DelayedOperation`).
+    """
+    import aiopurgatory as ap
+
+    parent: type[Any] = ap.DelayedOperation if base is None else base
+
+    class FlagOp(parent):  # type: ignore[misc]
+        __slots__ = ("ready", "ready_at")
+
+        def __init__(self, timeout: float) -> None:
+            super().__init__(timeout)
+            self.ready = False
+            self.ready_at = math.inf
+
+        def try_complete(self) -> bool:
+            return self.ready and self.force_complete()
+
+    class ClockOp(FlagOp):
+        __slots__ = ()
+
+        def try_complete(self) -> bool:
+            return clock() >= self.ready_at and self.force_complete()
+
+    return FlagOp, ClockOp
+
+
+class OwnTimer:
+    """The generator interface of implementations whose ops expire on the purgatory's timer."""
+
+    @staticmethod
+    def complete(op: Any) -> None:
+        op.force_complete()
+
+    def poll(self, now: float) -> None:
+        pass
+
+    def next_due(self) -> float:
+        return math.inf

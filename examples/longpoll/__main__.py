@@ -1,0 +1,196 @@
+"""Command line: ``python -m examples.longpoll [--port 8080] [--waiter purgatory|asyncio]``.
+
+Serves until SIGTERM or SIGINT, then stops accepting connections, answers every
+parked GET with what its topic holds, lets the responses go out and exits 0.
+Logs are JSON lines on stderr; the first one, ``longpoll.listening``, gives the
+port (``--port 0`` picks a free one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator
+
+import structlog
+import uvicorn
+
+from .app import create_app
+from .feed import Feed, Settings
+from .waiters import WAITERS, make_waiter
+
+__all__ = ["LongPollServer", "build_parser", "main", "serve"]
+
+LOOPS = ("auto", "asyncio", "uvloop")
+
+
+class LongPollServer(uvicorn.Server):
+    """uvicorn's server, with SIGTERM/SIGINT left to :func:`serve`.
+
+    uvicorn's own handlers would re-raise the signal after shutting down (so the
+    process ends by the signal, not with status 0) and would not know that parked
+    GETs must be answered before connections can drain.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    def stop(self, feed: Feed) -> int:
+        """Answer every parked GET and make :meth:`serve` return; return how many were parked.
+
+        A GET arriving before the listening socket closes is answered at once.
+        """
+        self.should_exit = True
+        return feed.shutdown()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (defaults are :class:`~examples.longpoll.feed.Settings`'s)."""
+    d = Settings()
+    p = argparse.ArgumentParser(
+        prog="python -m examples.longpoll",
+        description="An HTTP long-poll server whose waiting GETs are aiopurgatory operations.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (%(default)s)")
+    p.add_argument("--port", type=int, default=8080, help="0 picks a free port (%(default)s)")
+    p.add_argument(
+        "--waiter",
+        choices=sorted(WAITERS),
+        default="purgatory",
+        help="purgatory: a DelayedOperation per GET; asyncio: asyncio.wait_for on a future",
+    )
+    p.add_argument(
+        "--loop",
+        choices=LOOPS,
+        default="auto",
+        help="event loop; auto: uvloop when installed (%(default)s)",
+    )
+    p.add_argument("--default-wait", type=float, default=d.default_wait, help="seconds")
+    p.add_argument("--max-wait", type=float, default=d.max_wait, help="seconds")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
+    p.add_argument("--max-response-bytes", type=int, default=d.max_response_bytes)
+    p.add_argument("--retain", type=int, default=d.retain, help="messages kept per topic")
+    p.add_argument("--max-topics", type=int, default=d.max_topics)
+    p.add_argument("--max-parked", type=int, default=d.max_parked, help="GETs waiting at once")
+    p.add_argument("--backlog", type=int, default=4096, help="listen backlog (%(default)s)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def _configure_logging(level: str) -> None:
+    # The application configures structlog; the library never does.
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )
+
+
+def loop_factory(choice: str) -> tuple[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """The event loop for ``--loop``: its name and factory (``auto``: uvloop if importable).
+
+    Raises:
+        ImportError: ``uvloop`` asked for and not installed.
+    """
+    if choice in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise
+        else:
+            return "uvloop", uvloop.new_event_loop
+    return "asyncio", asyncio.new_event_loop
+
+
+async def serve(args: argparse.Namespace, settings: Settings, loop_name: str) -> None:
+    """Listen, serve until SIGTERM/SIGINT, then shut down gracefully."""
+    log = structlog.get_logger("examples.longpoll")
+    waiter = make_waiter(args.waiter)
+    app = create_app(settings, waiter)
+    feed: Feed = app.state.feed
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    # Listening now: connections queue until uvicorn serves them, so the port
+    # logged below is usable at once.
+    sock.listen(args.backlog)
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        backlog=args.backlog,
+        timeout_graceful_shutdown=10,
+    )
+    server = LongPollServer(config)
+    log.info(
+        "longpoll.listening",
+        host=args.host,
+        port=port,
+        url=f"http://{args.host}:{port}/",
+        waiter=waiter.name,
+        loop=loop_name,
+        http=config.http if isinstance(config.http, str) else "custom",
+    )
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        released = server.stop(feed)
+        log.info("longpoll.stopping", signal=sig.name, released=released)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    log.info(
+        "longpoll.stopped",
+        answers=feed.answers,
+        disconnects=feed.disconnected,
+        messages=feed.messages_posted,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code (2 for bad arguments)."""
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings(
+            default_wait=args.default_wait,
+            max_wait=args.max_wait,
+            max_body_bytes=args.max_body_bytes,
+            max_response_bytes=args.max_response_bytes,
+            retain=args.retain,
+            max_topics=args.max_topics,
+            max_parked=args.max_parked,
+        )
+        if not 0 <= args.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {args.port}")
+        loop_name, factory = loop_factory(args.loop)
+    except (TypeError, ValueError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _configure_logging(args.log_level)
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(serve(args, settings, loop_name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

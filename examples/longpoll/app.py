@@ -1,0 +1,234 @@
+"""The HTTP side: a Starlette application around a :class:`~examples.longpoll.feed.Feed`.
+
+Routes: ``POST /topics/{name}``, ``GET /topics/{name}``, ``GET /metrics``,
+``GET /healthz`` and the page at ``/``. Every error is a 4xx or 5xx with a one-line
+JSON body ``{"error": "..."}``, unknown paths and methods included.
+
+A parked GET also listens for its client going away: ASGI says so with an
+``http.disconnect`` message, which a task per parked GET awaits; on it, the
+handler's task is cancelled, which withdraws the wait at once (for the purgatory
+waiter: the operation is cancelled, out of the wheel and the watch list).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from aiopurgatory.metrics.prometheus import PurgatoryCollector
+
+from .feed import Feed, FeedError, Settings
+from .waiters import PurgatoryWaiter, Waiter
+
+__all__ = ["FeedCollector", "create_app", "parse_fetch"]
+
+_PAGE = Path(__file__).with_name("page.html")
+_INT = re.compile(r"[0-9]{1,15}")
+_SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})?")
+_FETCH_PARAMS = frozenset(("offset", "wait", "min_bytes"))
+
+
+def error(status: int, message: str) -> JSONResponse:
+    """A one-line JSON error response."""
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def parse_fetch(query: Iterable[tuple[str, str]], settings: Settings) -> tuple[int, float, int]:
+    """``offset``, ``wait`` and ``min_bytes`` from a query string's pairs.
+
+    Raises:
+        FeedError: 400 for an unknown or repeated parameter, or a value that is not
+            a non-negative number, or a wait over ``settings.max_wait``.
+    """
+    values: dict[str, str] = {}
+    for name, value in query:
+        if name not in _FETCH_PARAMS:
+            raise FeedError(400, f"unknown parameter {name!r} (offset, wait, min_bytes)")
+        if name in values:
+            raise FeedError(400, f"{name} given twice")
+        values[name] = value
+    offset = _parse_int(values, "offset", 0)
+    min_bytes = _parse_int(values, "min_bytes", 1)
+    text = values.get("wait")
+    if text is None:
+        wait = settings.default_wait
+    elif _SECONDS.fullmatch(text):
+        wait = float(text)
+        if wait > settings.max_wait:
+            raise FeedError(400, f"wait must be at most {settings.max_wait:g} seconds, got {text}")
+    else:
+        raise FeedError(400, f"wait must be a non-negative number of seconds, got {text!r}")
+    return offset, wait, min_bytes
+
+
+def _parse_int(values: dict[str, str], name: str, default: int) -> int:
+    text = values.get(name)
+    if text is None:
+        return default
+    if not _INT.fullmatch(text):
+        raise FeedError(400, f"{name} must be a non-negative integer, got {text!r}")
+    return int(text)
+
+
+class FeedCollector(Collector):
+    """Prometheus families of the feed: parked GETs, answers by reason, topics, messages."""
+
+    def __init__(self, feed: Feed) -> None:
+        self._feed = feed
+
+    def collect(self) -> list[Metric]:
+        feed = self._feed
+        parked = GaugeMetricFamily(
+            "longpoll_parked_requests", "GET requests waiting now.", labels=["waiter"]
+        )
+        parked.add_metric([feed.waiter.name], feed.parked)
+        answers = CounterMetricFamily(
+            "longpoll_answers",
+            "Parked GETs answered, by reason (early: before their wait without enough data).",
+            labels=["waiter", "reason"],
+        )
+        for reason, count in feed.answers.items():
+            answers.add_metric([feed.waiter.name, reason], count)
+        gone = CounterMetricFamily(
+            "longpoll_disconnects", "Parked GETs whose client went away.", labels=["waiter"]
+        )
+        gone.add_metric([feed.waiter.name], feed.disconnected)
+        topics = GaugeMetricFamily("longpoll_topics", "Topics held.")
+        topics.add_metric([], len(feed.topics))
+        posted = CounterMetricFamily("longpoll_messages", "Messages posted.")
+        posted.add_metric([], feed.messages_posted)
+        return [parked, answers, gone, topics, posted]
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with a 413 as soon as it is over ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise FeedError(413, f"the body is over {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise FeedError(413, f"the body is over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -> Starlette:
+    """The long-poll application.
+
+    Args:
+        settings: the feed's limits (default: :class:`Settings`'s).
+        waiter: how GETs wait (default: a :class:`PurgatoryWaiter`). The
+            application enters it (``async with``) for its lifespan.
+
+    The feed is ``app.state.feed``; ``app.state.registry`` the Prometheus registry.
+    """
+    settings = Settings() if settings is None else settings
+    waiter = PurgatoryWaiter() if waiter is None else waiter
+    feed = Feed(settings, waiter)
+    registry = CollectorRegistry()
+    registry.register(FeedCollector(feed))
+    if isinstance(waiter, PurgatoryWaiter):
+        PurgatoryCollector([waiter.purgatory], registry=registry)
+    page = _PAGE.read_text(encoding="utf-8")
+
+    async def post(request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            body = await _read_body(request, settings.max_body_bytes)
+            offset = feed.post(name, body)
+        except FeedError as exc:
+            return error(exc.status, exc.message)
+        return JSONResponse({"offset": offset})
+
+    async def fetch(request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            offset, wait, min_bytes = parse_fetch(request.query_params.multi_items(), settings)
+            feed.check_fetch(name, offset)
+            parked = not feed.answerable(name, offset, wait, min_bytes)
+            if parked and not await _park(request, feed, name, offset, wait, min_bytes):
+                return Response(status_code=499)  # the client is gone: nobody reads this
+        except FeedError as exc:
+            return error(exc.status, exc.message)
+        return JSONResponse(feed.read(name, offset).as_dict())
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def healthz(request: Request) -> Response:
+        body = {"status": "stopping" if feed.closing else "ok", "waiter": waiter.name}
+        return JSONResponse(body, status_code=503 if feed.closing else 200)
+
+    async def index(request: Request) -> Response:
+        return HTMLResponse(page)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return error(exc.status_code, str(exc.detail).lower())
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        return error(500, f"internal error: {type(exc).__name__}")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with waiter:
+            yield
+            feed.shutdown()
+
+    app = Starlette(
+        routes=[
+            Route("/", index, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/topics/{name}", fetch, methods=["GET"]),
+            Route("/topics/{name}", post, methods=["POST"]),
+        ],
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+        lifespan=lifespan,
+    )
+    app.state.feed = feed
+    app.state.registry = registry
+    return app
+
+
+async def _park(
+    request: Request, feed: Feed, name: str, offset: int, wait: float, min_bytes: int
+) -> bool:
+    """Park a fetch; return False if its client went away meanwhile (the wait withdrawn)."""
+    task = asyncio.current_task()
+    assert task is not None
+    state = {"waiting": True, "gone": False}
+
+    async def watch_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        if state["waiting"]:
+            state["gone"] = True
+            task.cancel()
+
+    watcher = asyncio.create_task(watch_disconnect())
+    try:
+        await feed.wait(name, offset, wait, min_bytes)
+    except asyncio.CancelledError:
+        if state["gone"] and task.uncancel() == 0:
+            return False
+        raise
+    finally:
+        state["waiting"] = False
+        watcher.cancel()
+    return True
