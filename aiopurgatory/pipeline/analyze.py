@@ -31,19 +31,23 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ..events import EVENT, SCHEMA_VERSION
-from .schema import CORRUPT_COLUMN, FACT_COLUMNS, OUTCOMES, event_schema
+from .schema import CORRUPT_COLUMN, EVENT_FIELDS, FACT_COLUMNS, OUTCOMES, event_schema
 from .session import DEFAULT_MASTER
+from .tables import BINS_PER_DECADE, MALFORMED_DETAIL_LIMIT, AnalysisResult, Quality
 
 __all__ = [
+    "BINS_PER_DECADE",
+    "MALFORMED_DETAIL_LIMIT",
     "PERCENTILE_ACCURACY",
     "AnalysisResult",
     "Quality",
     "analyze_facts",
+    "histograms",
     "hot_keys",
     "main",
     "read_events",
@@ -53,41 +57,58 @@ __all__ = [
 
 #: ``percentile_approx`` accuracy: rank error at most ``1/accuracy`` of the group size.
 PERCENTILE_ACCURACY = 10_000
-#: At most this many malformed lines are located (file and line) and reported.
-MALFORMED_DETAIL_LIMIT = 1000
+#: What a non-blank line can be (``quality.json`` counts each).
+KINDS = ("event", "other", "malformed")
 _REQUIRED = ("purgatory", "op_id", "timeout", "watched_at", "finished_at", "outcome", "wait")
 
 
-@dataclass
-class Quality:
-    """Line counts of an event log read (``quality.json``)."""
+def _problem(e: Any) -> Any:
+    """Why a parsed line (struct column ``e``) is not a valid op event, or null: an op
+    event, or another event (``event`` set to another name). Null checks first, so
+    a valid line builds no string."""
+    from functools import reduce
 
-    #: Non-blank lines read.
-    lines: int = 0
-    #: Valid op events (rows of the fact table).
-    events: int = 0
-    #: Valid JSON with another ``event`` name (e.g. other structlog events): skipped.
-    other: int = 0
-    #: Lines that are not valid schema-1 op events.
-    malformed: int = 0
-    #: Up to :data:`MALFORMED_DETAIL_LIMIT` of them: file, line, reason, text.
-    examples: list[dict[str, Any]] = field(default_factory=list)
+    from pyspark.sql import functions as F
+
+    required = ("schema", *_REQUIRED)
+    missing = F.concat_ws(", ", *[F.when(e[name].isNull(), F.lit(name)) for name in required])
+    any_missing = reduce(lambda a, b: a | b, [e[name].isNull() for name in required])
+    return (
+        F.when(e[CORRUPT_COLUMN].isNotNull(), F.lit("not JSON, or a field of the wrong type"))
+        .when(e["event"].isNull(), F.lit("missing field: event"))
+        .when(e["event"] != EVENT, F.lit(None))
+        .when(e["schema"] != SCHEMA_VERSION, F.concat(F.lit("unsupported schema "), e["schema"]))
+        .when(any_missing, F.concat(F.lit("missing field: "), missing))
+        .when(~e["outcome"].isin(*OUTCOMES), F.concat(F.lit("unknown outcome "), e["outcome"]))
+    )
 
 
-@dataclass
-class AnalysisResult:
-    """What :func:`analyze_facts` wrote and computed (small tables as pandas)."""
+def _kind(e: Any) -> Any:
+    """``malformed``, ``other`` (another event) or ``event`` (a valid op event)."""
+    from pyspark.sql import functions as F
 
-    out: Path
-    summary: Any
-    hot_keys: Any
-    quality: Quality | None
-    report: Path | None
-    seconds: dict[str, float]
+    return (
+        F.when(_problem(e).isNotNull(), F.lit("malformed"))
+        .when(e["event"] != EVENT, F.lit("other"))
+        .otherwise(F.lit("event"))
+    )
+
+
+def _read_json(spark: Any, paths: Sequence[str]) -> Any:
+    """The event logs through Spark's JSON source: one parse per line, blank lines
+    skipped, unparsable lines (or fields of the wrong type) in ``_corrupt_record``."""
+    return (
+        spark.read.schema(event_schema())
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+        .option("recursiveFileLookup", "true")
+        .json(list(paths))
+    )
 
 
 def _parsed_lines(spark: Any, paths: Sequence[str]) -> Any:
-    """Every line with its file, split start, row id and parse result."""
+    """Every line with its file, split start, row id and parse result (the second
+    pass that locates malformed lines: only run when there are some)."""
     from pyspark.sql import functions as F
 
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
@@ -107,38 +128,8 @@ def _parsed_lines(spark: Any, paths: Sequence[str]) -> Any:
         )
     )
     e = F.col("e")
-    missing = F.concat_ws(
-        ", ", *[F.when(e[name].isNull(), F.lit(name)) for name in ("schema", *_REQUIRED)]
-    )
-    problem = (
-        F.when(e[CORRUPT_COLUMN].isNotNull(), F.lit("not JSON, or a field of the wrong type"))
-        .when(e["event"].isNull(), F.lit("missing field: event"))
-        .when(e["event"] != EVENT, F.lit(None))
-        .when(e["schema"] != SCHEMA_VERSION, F.concat(F.lit("unsupported schema "), e["schema"]))
-        .when(missing != "", F.concat(F.lit("missing field: "), missing))
-        .when(~e["outcome"].isin(*OUTCOMES), F.concat(F.lit("unknown outcome "), e["outcome"]))
-    )
-    kind = (
-        F.when(F.trim("value") == "", F.lit("blank"))
-        .when(problem.isNotNull(), F.lit("malformed"))
-        .when(e["event"] != EVENT, F.lit("other"))
-        .otherwise(F.lit("event"))
-    )
-    return parsed.select("*", problem.alias("problem"), kind.alias("kind"))
-
-
-def _facts_of(parsed: Any) -> Any:
-    from pyspark.sql import functions as F
-
-    e = F.col("e")
-    columns = {
-        "scenario": F.lit("observed"),
-        "source": F.col("source"),
-        **{name: e[name] for name in FACT_COLUMNS if name not in ("scenario", "source")},
-    }
-    return parsed.where(F.col("kind") == "event").select(
-        *[column.alias(name) for name, column in columns.items()]
-    )
+    kind = F.when(F.trim("value") == "", F.lit("blank")).otherwise(_kind(e))
+    return parsed.select("*", _problem(e).alias("problem"), kind.alias("kind"))
 
 
 def _locate(spark: Any, paths: Sequence[str], bad: Any) -> list[dict[str, Any]]:
@@ -199,17 +190,23 @@ def read_events(spark: Any, paths: Sequence[str], facts_out: str | Path) -> Qual
 
     if isinstance(paths, str) or not paths:
         raise ValueError("paths must be a non-empty list of paths")
-    parsed = _parsed_lines(spark, paths)
-    observation = Observation("aiopurgatory_event_quality")
-    observed = parsed.observe(
-        observation,
-        F.sum(F.when(F.col("kind") != "blank", 1).otherwise(0)).alias("lines"),
-        *[
-            F.sum(F.when(F.col("kind") == kind, 1).otherwise(0)).alias(kind)
-            for kind in ("event", "other", "malformed")
-        ],
+    events = _read_json(spark, paths)
+    # The same tests as the locating pass, on the columns (the optimizer turns the
+    # struct's field references back into plain column references).
+    row = F.struct(*[F.col(name) for name in (*EVENT_FIELDS, CORRUPT_COLUMN)])
+    events = events.select(
+        F.col("_metadata.file_path").alias("source"), "*", _kind(row).alias("kind")
     )
-    _facts_of(observed).write.mode("overwrite").parquet(str(facts_out))
+    observation = Observation("aiopurgatory_event_quality")
+    observed = events.observe(
+        observation,
+        F.count(F.lit(1)).alias("lines"),
+        *[F.count(F.when(F.col("kind") == kind, 1)).alias(kind) for kind in KINDS],
+    )
+    columns = {"scenario": F.lit("observed"), "source": F.col("source")}
+    observed.where(F.col("kind") == "event").select(
+        *[columns.get(name, F.col(name)).alias(name) for name in FACT_COLUMNS]
+    ).write.mode("overwrite").parquet(str(facts_out))
     counts = observation.get
     quality = Quality(
         lines=int(counts.get("lines") or 0),
@@ -218,6 +215,8 @@ def read_events(spark: Any, paths: Sequence[str], facts_out: str | Path) -> Qual
         malformed=int(counts.get("malformed") or 0),
     )
     if quality.malformed:
+        # The second pass: Spark's JSON source does not tell where a line was.
+        parsed = _parsed_lines(spark, paths)
         bad = (
             parsed.where(F.col("kind") == "malformed")
             .select("source", "block_start", "row_id", "problem", "value")
@@ -228,78 +227,121 @@ def read_events(spark: Any, paths: Sequence[str], facts_out: str | Path) -> Qual
     return quality
 
 
-def _outcome_counts() -> list[Any]:
+#: Percentiles of ``wait`` in rollups and summary (one digest per group answers all).
+WAIT_PERCENTS = (50, 95, 99)
+#: Columns of ``rollups/`` and ``summary/`` after their group columns, in order.
+_MEASURES = (
+    "ops",
+    *OUTCOMES,
+    *[f"wait_p{p}" for p in WAIT_PERCENTS],
+    "wait_max",
+    "lateness_p99",
+    "lateness_max",
+)
+#: ``grouping_id()`` of each level of :func:`_tables` (a set bit: a column not grouped).
+_LEVEL_ROLLUP, _LEVEL_PURGATORY, _LEVEL_SCENARIO = 0, 1, 3
+_LEVELS = (_LEVEL_ROLLUP, _LEVEL_PURGATORY, _LEVEL_SCENARIO)
+#: Row order of the tables as written.
+_ROLLUP_ORDER = ("scenario", "purgatory", "interval_start")
+_SUMMARY_ORDER = ("scenario", "purgatory")
+_HOT_KEYS_ORDER = ("scenario", "rank_by_ops")
+
+
+def _interval_start(interval: float) -> Any:
     from pyspark.sql import functions as F
 
-    return [
-        F.sum(F.when(F.col("outcome") == outcome, 1).otherwise(0)).alias(outcome)
-        for outcome in OUTCOMES
-    ]
+    if not interval > 0:
+        raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
+    return (F.floor(F.col("finished_at") / interval) * interval).alias("interval_start")
 
 
-def _percentile_columns(prefix: str, column: str, percents: Sequence[int]) -> list[Any]:
+def _tables(facts: Any, interval: float, levels: Sequence[int] = _LEVELS) -> Any:
+    """Rollups and summary in one aggregate (one scan of the facts, one shuffle):
+    grouping sets (scenario, purgatory, interval), (scenario, purgatory) and
+    (scenario), or those of ``levels``, told apart by ``level`` (``grouping_id()``).
+    One ``percentile_approx`` digest per group gives the three wait percentiles."""
     from pyspark.sql import functions as F
 
-    return [
-        F.percentile_approx(column, p / 100, PERCENTILE_ACCURACY).alias(f"{prefix}_p{p}")
-        for p in percents
-    ]
+    start = _interval_start(interval)
+    groups = ["scenario", "purgatory", start]
+    sets = {_LEVEL_ROLLUP: groups, _LEVEL_PURGATORY: groups[:2], _LEVEL_SCENARIO: groups[:1]}
+    wait = F.percentile_approx("wait", [p / 100 for p in WAIT_PERCENTS], PERCENTILE_ACCURACY)
+    return (
+        facts.groupingSets([sets[level] for level in levels], *groups)
+        .agg(
+            F.count(F.lit(1)).alias("ops"),
+            *[F.count(F.when(F.col("outcome") == o, 1)).alias(o) for o in OUTCOMES],
+            wait.alias("wait_p"),
+            F.max("wait").alias("wait_max"),
+            F.percentile_approx("lateness", 0.99, PERCENTILE_ACCURACY).alias("lateness_p99"),
+            F.max("lateness").alias("lateness_max"),
+            F.min("finished_at").alias("first_finished_at"),
+            F.max("finished_at").alias("last_finished_at"),
+            F.grouping_id().alias("level"),
+        )
+        .select(
+            "*",
+            *[F.col("wait_p")[i].alias(f"wait_p{p}") for i, p in enumerate(WAIT_PERCENTS)],
+            (F.col("expired") / F.col("ops")).alias("expiry_rate"),
+        )
+    )
+
+
+def _rollups_of(tables: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return tables.where(F.col("level") == _LEVEL_ROLLUP).select(
+        "scenario", "purgatory", "interval_start", *_MEASURES, "expiry_rate"
+    )
+
+
+def _summary_of(tables: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return tables.where(F.col("level") != _LEVEL_ROLLUP).select(
+        "scenario",
+        F.coalesce("purgatory", F.lit("(all)")).alias("purgatory"),
+        *_MEASURES,
+        "first_finished_at",
+        "last_finished_at",
+        "expiry_rate",
+    )
 
 
 def rollups(facts: Any, interval: float) -> Any:
     """Per scenario, purgatory and interval of ``finished_at``: counts and percentiles.
 
     Columns: ``scenario, purgatory, interval_start, ops, completed, expired,
-    cancelled, failed, expiry_rate, wait_p50, wait_p95, wait_p99, wait_max,
-    lateness_p99, lateness_max`` (seconds; ``interval_start`` in loop time).
+    cancelled, failed, wait_p50, wait_p95, wait_p99, wait_max, lateness_p99,
+    lateness_max, expiry_rate`` (seconds; ``interval_start`` in loop time).
 
     Raises:
         ValueError: ``interval`` is not > 0.
     """
-    from pyspark.sql import functions as F
-
-    if not interval > 0:
-        raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
-    start = (F.floor(F.col("finished_at") / interval) * interval).alias("interval_start")
-    return (
-        facts.groupBy("scenario", "purgatory", start)
-        .agg(
-            F.count(F.lit(1)).alias("ops"),
-            *_outcome_counts(),
-            *_percentile_columns("wait", "wait", (50, 95, 99)),
-            F.max("wait").alias("wait_max"),
-            *_percentile_columns("lateness", "lateness", (99,)),
-            F.max("lateness").alias("lateness_max"),
-        )
-        .withColumn("expiry_rate", F.col("expired") / F.col("ops"))
-        .orderBy("scenario", "purgatory", "interval_start")
-    )
+    return _rollups_of(_tables(facts, interval, (_LEVEL_ROLLUP,))).orderBy(*_ROLLUP_ORDER)
 
 
 def summary(facts: Any) -> Any:
     """Per scenario and purgatory, plus ``(all)`` per scenario: totals and percentiles."""
-    from pyspark.sql import functions as F
-
-    return (
-        facts.rollup("scenario", "purgatory")
-        .agg(
-            F.count(F.lit(1)).alias("ops"),
-            *_outcome_counts(),
-            *_percentile_columns("wait", "wait", (50, 95, 99)),
-            F.max("wait").alias("wait_max"),
-            *_percentile_columns("lateness", "lateness", (99,)),
-            F.max("lateness").alias("lateness_max"),
-            F.min("finished_at").alias("first_finished_at"),
-            F.max("finished_at").alias("last_finished_at"),
-        )
-        .where(F.col("scenario").isNotNull())
-        .withColumn("purgatory", F.coalesce("purgatory", F.lit("(all)")))
-        .withColumn("expiry_rate", F.col("expired") / F.col("ops"))
-        .orderBy("scenario", "purgatory")
-    )
+    levels = (_LEVEL_PURGATORY, _LEVEL_SCENARIO)
+    return _summary_of(_tables(facts, 1.0, levels)).orderBy(*_SUMMARY_ORDER)
 
 
 def hot_keys(facts: Any, top: int) -> Any:
+    """The ``top`` keys of each scenario by ops and by expiries.
+
+    Columns: ``scenario, purgatory, key, ops, expired, completed, wait_p99,
+    rank_by_ops, rank_by_expired`` (``rank_by_expired`` null for keys without
+    expiries). A key is a (purgatory, key) pair; ops finished at once have no keys.
+    Runs one Spark job at once (the top keys, see :func:`_hot_keys`).
+
+    Raises:
+        ValueError: ``top`` < 1.
+    """
+    return _hot_keys(facts, top).orderBy(*_HOT_KEYS_ORDER)
+
+
+def _hot_keys(facts: Any, top: int) -> Any:
     """The ``top`` keys of each scenario by ops and by expiries.
 
     Columns: ``scenario, purgatory, key, ops, expired, completed, wait_p99,
@@ -314,15 +356,18 @@ def hot_keys(facts: Any, top: int) -> Any:
 
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"top must be an int >= 1, got {top!r}")
-    per_key = (
-        facts.select("scenario", "purgatory", "outcome", "wait", F.explode("keys").alias("key"))
-        .groupBy("scenario", "purgatory", "key")
-        .agg(
-            F.count(F.lit(1)).alias("ops"),
-            F.sum(F.when(F.col("outcome") == "expired", 1).otherwise(0)).alias("expired"),
-            F.sum(F.when(F.col("outcome") == "completed", 1).otherwise(0)).alias("completed"),
-            F.percentile_approx("wait", 0.99, PERCENTILE_ACCURACY).alias("wait_p99"),
-        )
+    names = ["scenario", "purgatory", "key"]
+    exploded = facts.select(
+        "scenario", "purgatory", "outcome", "wait", F.explode("keys").alias("key")
+    )
+    # First the counts of every key (a hash aggregate), and the top keys from them
+    # (a few rows, kept by a local checkpoint); only then the wait percentile of
+    # those keys: with more than 128 keys per task, a percentile_approx aggregate
+    # over all of them falls back to sorting its input.
+    per_key = exploded.groupBy(*names).agg(
+        F.count(F.lit(1)).alias("ops"),
+        F.count(F.when(F.col("outcome") == "expired", 1)).alias("expired"),
+        F.count(F.when(F.col("outcome") == "completed", 1)).alias("completed"),
     )
     by_ops = Window.partitionBy("scenario").orderBy(F.desc("ops"), "purgatory", "key")
     by_expired = Window.partitionBy("scenario").orderBy(F.desc("expired"), "purgatory", "key")
@@ -331,8 +376,15 @@ def hot_keys(facts: Any, top: int) -> Any:
         F.row_number().over(by_ops).alias("rank_by_ops"),
         F.when(F.col("expired") > 0, F.row_number().over(by_expired)).alias("rank_by_expired"),
     )
-    return ranked.where((F.col("rank_by_ops") <= top) | (F.col("rank_by_expired") <= top)).orderBy(
-        "scenario", "rank_by_ops"
+    chosen = ranked.where((F.col("rank_by_ops") <= top) | (F.col("rank_by_expired") <= top))
+    chosen = chosen.localCheckpoint()
+    wait_p99 = (
+        exploded.join(F.broadcast(chosen.select(*names)), names)
+        .groupBy(*names)
+        .agg(F.percentile_approx("wait", 0.99, PERCENTILE_ACCURACY).alias("wait_p99"))
+    )
+    return chosen.join(wait_p99, names, "left").select(
+        *names, "ops", "expired", "completed", "wait_p99", "rank_by_ops", "rank_by_expired"
     )
 
 
@@ -363,44 +415,40 @@ def analyze_facts(
         report: write ``report.md`` and plots.
         extra: more facts for the report (e.g. replay timings), name -> value.
     """
-    from pyspark.sql import functions as F
-
     out = Path(out)
     seconds: dict[str, float] = {}
     facts = spark.read.parquet(str(facts_path))
     started = time.perf_counter()
-    rollups(facts, interval).write.mode("overwrite").parquet(str(out / "rollups"))
-    seconds["rollups"] = time.perf_counter() - started
+    # Each table is computed once (one aggregate for rollups and summary, one for
+    # the hot keys), kept by a local checkpoint, then written and brought to the
+    # driver from there; written as one sorted file each (small tables), without
+    # the sampling job of a global sort.
+    tables = _tables(facts, interval).localCheckpoint()
+    _write_sorted(_rollups_of(tables), _ROLLUP_ORDER, out / "rollups")
+    summary_pd = _to_pandas(_summary_of(tables), _SUMMARY_ORDER)
+    _write_sorted(_summary_of(tables), _SUMMARY_ORDER, out / "summary")
+    seconds["rollups+summary"] = time.perf_counter() - started
     started = time.perf_counter()
-    hot = hot_keys(facts, top)
-    hot.write.mode("overwrite").parquet(str(out / "hot_keys"))
-    hot_pd = spark.read.parquet(str(out / "hot_keys")).toPandas()
+    hot = _hot_keys(facts, top).localCheckpoint()
+    _write_sorted(hot, _HOT_KEYS_ORDER, out / "hot_keys")
+    hot_pd = _to_pandas(hot, _HOT_KEYS_ORDER)
     seconds["hot_keys"] = time.perf_counter() - started
-    started = time.perf_counter()
-    summary(facts).write.mode("overwrite").parquet(str(out / "summary"))
-    summary_pd = (
-        spark.read.parquet(str(out / "summary")).orderBy("scenario", "purgatory").toPandas()
-    )
-    seconds["summary"] = time.perf_counter() - started
     if quality is not None:
         (out / "quality.json").write_text(json.dumps(asdict(quality), indent=2, default=str))
-        schema = "source string, line long, problem string, text string"
-        rows = [(e["source"], e["line"], e["problem"], e["text"]) for e in quality.examples]
-        spark.createDataFrame(rows, schema).write.mode("overwrite").parquet(str(out / "malformed"))
+        _malformed_frame(spark, quality).write.mode("overwrite").parquet(str(out / "malformed"))
     report_path = None
     if report:
         from .report import write_report
 
         started = time.perf_counter()
-        rollups_pd = spark.read.parquet(str(out / "rollups")).toPandas()
-        histograms = _histograms(facts, F)
+        rollups_pd = _to_pandas(_rollups_of(tables), _ROLLUP_ORDER)
         report_path = write_report(
             out,
             title=title,
             summary=summary_pd,
             rollups=rollups_pd,
             hot_keys=hot_pd,
-            histograms=histograms,
+            histograms=histograms(facts),
             quality=quality,
             interval=interval,
             extra=extra or {},
@@ -409,30 +457,62 @@ def analyze_facts(
     return AnalysisResult(out, summary_pd, hot_pd, quality, report_path, seconds)
 
 
-#: Histogram bins per decade of seconds (log scale); zero goes to its own bin.
-BINS_PER_DECADE = 10
+def _write_sorted(frame: Any, order: Sequence[str], path: Path) -> None:
+    frame.coalesce(1).sortWithinPartitions(*order).write.mode("overwrite").parquet(str(path))
 
 
-def _histograms(facts: Any, F: Any) -> Any:
-    """Log-binned counts of wait (by outcome) and of lateness, computed in Spark."""
+def _to_pandas(frame: Any, order: Sequence[str]) -> Any:
+    return frame.toPandas().sort_values(list(order), kind="stable").reset_index(drop=True)
+
+
+def _malformed_frame(spark: Any, quality: Quality) -> Any:
+    """The located malformed lines as a DataFrame (``malformed/``). Without any, an
+    empty frame made in the JVM: a Python list would start Python workers."""
+    from pyspark.sql import functions as F
+
+    columns = {"source": "string", "line": "bigint", "problem": "string", "text": "string"}
+    if not quality.examples:
+        return spark.range(0).select(
+            *[F.lit(None).cast(ddl).alias(name) for name, ddl in columns.items()]
+        )
+    rows = [tuple(example[name] for name in columns) for example in quality.examples]
+    return spark.createDataFrame(rows, ", ".join(f"{n} {d}" for n, d in columns.items()))
+
+
+def histograms(facts: Any) -> Any:
+    """Log-binned counts of wait (by outcome) and of lateness (pandas: ``scenario,
+    metric, outcome, bin, count``; ``bin`` null for zero), from one aggregate."""
+    import pandas as pd
+
+    counts = _histogram_counts(facts).toPandas()
+    parts = []
+    for metric, rows in (("wait", counts), ("lateness", counts[counts["has_lateness"]])):
+        part = (
+            rows.groupby(["scenario", "outcome", f"{metric}_bin"], dropna=False)["count"]
+            .sum()
+            .reset_index()
+            .rename(columns={f"{metric}_bin": "bin"})
+        )
+        part.insert(1, "metric", metric)
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)
+
+
+def _histogram_counts(facts: Any) -> Any:
+    """Ops per (scenario, outcome, wait bin, lateness bin): a few hundred rows at
+    most; each histogram is a sum over the other's bins."""
+    from pyspark.sql import functions as F
 
     def binned(column: str) -> Any:
         return F.when(F.col(column) > 0, F.floor(F.log10(column) * BINS_PER_DECADE)).cast("int")
 
-    wait = facts.groupBy(
-        "scenario", F.lit("wait").alias("metric"), "outcome", binned("wait").alias("bin")
+    return facts.groupBy(
+        "scenario",
+        "outcome",
+        binned("wait").alias("wait_bin"),
+        F.col("lateness").isNotNull().alias("has_lateness"),
+        binned("lateness").alias("lateness_bin"),
     ).count()
-    late = (
-        facts.where(F.col("lateness").isNotNull())
-        .groupBy(
-            "scenario",
-            F.lit("lateness").alias("metric"),
-            "outcome",
-            binned("lateness").alias("bin"),
-        )
-        .count()
-    )
-    return wait.unionByName(late).toPandas()
 
 
 def _build_parser() -> argparse.ArgumentParser:

@@ -4,6 +4,9 @@
 --master local[2] --dir /tmp/aiopurgatory-bench`` prints one JSON object with the
 times (wall seconds) and rows per second of each step, plus the load average
 (the machine may be shared), and the single-process replay rate in CPU time.
+Analyze is measured against the plain PySpark job of
+:mod:`aiopurgatory.pipeline.baseline`: each in its own process, end to end, in
+turns (``--analyze-rounds``), with the peak RSS of the JVM and Python workers.
 
 ``--no-spark`` measures only the single-process replay core (no Spark session);
 ``--compare-plain`` also replays the same trace with the plain loop path (one
@@ -108,6 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=1, help="turns of --compare-masters")
     parser.add_argument(
+        "--analyze-rounds",
+        type=int,
+        default=3,
+        help="turns of analyze (tables only), analyze (with report) and the baseline job",
+    )
+    parser.add_argument(
+        "--analyze-variants",
+        default="analyze_tables,analyze_report,baseline",
+        help="which of those to run",
+    )
+    parser.add_argument(
         "--timeouts",
         default="0.2",
         help="replay scenarios: comma-separated timeouts (min_insync 2), e.g. 0.2,1",
@@ -136,27 +150,21 @@ def main(argv: list[str] | None = None) -> int:
         spark = get_spark(args.master, app_name="aiopurgatory-benchmark", conf=conf)
         result["session_s"] = time.perf_counter() - started
 
-    if spark is not None and not args.skip_analyze:
-        from .analyze import analyze_facts, read_events
+    if not args.no_spark and not args.skip_analyze:
+        from .baseline import compare_with_analyze
 
         events_dir = root / f"events-{args.events}"
         if not events_dir.exists():
             result["events_bytes"] = write_synthetic_events(events_dir, args.events)
-        started = time.perf_counter()
-        quality = read_events(spark, [str(events_dir)], root / "analysis" / "facts")
-        read_s = time.perf_counter() - started
-        assert quality.events == args.events, quality
-        started = time.perf_counter()
-        analysis = analyze_facts(
-            spark, root / "analysis" / "facts", root / "analysis", interval=1.0, report=False
-        )
-        tables_s = time.perf_counter() - started
         result["analyze"] = {
             "events": args.events,
-            "read_parse_write_facts_s": round(read_s, 2),
-            "rollups_hotkeys_summary_s": round(tables_s, 2),
-            "steps_s": {k: round(v, 2) for k, v in analysis.seconds.items()},
-            "events_per_s": round(args.events / (read_s + tables_s)),
+            **compare_with_analyze(
+                events_dir,
+                root / "analyze-runs",
+                master=args.master,
+                rounds=args.analyze_rounds,
+                variants=args.analyze_variants.split(","),
+            ),
         }
 
     if not args.skip_replay:

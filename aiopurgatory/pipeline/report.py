@@ -11,10 +11,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .tables import BINS_PER_DECADE
+
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .analyze import AnalysisResult, Quality
+    from .tables import AnalysisResult, Quality
 
 __all__ = ["markdown_table", "print_summary", "write_report"]
 
@@ -71,8 +73,6 @@ def _plot_histograms(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from .analyze import BINS_PER_DECADE
 
     data = histograms[histograms["metric"] == metric]
     if data.empty:

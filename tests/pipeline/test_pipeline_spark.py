@@ -288,3 +288,127 @@ def test_cli_end_to_end(spark: Any, tmp_path: Path) -> None:
     assert "**malformed: 2**" in (out / "report.md").read_text()
     assert len(pd.read_parquet(out / "malformed")) == 2
     assert cli(["analyze", str(events), "--out", str(out), "--interval", "0"]) == 2
+
+
+def _nearest_rank_or_none(values: list[float], p: float) -> float | None:
+    return _nearest_rank(values, p) if values else None
+
+
+@pytest.fixture(scope="module")
+def clean_logs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """Two log files of valid op events only."""
+    root = tmp_path_factory.mktemp("clean-events")
+    events = _events(2000, seed=5)
+    for name, chunk in (("a.jsonl", events[:900]), ("b.jsonl", events[900:])):
+        (root / name).write_text("".join(json.dumps(e) + "\n" for e in chunk))
+    return root, events
+
+
+def test_no_malformed_lines_no_second_pass(
+    spark: Any,
+    clean_logs: tuple[Path, list[dict[str, Any]]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Malformed lines are counted in the one parse that writes the facts; the
+    text pass that locates them runs only when some were counted."""
+    root, events = clean_logs
+    passes = []
+    locate_pass = analyze._parsed_lines
+
+    def spy(*args: Any) -> Any:
+        passes.append(args)
+        return locate_pass(*args)
+
+    monkeypatch.setattr(analyze, "_parsed_lines", spy)
+    quality = analyze.read_events(spark, [str(root)], tmp_path / "facts")
+    assert (quality.lines, quality.events, quality.other, quality.malformed) == (2000, 2000, 0, 0)
+    assert quality.examples == []
+    assert passes == []
+    assert spark.read.parquet(str(tmp_path / "facts")).count() == len(events)
+
+    with (root / "a.jsonl").open("a") as file:
+        file.write("not json\n")
+    try:
+        quality = analyze.read_events(spark, [str(root)], tmp_path / "facts2")
+    finally:
+        (root / "a.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events[:900]))
+    assert (quality.events, quality.malformed) == (2000, 1)
+    assert len(passes) == 1
+    assert [(e["line"], e["problem"][:8]) for e in quality.examples] == [(901, "not JSON")]
+
+
+def _exchanges(frame: Any) -> int:
+    plan = frame._jdf.queryExecution().executedPlan().toString()
+    return int(plan.count("Exchange "))
+
+
+def test_histograms_from_one_aggregate(
+    spark: Any, clean_logs: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    root, events = clean_logs
+    analyze.read_events(spark, [str(root)], tmp_path / "facts")
+    facts = spark.read.parquet(str(tmp_path / "facts"))
+    assert _exchanges(analyze._histogram_counts(facts)) == 1
+    got = analyze.histograms(facts)
+
+    def bin_of(value: float) -> float | None:
+        return math.floor(math.log10(value) * analyze.BINS_PER_DECADE) if value > 0 else None
+
+    want: Counter[tuple[str, str, float | None]] = Counter()
+    for e in events:
+        want[("wait", e["outcome"], bin_of(e["wait"]))] += 1
+        if e["lateness"] is not None:
+            want[("lateness", e["outcome"], bin_of(e["lateness"]))] += 1
+    rows = got.to_dict("records")
+    assert {
+        (r["metric"], r["outcome"], None if pd.isna(r["bin"]) else int(r["bin"])): r["count"]
+        for r in rows
+    } == dict(want)
+    assert set(got["scenario"]) == {"observed"}
+
+
+def test_tables_from_one_aggregate_equal_the_baseline_job(
+    spark: Any, clean_logs: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """analyze's tables equal those of the plain PySpark job (baseline.py) on the
+    same events; rollups and summary come from one aggregate (one shuffle)."""
+    from aiopurgatory.pipeline.baseline import run_baseline
+
+    root, events = clean_logs
+    facts_path = tmp_path / "analysis" / "facts"
+    analyze.read_events(spark, [str(root)], facts_path)
+    facts = spark.read.parquet(str(facts_path))
+    assert _exchanges(analyze._tables(facts, 0.5)) == 1
+    result = analyze.analyze_facts(
+        spark, facts_path, tmp_path / "analysis", interval=0.5, top=4, report=False
+    )
+    run_baseline(spark, [str(root)], tmp_path / "baseline", interval=0.5, top=4)
+    for table in ("facts", "rollups", "summary", "hot_keys"):
+        ours = pd.read_parquet(tmp_path / "analysis" / table)
+        theirs = pd.read_parquet(tmp_path / "baseline" / table)
+        assert set(theirs.columns) <= set(ours.columns), table
+        ours = ours[list(theirs.columns)]
+        order = [
+            c for c in ("scenario", "purgatory", "interval_start", "key", "op_id") if c in theirs
+        ]
+        ours = ours.sort_values(order).reset_index(drop=True)
+        theirs = theirs.sort_values(order).reset_index(drop=True)
+        if table == "facts":
+            ours["keys"] = ours["keys"].map(list)
+            theirs["keys"] = theirs["keys"].map(list)
+        pd.testing.assert_frame_equal(ours, theirs, check_dtype=False, check_exact=True)
+    # The written tables are sorted, and what analyze_facts returns is what it wrote.
+    summary = pd.read_parquet(tmp_path / "analysis" / "summary")
+    assert list(summary["purgatory"]) == ["(all)", "fetch", "produce"]
+    assert summary.loc[0, "ops"] == len(events)
+    assert summary.loc[0, "wait_p95"] == _nearest_rank([e["wait"] for e in events], 0.95)
+    late = [e["lateness"] for e in events if e["lateness"] is not None]
+    assert summary.loc[0, "lateness_p99"] == _nearest_rank_or_none(late, 0.99)
+    pd.testing.assert_frame_equal(result.summary, summary, check_dtype=False)
+    rollups = pd.read_parquet(tmp_path / "analysis" / "rollups")
+    keys = list(zip(rollups["purgatory"], rollups["interval_start"], strict=True))
+    assert keys == sorted(keys)
+    hot = pd.read_parquet(tmp_path / "analysis" / "hot_keys")
+    assert list(hot["rank_by_ops"]) == sorted(hot["rank_by_ops"])
+    pd.testing.assert_frame_equal(result.hot_keys, hot, check_dtype=False)
