@@ -189,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
             facts = replay_spark(spark, read_trace(spark, str(trace_path)), params)
             facts.write.mode("overwrite").parquet(str(root / "replay-facts"))
             spark_s = time.perf_counter() - started
-            spark_cpu = _tree_cpu() - cpu_before
+            cpu_after = _tree_cpu()
+            spark_cpu_by = {k: v - cpu_before.get(k, 0.0) for k, v in cpu_after.items()}
+            spark_cpu = sum(spark_cpu_by.values())
             cores = _master_cores(spark)
             replay["spark_s"] = round(spark_s, 2)
             replay["spark_requests_per_s"] = round(simulated / spark_s)
@@ -198,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             if spark_cpu > 0:
                 # This process, the driver JVM and the Python workers (their CPU time).
                 replay["spark_cpu_s"] = round(spark_cpu, 2)
+                replay["spark_cpu_s_by_process"] = {k: round(v, 2) for k, v in spark_cpu_by.items()}
                 replay["spark_requests_per_cpu_s"] = round(simulated / spark_cpu)
                 replay["peak_rss_mb"] = _tree_peak_rss_mb()
             if args.task_times:
@@ -239,35 +242,45 @@ def _tree() -> list[Path]:
     return [Path("/proc") / str(pid) for pid in [os.getpid(), *_children(os.getpid())]]
 
 
-def _tree_cpu() -> float:
-    """CPU seconds of this process tree so far: every live process's user and system
-    time, with that of its reaped children; 0.0 without /proc."""
+def _kind(process: Path) -> str | None:
+    """``driver_python`` (this process), ``driver_jvm`` or ``python_worker``; None if gone."""
+    if process.name == str(os.getpid()):
+        return "driver_python"
+    try:
+        command = (process / "cmdline").read_bytes().split(b"\0")[0].decode()
+    except OSError:
+        return None
+    return "driver_jvm" if command.endswith("java") else "python_worker"
+
+
+def _tree_cpu() -> dict[str, float]:
+    """CPU seconds of this process tree so far, by kind (see :func:`_kind`): every live
+    process's user and system time, with that of its reaped children; {} without /proc."""
     from .cluster import _stat_fields
 
-    ticks = 0
+    ticks: dict[str, int] = {}
     for process in _tree():
         fields = _stat_fields(process)
-        if fields is not None:
-            ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-    return ticks / os.sysconf("SC_CLK_TCK") if ticks else 0.0
+        kind = _kind(process)
+        if fields is not None and kind is not None:
+            # utime stime cutime cstime
+            ticks[kind] = ticks.get(kind, 0) + sum(int(x) for x in fields[11:15])
+    return {kind: n / os.sysconf("SC_CLK_TCK") for kind, n in ticks.items()}
 
 
 def _tree_peak_rss_mb() -> dict[str, float]:
     """Peak resident set (VmHWM, MB) of the driver JVM and the largest Python worker."""
     peaks: dict[str, float] = {}
     for process in _tree()[1:]:
+        kind = _kind(process)
         try:
             status = (process / "status").read_text()
-            command = (process / "cmdline").read_bytes().split(b"\0")[0].decode()
         except OSError:
             continue
-        hwm = next(
-            (line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")), None
-        )
-        if hwm is None:
+        hwm = [line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")]
+        if kind is None or not hwm:
             continue
-        kind = "driver_jvm" if command.endswith("java") else "python_worker"
-        peaks[kind] = max(peaks.get(kind, 0.0), round(int(hwm) / 1024, 1))
+        peaks[kind] = max(peaks.get(kind, 0.0), round(int(hwm[0]) / 1024, 1))
     return peaks
 
 
