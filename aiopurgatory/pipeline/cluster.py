@@ -438,6 +438,10 @@ class LocalCluster:
             "spark.dynamicAllocation.shuffleTracking.enabled": "true",
             "spark.dynamicAllocation.shuffleTracking.timeout": "5s",
             "spark.dynamicAllocation.executorIdleTimeout": "5s",
+            # Also executors holding blocks: analyze keeps its small tables by a
+            # local checkpoint, and such executors would otherwise never idle out
+            # (the default is never), starving spark:// applications for good.
+            "spark.dynamicAllocation.cachedExecutorIdleTimeout": "5s",
             "spark.dynamicAllocation.minExecutors": "0",
             "spark.executor.cores": str(self.cores),
         }
