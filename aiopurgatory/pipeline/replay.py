@@ -140,19 +140,13 @@ def _replay_slots(
 def _delays_as_lists(table: pa.Table, followers: int) -> pa.Table:
     """Columns ``d0`` .. ``d{followers-1}`` (nulls kept) as one ``replica_delays`` list column."""
     import numpy as np
-    import pyarrow as pa
 
-    n = table.num_rows
+    from .trace import delay_lists
+
     names = [f"d{j}" for j in range(followers)]
-    if followers:
-        matrix = np.column_stack(
-            [table.column(name).to_numpy(zero_copy_only=False) for name in names]
-        ).reshape(-1)
-        values = pa.array(matrix, pa.float64(), mask=np.isnan(matrix))
-    else:
-        values = pa.array([], pa.float64())
-    offsets = pa.array(np.arange(n + 1, dtype="int64") * followers, pa.int32())
-    lists = pa.ListArray.from_arrays(offsets, values)
+    columns = [table.column(name).to_numpy(zero_copy_only=False) for name in names]
+    matrix = np.column_stack(columns) if columns else np.empty((table.num_rows, 0))
+    lists = delay_lists(matrix)
     return table.drop_columns(names).append_column("replica_delays", lists)
 
 

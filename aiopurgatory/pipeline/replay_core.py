@@ -188,19 +188,8 @@ class _Rows:
         self.rows.append(fields)
 
 
-_FACT_FIELDS = (
-    "purgatory",
-    "op_id",
-    "op_type",
-    "keys",
-    "timeout",
-    "watched_at",
-    "finished_at",
-    "outcome",
-    "wait",
-    "lateness",
-    "ts",
-)
+#: The fields an op event carries: the fact columns after ``scenario`` and ``source``.
+_FACT_FIELDS = tuple(FACT_COLUMNS)[2:]
 
 
 class _Finished:

@@ -96,6 +96,19 @@ def generate_trace(spec: TraceSpec) -> pd.DataFrame:
     return _pandas_trace(generate_trace_table(spec))
 
 
+def delay_lists(delays: Any) -> Any:
+    """A ``(requests, followers)`` float matrix as the trace's ``replica_delays``
+    Arrow lists, NaN as null (never acknowledges)."""
+    import numpy as np
+    import pyarrow as pa
+
+    n, followers = delays.shape
+    flat = np.ascontiguousarray(delays, dtype="float64").reshape(-1)
+    values = pa.array(flat, pa.float64(), mask=np.isnan(flat))
+    offsets = pa.array(np.arange(n + 1, dtype="int64") * followers, pa.int32())
+    return pa.ListArray.from_arrays(offsets, values)
+
+
 def _pandas_trace(table: Any) -> pd.DataFrame:
     """An Arrow trace as pandas, ``replica_delays`` as lists with None for "never"."""
     trace: pd.DataFrame = table.drop_columns(["replica_delays"]).to_pandas()
@@ -146,9 +159,6 @@ def generate_trace_table(spec: TraceSpec) -> Any:
         hit = (arrival >= start) & (arrival < end)
         never |= hit[:, None] & (follower_broker == down)
     delays = np.where(never, np.nan, delays)
-    flat = delays.reshape(-1)
-    values = pa.array(flat, pa.float64(), mask=np.isnan(flat))
-    offsets = pa.array(np.arange(n + 1, dtype="int64") * followers, pa.int32())
     topics = pa.DictionaryArray.from_arrays(
         pa.array(topic, pa.int32()), pa.array([f"topic-{t}" for t in range(spec.topics)])
     ).cast(pa.string())
@@ -160,7 +170,7 @@ def generate_trace_table(spec: TraceSpec) -> Any:
             "partition": pa.array(partition.astype("int32")),
             "arrival": pa.array(arrival),
             "acks": pa.array(acks),
-            "replica_delays": pa.ListArray.from_arrays(offsets, values),
+            "replica_delays": delay_lists(delays),
         },
         schema=trace_arrow_schema(),
     )
