@@ -286,12 +286,11 @@ def _tree_peak_rss_mb() -> dict[str, float]:
 
 def _master_cores(spark: Any) -> int:
     """The cores the session's tasks run on (``local[N]``: N; else Spark's default parallelism)."""
-    import re
+    from .session import _local_cores
 
     master = spark.conf.get("spark.master", "")
-    found = re.fullmatch(r"local\[(\d+|\*)\]", master)
-    if found:
-        return os.cpu_count() or 1 if found.group(1) == "*" else int(found.group(1))
+    if master.startswith("local"):
+        return _local_cores(master)
     return max(1, int(spark.sparkContext.defaultParallelism))
 
 

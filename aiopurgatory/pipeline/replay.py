@@ -93,7 +93,7 @@ def spark_hash_int(value: int, seed: int = 42) -> int:
     return h1 - (1 << 32) if h1 >= 1 << 31 else h1
 
 
-def _partition_keys(tasks: int) -> list[int]:
+def _task_keys(tasks: int) -> list[int]:
     """For each task ``t`` of a ``repartition(tasks, key)``, an int key that lands in it."""
     keys: dict[int, int] = {}
     candidate = 0
@@ -223,7 +223,7 @@ def replay_spark(
         key=lambda group: (-sizes[group[0]] * len(chunks[group[1]]), group[0], group[1]),
     )
     tasks = len(groups) if partitions is None else partitions
-    keys = _partition_keys(tasks)
+    keys = _task_keys(tasks)
     slots = {s: (broker, chunks[k]) for s, (broker, k) in enumerate(groups)}
     # Each row's slots and each slot's task key as map lookups on literals: no
     # table to make (a local DataFrame costs a Python job) and no join.
