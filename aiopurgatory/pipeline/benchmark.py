@@ -8,6 +8,14 @@ Analyze is measured against the plain PySpark job of
 :mod:`aiopurgatory.pipeline.baseline`: each in its own process, end to end, in
 turns (``--analyze-rounds``), with the peak RSS of the JVM and Python workers.
 
+The Spark replay runs ``--replay-rounds`` times in the one session (the first
+with a cold JVM and Python workers, as a single CLI run gets it) for each data
+path of ``--replay-io`` (``files``, the CLI's default for a Parquet trace, and/or
+``spark``), and is compared per core with the single-process core.
+``--end-to-end`` also times the CLI as a user runs it, ``aiopurgatory replay
+TRACE --timeout T --no-report`` with ``--local`` and with ``--master``, each in a
+fresh process, in turns (``--rounds``), and reports the ratio of the medians.
+
 ``--no-spark`` measures only the single-process replay core (no Spark session);
 ``--compare-plain`` also replays the same trace with the plain loop path (one
 event-loop turn per event time, ``fast=False``), reports its rate and checks that
