@@ -329,14 +329,17 @@ def _local(path: str | os.PathLike[str]) -> Path:
 
 
 def _trace_dataset(path: Path) -> Any:
-    """The trace as a pyarrow dataset (file or directory; ``_*`` and ``.*`` files skipped).
+    """The trace as a pyarrow dataset: a file, or a directory as Spark writes one
+    (``_*`` and ``.*`` files skipped; ``broker=N/`` subdirectories of a
+    ``partitionBy("broker")`` are the ``broker`` column, and a task then reads its
+    broker's directory alone).
 
     Raises:
         ValueError: the trace lacks a column.
     """
     import pyarrow.dataset as ds
 
-    dataset = ds.dataset(str(path), format="parquet")
+    dataset = ds.dataset(str(path), format="parquet", partitioning="hive")
     missing = set(TRACE_COLUMNS) - set(dataset.schema.names)
     if missing:
         raise ValueError(f"trace {path}: missing columns {sorted(missing)}")

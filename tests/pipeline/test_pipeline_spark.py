@@ -284,6 +284,18 @@ def test_files_replay_with_fewer_tasks_a_directory_trace_and_an_empty_one(
         _sorted_facts(got), _sorted_facts(want), check_exact=True, check_dtype=False
     )
 
+    # partitionBy("broker"): the broker is in the directory names only.
+    by_broker = str(tmp_path / "by-broker")
+    spark.read.parquet(directory).write.partitionBy("broker").parquet(by_broker)
+    assert (tmp_path / "by-broker" / "broker=0").is_dir()
+    replay.replay_files(spark, by_broker, tmp_path / "facts2", sweep)
+    pd.testing.assert_frame_equal(
+        _sorted_facts(pd.read_parquet(tmp_path / "facts2")),
+        _sorted_facts(want),
+        check_exact=True,
+        check_dtype=False,
+    )
+
     empty = write_trace(data.iloc[:0], tmp_path / "empty.parquet")
     done = replay.replay_files(spark, empty, tmp_path / "none", sweep)
     assert done == replay.ReplayedFiles(requests=0, facts=0, files=1)
