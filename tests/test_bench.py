@@ -611,3 +611,32 @@ def test_trio_loops_say_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(RuntimeError, match="aiopurgatory_trio_bench"):
         run_purgatory("ap", "trio-virtual", num=10)
 
+
+def test_compare_builds_runs_the_ap_cells_of_bench_all() -> None:
+    # --workload timer|purgatory claims the parameters `bench all` gives each cell:
+    # built here the way cli._run_all builds them.
+    from aiopurgatory.bench import compare_builds
+    from aiopurgatory.bench import purgatory as purgatory_bench
+    from aiopurgatory.bench import timer as timer_bench
+    from aiopurgatory.bench.suite_purgatory import completion_cases
+
+    params = compare_builds._suite_params
+    assert params("timer", "low-timeout", 7) == dict(timer_bench.DEFAULTS, seed=7)
+    base = dict(purgatory_bench.DEFAULTS, seed=7)
+    scenarios = [dict(base, pct75=a, pct50=b) for a, b in purgatory_bench.SCENARIOS.values()]
+    assert [params("purgatory", name, 7) for name in purgatory_bench.SCENARIOS] == scenarios
+    cases = completion_cases(dict(scenarios[0], num=100_000, rate=None), ("check", "clock"))
+    assert [params("purgatory", c, 7) for c in ("check", "clock")] == cases
+
+
+def test_compare_builds_refuses_two_runs_of_one_package(capsys: pytest.CaptureFixture[str]) -> None:
+    from aiopurgatory.bench.compare_builds import _check_package
+
+    packages: dict[str, str] = {}
+    _check_package(packages, "A", {"package": "/a/aiopurgatory/__init__.py", "compiled": True})
+    assert "A: /a/aiopurgatory/__init__.py (compiled core)" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="both builds imported"):
+        _check_package(packages, "B", {"package": "/a/aiopurgatory/__init__.py", "compiled": True})
+    packages = {"A": "/a/aiopurgatory/__init__.py"}
+    with pytest.raises(SystemExit, match="build A imported /b/"):
+        _check_package(packages, "A", {"package": "/b/aiopurgatory/__init__.py", "compiled": False})
