@@ -8,6 +8,14 @@ Analyze is measured against the plain PySpark job of
 :mod:`aiopurgatory.pipeline.baseline`: each in its own process, end to end, in
 turns (``--analyze-rounds``), with the peak RSS of the JVM and Python workers.
 
+The Spark replay runs ``--replay-rounds`` times in the one session (the first
+with a cold JVM and Python workers, as a single CLI run gets it) for each data
+path of ``--replay-io`` (``files``, the CLI's default for a Parquet trace, and/or
+``spark``), and is compared per core with the single-process core.
+``--end-to-end`` also times the CLI as a user runs it, ``aiopurgatory replay
+TRACE --timeout T --no-report`` with ``--local`` and with ``--master``, each in a
+fresh process, in turns (``--rounds``), and reports the ratio of the medians.
+
 ``--no-spark`` measures only the single-process replay core (no Spark session);
 ``--compare-plain`` also replays the same trace with the plain loop path (one
 event-loop turn per event time, ``fast=False``), reports its rate and checks that
@@ -126,6 +134,26 @@ def main(argv: list[str] | None = None) -> int:
         default="0.2",
         help="replay scenarios: comma-separated timeouts (min_insync 2), e.g. 0.2,1",
     )
+    parser.add_argument(
+        "--replay-io",
+        default="files",
+        help="the Spark replay's data path(s), comma-separated: files (the CLI's default "
+        "for a Parquet trace: tasks read and write Parquet), spark (through Spark)",
+    )
+    parser.add_argument(
+        "--replay-rounds",
+        type=int,
+        default=2,
+        help="Spark replays of each --replay-io in one session (the first with a cold "
+        "JVM and Python workers)",
+    )
+    parser.add_argument(
+        "--end-to-end",
+        action="store_true",
+        help="also time the CLI end to end, `aiopurgatory replay TRACE --timeout ... "
+        "--no-report` with --local and with --master, each a fresh process, in turns "
+        "(--rounds)",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.compare_masters:
         return _compare_masters(args)
@@ -137,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"master": None if args.no_spark else args.master}
     result["cpus"] = os.cpu_count()
     spark: Any = None
+    ui_port: int | None = None
     if not args.no_spark:
         from .session import get_spark
 
@@ -179,33 +208,28 @@ def main(argv: list[str] | None = None) -> int:
             "simulated_requests": simulated,
         }
         if spark is not None:
-            from .replay import read_trace, replay_spark
-
             trace_path = root / f"trace-{args.requests}.parquet"
             write_trace(table, trace_path)
-            cpu_before = _tree_cpu()
-            started = time.perf_counter()
-            busy = _busy_cores() if args.task_times else None
-            facts = replay_spark(spark, read_trace(spark, str(trace_path)), params)
-            facts.write.mode("overwrite").parquet(str(root / "replay-facts"))
-            spark_s = time.perf_counter() - started
-            cpu_after = _tree_cpu()
-            spark_cpu_by = {k: v - cpu_before.get(k, 0.0) for k, v in cpu_after.items()}
-            spark_cpu = sum(spark_cpu_by.values())
+            runs = [
+                _spark_replay(spark, io, trace_path, root / "replay-facts", params, ui_port)
+                for _ in range(args.replay_rounds)
+                for io in args.replay_io.split(",")
+            ]
             cores = _master_cores(spark)
-            replay["spark_s"] = round(spark_s, 2)
-            replay["spark_requests_per_s"] = round(simulated / spark_s)
             replay["spark_cores"] = cores
-            replay["spark_requests_per_s_per_core"] = round(simulated / spark_s / cores)
-            if spark_cpu > 0:
-                # This process, the driver JVM and the Python workers (their CPU time).
-                replay["spark_cpu_s"] = round(spark_cpu, 2)
-                replay["spark_cpu_s_by_process"] = {k: round(v, 2) for k, v in spark_cpu_by.items()}
-                replay["spark_requests_per_cpu_s"] = round(simulated / spark_cpu)
-                replay["peak_rss_mb"] = _tree_peak_rss_mb()
-            if args.task_times:
-                replay["machine_busy_cores"] = _busy_cores(busy)
-                replay["replay_task_s"] = _last_stage_task_seconds(ui_port)
+            replay["spark_runs"] = runs
+            # The figures of the first run of the first --replay-io (the CLI's
+            # default: files), as a user's single run gets them, cold JVM and all.
+            replay.update({k: v for k, v in runs[0].items() if k != "io"})
+            replay["spark_requests_per_s"] = round(simulated / runs[0]["spark_s"])
+            replay["spark_requests_per_s_per_core"] = round(simulated / runs[0]["spark_s"] / cores)
+            for run in runs:
+                run["requests_per_s_per_core"] = round(simulated / run["spark_s"] / cores)
+                if run.get("spark_cpu_s"):
+                    run["requests_per_cpu_s"] = round(simulated / run["spark_cpu_s"])
+            if replay.get("spark_cpu_s"):
+                replay["spark_requests_per_cpu_s"] = round(simulated / replay["spark_cpu_s"])
+            replay["peak_rss_mb"] = _tree_peak_rss_mb()
         if not args.no_single:
             from .replay_core import replay_trace_table
 
@@ -217,11 +241,12 @@ def main(argv: list[str] | None = None) -> int:
             replay["single_process_cpu_s"] = round(cpu_s, 2)
             replay["single_process_requests_per_cpu_s"] = round(simulated / cpu_s)
             if "spark_requests_per_s_per_core" in replay:
+                single = replay["single_process_requests_per_cpu_s"]
                 replay["spark_per_core_vs_single"] = round(
-                    replay["spark_requests_per_s_per_core"]
-                    / replay["single_process_requests_per_cpu_s"],
-                    2,
+                    replay["spark_requests_per_s_per_core"] / single, 2
                 )
+                for run in replay["spark_runs"]:
+                    run["per_core_vs_single"] = round(run["requests_per_s_per_core"] / single, 2)
             if args.compare_plain:
                 cpu = time.process_time()
                 plain = replay_trace_table(table, params, fast=False)
@@ -230,9 +255,79 @@ def main(argv: list[str] | None = None) -> int:
                 replay["plain_loop_requests_per_cpu_s"] = round(simulated / cpu_s)
                 replay["same_facts"] = bool(fast.equals(plain))
         result["replay"] = replay
+        if args.end_to_end:
+            trace_path = root / f"trace-{args.requests}.parquet"
+            if not trace_path.exists():
+                write_trace(table, trace_path)
+            result["end_to_end"] = _end_to_end(args, trace_path)
     result["loadavg"] = os.getloadavg()
     print(json.dumps(result, indent=2))
     return 0
+
+
+def _end_to_end(args: argparse.Namespace, trace: Path) -> dict[str, Any]:
+    """``aiopurgatory replay TRACE --timeout T --no-report`` with ``--local`` and with
+    ``--master M``, each in a fresh process, in turns (``--rounds``): wall seconds,
+    the CLI's own step times, the medians and Spark's ratio to ``--local``."""
+    runs: dict[str, list[dict[str, Any]]] = {"local": [], "spark": []}
+    for _ in range(args.rounds):
+        for mode in runs:
+            command = [sys.executable, "-m", "aiopurgatory.cli", "replay", str(trace)]
+            command += ["--out", str(Path(args.dir) / f"end-to-end-{mode}")]
+            command += ["--timeout", args.timeouts, "--no-report", "--master", args.master]
+            command += ["--local"] if mode == "local" else []
+            started = time.perf_counter()
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            wall = time.perf_counter() - started
+            if done.returncode:
+                raise RuntimeError(f"{' '.join(command)}: exit {done.returncode}\n{done.stderr}")
+            steps = [line for line in done.stdout.splitlines() if line.startswith("times:")]
+            runs[mode].append({"wall_s": round(wall, 2), "steps": steps[-1][7:] if steps else ""})
+    medians = {mode: statistics.median(r["wall_s"] for r in rs) for mode, rs in runs.items()}
+    return {
+        "command": f"aiopurgatory replay TRACE --timeout {args.timeouts} --no-report "
+        f"[--local | --master {args.master}]",
+        "runs": runs,
+        "median_wall_s": medians,
+        "spark_vs_local": round(medians["spark"] / medians["local"], 2),
+        "loadavg_after": os.getloadavg(),
+    }
+
+
+def _spark_replay(
+    spark: Any,
+    io: str,
+    trace_path: Path,
+    facts: Path,
+    params: list[Any],
+    ui_port: int | None,
+) -> dict[str, Any]:
+    """One Spark replay of the trace (read, replay, write ``facts``) by ``io``
+    (``files``: :func:`~.replay.replay_files`; ``spark``: :func:`~.replay.replay_spark`);
+    its wall and CPU seconds by process, busy cores and task times (with a UI port)."""
+    from .replay import read_trace, replay_files, replay_spark
+
+    cpu_before = _tree_cpu()
+    busy = _busy_cores() if ui_port is not None else None
+    started = time.perf_counter()
+    if io == "files":
+        replay_files(spark, trace_path, facts, params)
+    elif io == "spark":
+        frame = replay_spark(spark, read_trace(spark, str(trace_path)), params)
+        frame.write.mode("overwrite").parquet(str(facts))
+    else:
+        raise ValueError(f"--replay-io: files or spark, got {io!r}")
+    run: dict[str, Any] = {"io": io, "spark_s": round(time.perf_counter() - started, 2)}
+    cpu_after = _tree_cpu()
+    by_process = {k: v - cpu_before.get(k, 0.0) for k, v in cpu_after.items()}
+    if sum(by_process.values()) > 0:
+        # This process, the driver JVM and the Python workers (their CPU time).
+        run["spark_cpu_s"] = round(sum(by_process.values()), 2)
+        run["spark_cpu_s_by_process"] = {k: round(v, 2) for k, v in by_process.items()}
+    if ui_port is not None:
+        run["machine_busy_cores"] = _busy_cores(busy)
+        run["replay_task_s"] = _last_stage_task_seconds(ui_port)
+    return run
 
 
 def _tree() -> list[Path]:

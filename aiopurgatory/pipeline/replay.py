@@ -3,8 +3,17 @@
 Each (broker, parameter set) of the sweep (``--timeout 0.5,1,30 --min-insync 2,3``
 gives six parameter sets) is a group that
 :func:`~aiopurgatory.pipeline.replay_core.replay_table` replays on virtual time in a
-Spark task of its own (``mapInArrow``: Arrow in and out, see :func:`replay_spark`).
-Only DataFrame APIs are used, so it also runs over Spark Connect. The output is
+Spark task of its own. Two data paths (``--io``):
+
+* ``files`` (:func:`replay_files`, the default for a Parquet trace and an output
+  on a filesystem path): each task reads its broker's rows of the trace and writes
+  its facts as a Parquet file itself, with pyarrow; Spark schedules the tasks
+  (largest first), retries a lost one, and no row passes through the JVM.
+* ``spark`` (:func:`replay_spark`, the default for a CSV trace or a URI such as
+  ``s3a://``): Spark reads the trace, hash-partitions it to the tasks, hands
+  each task its rows as Arrow (``mapInArrow``) and writes the facts it returns.
+
+Only DataFrame APIs are used, so both also run over Spark Connect. The output is
 the same per-op fact table as ``analyze`` writes, followed by the same rollups,
 hot keys, summary and report;
 ``scenarios/`` maps each scenario label to its parameters.
@@ -16,20 +25,31 @@ tests compare the Spark replay with), then analyses it with Spark as usual.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 import time
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .replay_core import ReplayParams, parse_sweep, replay_table
 from .schema import TRACE_COLUMNS
-from .session import DEFAULT_MASTER
+from .session import _URI_SCHEME, DEFAULT_MASTER
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["main", "read_trace", "replay_spark", "spark_hash_int"]
+__all__ = [
+    "ReplayedFiles",
+    "files_reachable",
+    "main",
+    "read_trace",
+    "replay_files",
+    "replay_spark",
+    "spark_hash_int",
+]
 
 
 def read_trace(spark: Any, path: str) -> Any:
@@ -106,10 +126,44 @@ def _task_keys(tasks: int) -> list[int]:
 #: The trace columns a replay task needs (``broker`` is in the slot).
 _REPLAY_INPUT = ("request_id", "topic", "partition", "arrival", "acks")
 
+#: A slot: one broker and the parameter sets its task replays it under.
+_Slot = tuple[int, list[ReplayParams]]
+
+
+def _plan_slots(
+    sizes: dict[int, int], param_sets: Sequence[ReplayParams], wanted: int
+) -> list[_Slot]:
+    """The replay's slots, largest first (requests x parameter sets).
+
+    Each broker is one slot with every parameter set, unless there are fewer
+    brokers than ``wanted`` tasks: then its parameter sets are split between up to
+    ``ceil(wanted / brokers)`` slots, so that the cores have work of similar sizes.
+    """
+    copies = max(1, min(len(param_sets), -(-wanted // len(sizes))))
+    chunks = [list(param_sets[k::copies]) for k in range(copies)]
+    groups = sorted(
+        ((broker, k) for broker in sizes for k in range(copies)),
+        key=lambda group: (-sizes[group[0]] * len(chunks[group[1]]), group[0], group[1]),
+    )
+    return [(broker, chunks[k]) for broker, k in groups]
+
+
+def _check_partitions(partitions: int | None) -> None:
+    if partitions is not None and (
+        isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1
+    ):
+        raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
+
+
+def _wanted_tasks(spark: Any, partitions: int | None) -> int:
+    """How many tasks keep the cores busy: ``partitions``, else the session's
+    ``spark.sql.shuffle.partitions`` (2 per core on ``local[N]``)."""
+    return partitions or int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+
 
 def _replay_slots(
     batches: Iterator[pa.RecordBatch],
-    slots: dict[int, tuple[int, list[ReplayParams]]],
+    slots: dict[int, _Slot],
     followers: int | None,
     source: str,
 ) -> Iterator[pa.RecordBatch]:
@@ -198,10 +252,7 @@ def replay_spark(
 
     if not param_sets:
         raise ValueError("param_sets must not be empty")
-    if partitions is not None and (
-        isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1
-    ):
-        raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
+    _check_partitions(partitions)
     lengths = F.size("replica_delays")  # -1 for a null list
     stats = (
         trace.groupBy("broker")
@@ -215,20 +266,13 @@ def replay_spark(
     uniform = len(bounds) == 1 and next(iter(bounds))[0] == next(iter(bounds))[1]
     followers = int(next(iter(bounds))[0]) if uniform and next(iter(bounds))[0] >= 0 else None
 
-    wanted = partitions or int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
-    copies = max(1, min(len(param_sets), -(-wanted // len(sizes))))
-    chunks = [list(param_sets[k::copies]) for k in range(copies)]
-    groups = sorted(
-        ((broker, k) for broker in sizes for k in range(copies)),
-        key=lambda group: (-sizes[group[0]] * len(chunks[group[1]]), group[0], group[1]),
-    )
-    tasks = len(groups) if partitions is None else partitions
+    slots = dict(enumerate(_plan_slots(sizes, param_sets, _wanted_tasks(spark, partitions))))
+    tasks = len(slots) if partitions is None else partitions
     keys = _task_keys(tasks)
-    slots = {s: (broker, chunks[k]) for s, (broker, k) in enumerate(groups)}
     # Each row's slots and each slot's task key as map lookups on literals: no
     # table to make (a local DataFrame costs a Python job) and no join.
     slots_of: dict[int, list[int]] = {}
-    for s, (broker, _) in enumerate(groups):
+    for s, (broker, _) in slots.items():
         slots_of.setdefault(broker, []).append(s)
     slot_map = F.create_map(
         *[
@@ -258,6 +302,209 @@ def replay_spark(
     )
 
 
+class ReplayedFiles(NamedTuple):
+    """What :func:`replay_files` did."""
+
+    requests: int  #: trace rows replayed (each under every parameter set)
+    facts: int  #: fact rows written
+    files: int  #: Parquet files written
+
+
+def files_reachable(*paths: str | os.PathLike[str]) -> bool:
+    """Whether :func:`replay_files` can take these paths: plain filesystem paths
+    (or ``file:`` URIs), and no CSV trace. Other URIs (``s3a://``, ``hdfs://``)
+    and CSV traces are for :func:`replay_spark`, through Spark's own readers."""
+    texts = [os.fspath(path) for path in paths]
+    return all(
+        not _URI_SCHEME.match(text) or text.startswith("file:") for text in texts
+    ) and not any(text.lower().endswith(".csv") for text in texts)
+
+
+def _local(path: str | os.PathLike[str]) -> Path:
+    """A path or ``file:`` URI as an absolute local path."""
+    text = os.fspath(path)
+    if text.startswith("file:"):
+        text = "/" + text[len("file:") :].lstrip("/")
+    return Path(text).absolute()
+
+
+def _trace_dataset(path: Path) -> Any:
+    """The trace as a pyarrow dataset (file or directory; ``_*`` and ``.*`` files skipped).
+
+    Raises:
+        ValueError: the trace lacks a column.
+    """
+    import pyarrow.dataset as ds
+
+    dataset = ds.dataset(str(path), format="parquet")
+    missing = set(TRACE_COLUMNS) - set(dataset.schema.names)
+    if missing:
+        raise ValueError(f"trace {path}: missing columns {sorted(missing)}")
+    return dataset
+
+
+def _broker_sizes(path: Path) -> dict[int, int]:
+    """Requests per broker, from the trace's ``broker`` column alone.
+
+    Raises:
+        ValueError: the trace lacks a column, or a broker is null.
+    """
+    import pyarrow.compute as pc
+
+    broker = _trace_dataset(path).to_table(columns=["broker"]).column("broker")
+    if broker.null_count:
+        raise ValueError(f"trace {path}: {broker.null_count} requests with a null broker")
+    counts = pc.value_counts(broker).to_pylist()
+    return {int(item["values"]): int(item["counts"]) for item in counts}
+
+
+def _broker_requests(path: Path, broker: int) -> pa.Table:
+    """One broker's requests: the columns the core needs, in the trace types."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    from .replay_core import _REQUEST_COLUMNS
+    from .schema import trace_arrow_schema
+
+    schema = trace_arrow_schema()
+    table = _trace_dataset(path).to_table(
+        columns=list(_REQUEST_COLUMNS), filter=ds.field("broker") == broker
+    )
+    return table.cast(pa.schema([schema.field(name) for name in _REQUEST_COLUMNS]))
+
+
+#: Where tasks write their files until each is complete (then renamed into place).
+_TEMPORARY = "_temporary"
+
+
+def _write_facts(directory: Path, name: str, tables: Iterable[pa.Table]) -> int:
+    """Write fact tables as one Parquet file ``directory/name``; return the rows.
+
+    The file is written under ``_temporary/`` and renamed into place when whole,
+    so a reader never sees part of it, and a retried (or speculative) attempt of the
+    same task replaces it with the same facts.
+    """
+    import pyarrow.parquet as pq
+
+    from .schema import fact_arrow_schema
+
+    temporary = directory / _TEMPORARY / f"{name}.{uuid.uuid4().hex}"
+    rows = 0
+    with pq.ParquetWriter(temporary, fact_arrow_schema()) as writer:
+        for table in tables:
+            writer.write_table(table)
+            rows += table.num_rows
+    os.replace(temporary, directory / name)
+    return rows
+
+
+def _replay_files_task(
+    batches: Iterator[pa.RecordBatch],
+    slots: list[_Slot],
+    tasks: int,
+    trace: Path,
+    facts: Path,
+    source: str,
+) -> Iterator[pa.RecordBatch]:
+    """A replay task of :func:`replay_files`: task ``t`` replays slots ``t``,
+    ``t + tasks``, ...; one Parquet file per slot; yields (slot, facts) rows."""
+    import pyarrow as pa
+
+    schema = pa.schema([("slot", pa.int64()), ("facts", pa.int64())])
+    for batch in batches:
+        for task in batch.column(0).to_pylist():
+            for s in range(task, len(slots), tasks):
+                broker, param_sets = slots[s]
+                requests = _broker_requests(trace, broker)
+                facts_of = (
+                    replay_table(requests, params, purgatory=f"broker-{broker}", source=source)
+                    for params in param_sets
+                )
+                rows = _write_facts(facts, f"part-{s:05d}.parquet", facts_of)
+                yield pa.RecordBatch.from_pydict({"slot": [s], "facts": [rows]}, schema=schema)
+
+
+#: What a task of :func:`replay_files` returns per slot.
+_WRITTEN = "slot long, facts long"
+
+
+def replay_files(
+    spark: Any,
+    trace: str | os.PathLike[str],
+    facts: str | os.PathLike[str],
+    param_sets: Sequence[ReplayParams],
+    *,
+    source: str = "",
+    partitions: int | None = None,
+) -> ReplayedFiles:
+    """The Spark replay with files in and out: facts of every (parameter set,
+    broker) group written as Parquet under ``facts``.
+
+    The slots are those of :func:`replay_spark` (a broker with some of the
+    parameter sets, largest first), but no row passes through Spark: each task
+    reads its broker's rows of the trace with pyarrow (the columns the core
+    needs, filtered on ``broker``), replays them under each of its parameter
+    sets and writes the facts as one Parquet file, ``part-NNNNN.parquet`` (the
+    slot's number), renamed into place when whole. Spark runs the tasks, one
+    per slot, largest first, and retries a failed one (its file is then written
+    again, with the same facts). When every slot is written, the driver removes
+    ``_temporary/`` and writes ``_SUCCESS``, as Spark's own writers do.
+
+    Both paths must name the same files in this process and on the executors:
+    a local filesystem (``local[N]``, a cluster or Connect server on this machine)
+    or one they share (NFS).
+
+    Args:
+        spark: a SparkSession (classic or Connect).
+        trace: the trace, a Parquet file or directory (see :func:`files_reachable`).
+        facts: the output directory; replaced if it exists.
+        param_sets: at least one parameter set.
+        source: the facts' ``source`` column.
+        partitions: Spark tasks; default: one per slot. With fewer, slots are
+            dealt to tasks largest first, round robin.
+
+    Returns:
+        The requests replayed, the fact rows and the files written.
+
+    Raises:
+        ValueError: ``param_sets`` is empty, ``partitions`` < 1, the trace lacks
+            a column or has a null broker.
+    """
+    if not param_sets:
+        raise ValueError("param_sets must not be empty")
+    _check_partitions(partitions)
+    trace_path, facts_path = _local(trace), _local(facts)
+    sizes = _broker_sizes(trace_path)
+    if facts_path.is_dir():
+        shutil.rmtree(facts_path)
+    elif facts_path.exists():
+        facts_path.unlink()
+    (facts_path / _TEMPORARY).mkdir(parents=True)
+    if not sizes:
+        # An empty trace: one empty file, so that the facts have their schema.
+        _write_facts(facts_path, "part-00000.parquet", [])
+        written = []
+        slots: list[_Slot] = []
+    else:
+        slots = _plan_slots(sizes, param_sets, _wanted_tasks(spark, partitions))
+        tasks = len(slots) if partitions is None else partitions
+
+        def replay_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            return _replay_files_task(batches, slots, tasks, trace_path, facts_path, source)
+
+        written = spark.range(0, tasks, 1, tasks).mapInArrow(replay_task, _WRITTEN).collect()
+        done = sorted(int(row["slot"]) for row in written)
+        if done != list(range(len(slots))):  # pragma: no cover - Spark's contract
+            raise RuntimeError(f"replay: slots written {done}, expected {len(slots)}")
+    shutil.rmtree(facts_path / _TEMPORARY)
+    (facts_path / "_SUCCESS").touch()
+    return ReplayedFiles(
+        requests=sum(sizes.values()),
+        facts=sum(int(row["facts"]) for row in written),
+        files=max(1, len(slots)),
+    )
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="aiopurgatory replay",
@@ -278,6 +525,15 @@ def _build_parser() -> argparse.ArgumentParser:
         help="Spark master: local[*] (default), spark://..., yarn, or sc://host:port (Connect)",
     )
     p.add_argument("--local", action="store_true", help="replay in this process (no Spark tasks)")
+    p.add_argument(
+        "--io",
+        choices=("auto", "files", "spark"),
+        default="auto",
+        help="how the Spark replay's tasks get the trace and give the facts: 'files' = "
+        "they read and write Parquet themselves (paths this machine and the executors "
+        "share); 'spark' = through Spark (CSV traces, s3a:// and other URIs); 'auto' "
+        "(default) = 'files' when it can",
+    )
     p.add_argument("--interval", type=float, default=1.0, help="rollup interval, seconds")
     p.add_argument("--top", type=int, default=20, help="hot keys per ranking")
     p.add_argument("--no-report", action="store_true", help="tables only")
@@ -297,6 +553,16 @@ def main(argv: list[str]) -> int:
             raise ValueError("--interval must be > 0 and --top >= 1")
     except (TypeError, ValueError) as exc:
         print(f"aiopurgatory replay: {exc}", file=sys.stderr)
+        return 2
+    io = args.io
+    if io == "auto":
+        io = "files" if files_reachable(args.trace, args.out) else "spark"
+    elif io == "files" and not files_reachable(args.trace, args.out):
+        print(
+            "aiopurgatory replay: --io files needs a Parquet trace and filesystem paths "
+            "(use --io spark for a CSV trace or a URI)",
+            file=sys.stderr,
+        )
         return 2
     from .report import print_summary
     from .session import cli_session, spark_path
@@ -323,6 +589,15 @@ def main(argv: list[str]) -> int:
         facts_table = replay_trace_table(trace_table, param_sets, source=args.trace)
         pq.write_table(facts_table, out / "facts.parquet")
         facts_path = out / "facts.parquet"
+    elif io == "files":
+        try:
+            requests = replay_files(
+                spark, args.trace, out / "facts", param_sets, source=args.trace
+            ).requests
+        except ValueError as exc:
+            print(f"aiopurgatory replay: {exc}", file=sys.stderr)
+            return 2
+        facts_path = out / "facts"
     else:
         trace = read_trace(spark, spark_path(args.trace))
         requests = trace.count()
@@ -351,7 +626,8 @@ def main(argv: list[str]) -> int:
             "scenarios": len(param_sets),
             "replay": (
                 f"{simulated:,} simulated requests in {seconds['replay']:.1f} s "
-                f"({rate:,.0f}/s, {'one process' if args.local else 'Spark ' + args.master})"
+                f"({rate:,.0f}/s, "
+                f"{'one process' if args.local else f'Spark {args.master}, --io {io}'})"
             ),
         },
     )

@@ -266,11 +266,11 @@ KILL_TASKS = 5
 KILL_DRIVER = textwrap.dedent(
     """
     import sys
-    from aiopurgatory.pipeline.replay import read_trace, replay_spark
+    from aiopurgatory.pipeline.replay import read_trace, replay_files, replay_spark
     from aiopurgatory.pipeline.replay_core import ReplayParams
     from aiopurgatory.pipeline.session import get_spark
 
-    master, trace, out, ui_port, tasks = sys.argv[1:]
+    master, trace, out, ui_port, tasks, io = sys.argv[1:]
     # The driver's web UI is on (on a free port) only for the test to watch the stage.
     spark = get_spark(
         master,
@@ -278,8 +278,11 @@ KILL_DRIVER = textwrap.dedent(
         conf={"spark.ui.enabled": "true", "spark.ui.port": ui_port},
     )
     sweep = [ReplayParams(timeout=0.01), ReplayParams(timeout=1.0)]
-    trace = read_trace(spark, trace)
-    replay_spark(spark, trace, sweep, source="kill", partitions=int(tasks)).write.parquet(out)
+    if io == "files":
+        replay_files(spark, trace, out, sweep, source="kill", partitions=int(tasks))
+    else:
+        trace = read_trace(spark, trace)
+        replay_spark(spark, trace, sweep, source="kill", partitions=int(tasks)).write.parquet(out)
     spark.stop()
     """
 )
@@ -296,14 +299,15 @@ def _replay_stage_busy(ui: str) -> bool:
     return any(s["numTasks"] == KILL_TASKS and s["numActiveTasks"] >= 2 for s in stages)
 
 
+@pytest.mark.parametrize("io", ["spark", "files"])
 def test_a_worker_killed_mid_replay_changes_nothing(
-    spark_cluster: LocalCluster, tmp_path: Path
+    io: str, spark_cluster: LocalCluster, tmp_path: Path
 ) -> None:
     trace = write_trace(generate_trace(KILL_SPEC), tmp_path / "trace.parquet")
     out = tmp_path / "facts"
     port = _free_port()
     ui = f"http://127.0.0.1:{port}"
-    argv = [spark_cluster.master_url, str(trace), str(out), str(port), str(KILL_TASKS)]
+    argv = [spark_cluster.master_url, str(trace), str(out), str(port), str(KILL_TASKS), io]
     driver = subprocess.Popen(
         [sys.executable, "-c", KILL_DRIVER, *argv],
         stdout=subprocess.PIPE,
@@ -345,3 +349,7 @@ def test_a_worker_killed_mid_replay_changes_nothing(
     # Spark's Parquet has narrower integer types than pandas: compare values.
     pd.testing.assert_frame_equal(got, want, check_exact=True, check_dtype=False)
     assert len(got) == len(KILL_SWEEP) * KILL_SPEC.requests
+    if io == "files":  # the killed attempts' parts were never renamed into place
+        assert sorted(p.name for p in out.iterdir() if not p.name.startswith("part-")) == [
+            "_SUCCESS"
+        ]

@@ -18,8 +18,8 @@ import pytest
 
 from aiopurgatory.events import EVENT
 from aiopurgatory.pipeline import analyze, replay, trace
-from aiopurgatory.pipeline.replay_core import ReplayParams, replay_trace
-from aiopurgatory.pipeline.schema import FACT_COLUMNS
+from aiopurgatory.pipeline.replay_core import ReplayParams, replay_table, replay_trace
+from aiopurgatory.pipeline.schema import FACT_COLUMNS, fact_schema
 from aiopurgatory.pipeline.trace import TraceSpec, generate_trace, write_trace
 
 pytestmark = pytest.mark.spark
@@ -238,6 +238,121 @@ def test_spark_replay_of_ragged_and_null_delay_lists(spark: Any, tmp_path: Path)
     )
 
 
+def _sorted_facts(facts: pd.DataFrame) -> pd.DataFrame:
+    facts = facts.sort_values(["scenario", "purgatory", "op_id"]).reset_index(drop=True)
+    facts["keys"] = facts["keys"].map(list)
+    return facts
+
+
+def test_files_replay_equals_single_process_replay(spark: Any, tmp_path: Path) -> None:
+    data = generate_trace(TraceSpec(requests=4000, brokers=3, seed=9, failed_replicas=0.05))
+    path = write_trace(data, tmp_path / "trace.parquet")
+    sweep = [ReplayParams(timeout=0.02, min_insync=2), ReplayParams(timeout=1.0, min_insync=3)]
+    facts = tmp_path / "facts"
+    facts.mkdir()
+    (facts / "stale.parquet").write_text("an earlier run's file")  # replaced, not mixed in
+    done = replay.replay_files(spark, path, facts, sweep, source="x")
+    want = replay_trace(trace.read_trace_pandas(path), sweep, source="x")
+    got = pd.read_parquet(facts)
+    pd.testing.assert_frame_equal(
+        _sorted_facts(got), _sorted_facts(want), check_exact=True, check_dtype=False
+    )
+    # One file per slot (a broker with its parameter sets), committed like Spark's writers.
+    names = sorted(p.name for p in facts.iterdir())
+    assert names == ["_SUCCESS", *[f"part-{s:05d}.parquet" for s in range(done.files)]]
+    assert done == replay.ReplayedFiles(requests=4000, facts=2 * 4000, files=done.files)
+    assert 3 <= done.files <= 6
+    # Spark reads them with the fact table's types.
+    assert spark.read.parquet(str(facts)).schema == fact_schema()
+
+
+def test_files_replay_with_fewer_tasks_a_directory_trace_and_an_empty_one(
+    spark: Any, tmp_path: Path
+) -> None:
+    data = generate_trace(TraceSpec(requests=900, brokers=3, seed=4))
+    # A trace written by Spark: a directory of part files with _SUCCESS and .crc files.
+    directory = str(tmp_path / "trace")
+    spark.createDataFrame(trace.arrow_trace(data).to_pandas()).repartition(3).write.parquet(
+        directory
+    )
+    sweep = [ReplayParams(timeout=0.05), ReplayParams(timeout=0.5, min_insync=3)]
+    done = replay.replay_files(spark, directory, tmp_path / "facts", sweep, partitions=1)
+    assert (done.requests, done.facts) == (900, 1800)
+    want = replay_trace(data, sweep)
+    got = pd.read_parquet(tmp_path / "facts")
+    pd.testing.assert_frame_equal(
+        _sorted_facts(got), _sorted_facts(want), check_exact=True, check_dtype=False
+    )
+
+    empty = write_trace(data.iloc[:0], tmp_path / "empty.parquet")
+    done = replay.replay_files(spark, empty, tmp_path / "none", sweep)
+    assert done == replay.ReplayedFiles(requests=0, facts=0, files=1)
+    frame = spark.read.parquet(str(tmp_path / "none"))
+    assert frame.count() == 0
+    assert frame.columns == list(FACT_COLUMNS)
+
+
+def test_files_replay_refuses_bad_input_and_changes_nothing(spark: Any, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = trace.arrow_trace(generate_trace(TraceSpec(requests=50, brokers=2, seed=3)))
+    sweep = [ReplayParams(timeout=0.05)]
+    facts = tmp_path / "facts"
+    facts.mkdir()
+    (facts / "kept").write_text("")
+    broker = data.column("broker").to_pylist()
+    broker[7] = None
+    nulls = data.set_column(1, "broker", pa.array(broker, pa.int32()))
+    pq.write_table(nulls, tmp_path / "nulls.parquet")
+    with pytest.raises(ValueError, match="1 requests with a null broker"):
+        replay.replay_files(spark, tmp_path / "nulls.parquet", facts, sweep)
+    pq.write_table(data.drop_columns(["acks"]), tmp_path / "no-acks.parquet")
+    with pytest.raises(ValueError, match=r"missing columns \['acks'\]"):
+        replay.replay_files(spark, tmp_path / "no-acks.parquet", facts, sweep)
+    pq.write_table(data, tmp_path / "ok.parquet")
+    with pytest.raises(ValueError, match="param_sets"):
+        replay.replay_files(spark, tmp_path / "ok.parquet", facts, [])
+    with pytest.raises(ValueError, match="partitions"):
+        replay.replay_files(spark, tmp_path / "ok.parquet", facts, sweep, partitions=0)
+    assert [p.name for p in facts.iterdir()] == ["kept"]
+
+
+def test_files_reachable_takes_local_parquet_paths_only() -> None:
+    assert replay.files_reachable("trace.parquet", "/tmp/out")
+    assert replay.files_reachable("file:///data/trace", "file:/tmp/out")
+    assert not replay.files_reachable("trace.csv", "/tmp/out")
+    assert not replay.files_reachable("s3a://bucket/trace", "/tmp/out")
+    assert not replay.files_reachable("trace.parquet", "hdfs://namenode/out")
+    assert replay._local("file:///data/trace") == Path("/data/trace")
+    assert replay._local("file:/data/trace") == Path("/data/trace")
+
+
+def test_a_task_written_twice_leaves_one_whole_file(tmp_path: Path) -> None:
+    """A retried or speculative attempt rewrites its slot's file whole; an attempt
+    that fails leaves nothing in place (its part stays under _temporary/)."""
+    import pyarrow.parquet as pq
+
+    data = generate_trace(TraceSpec(requests=300, brokers=1, seed=2))
+    requests = trace.arrow_trace(data)
+    facts = [replay_table(requests, ReplayParams(timeout=t)) for t in (0.05, 1.0)]
+    (tmp_path / "_temporary").mkdir()
+    assert replay._write_facts(tmp_path, "part-00000.parquet", facts) == 600
+    assert replay._write_facts(tmp_path, "part-00000.parquet", facts) == 600
+    import pyarrow as pa
+
+    assert pq.read_table(tmp_path / "part-00000.parquet").equals(pa.concat_tables(facts))
+
+    def failing() -> Any:
+        yield facts[0]
+        raise RuntimeError("executor lost")
+
+    with pytest.raises(RuntimeError, match="executor lost"):
+        replay._write_facts(tmp_path, "part-00001.parquet", failing())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["_temporary", "part-00000.parquet"]
+    assert list((tmp_path / "_temporary").iterdir()) != []
+
+
 def test_spark_reads_csv_trace_like_parquet(spark: Any, tmp_path: Path) -> None:
     data = generate_trace(TraceSpec(requests=200, brokers=2, seed=1, failed_replicas=0.3))
     csv = replay.read_trace(spark, str(write_trace(data, tmp_path / "t.csv"))).toPandas()
@@ -256,22 +371,18 @@ def test_cli_end_to_end(spark: Any, tmp_path: Path) -> None:
 
     trace_path = tmp_path / "trace.parquet"
     assert cli(["gen-trace", "--out", str(trace_path), "--requests", "1500", "--seed", "2"]) == 0
-    out = tmp_path / "replay"
-    status = cli(
-        [
-            "replay",
-            str(trace_path),
-            "--out",
-            str(out),
-            "--timeout",
-            "0.01,1",
-            "--master",
-            "local[2]",
-        ]
-    )
-    assert status == 0
-    facts = pd.read_parquet(out / "facts")
-    assert len(facts) == 2 * 1500
+    replayed = {}
+    for io in ("spark", "auto"):
+        out = tmp_path / f"replay-{io}"
+        argv = ["replay", str(trace_path), "--out", str(out), "--timeout", "0.01,1"]
+        assert cli([*argv, "--master", "local[2]", "--io", io]) == 0
+        replayed[io] = _sorted_facts(pd.read_parquet(out / "facts"))
+        assert len(replayed[io]) == 2 * 1500
+    # auto = files for a local Parquet trace: the tasks wrote one file per slot.
+    assert (tmp_path / "replay-auto" / "facts" / "part-00000.parquet").is_file()
+    pd.testing.assert_frame_equal(replayed["auto"], replayed["spark"], check_dtype=False)
+    csv = write_trace(trace.read_trace_pandas(trace_path), tmp_path / "trace.csv")
+    assert cli(["replay", str(csv), "--out", str(tmp_path / "x"), "--io", "files"]) == 2
     report = (out / "report.md").read_text()
     assert "timeout=0.01 min_insync=2 tick=0.001" in report
     assert (out / "wait_by_outcome.png").stat().st_size > 0
