@@ -546,16 +546,97 @@ def test_bench_modules_import_only_shared_modules() -> None:
     import ast
 
     bench = Path(bench_cli.__file__).parent
-    workloads = {"timer", "purgatory", "scale", "realistic", "trio_timer", "trio_purgatory"}
+    workloads = {"timer", "purgatory", "scale", "realistic"}
     for path in bench.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                names = [a.name for a in node.names]
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            names = [a.name for a in node.names]
+            if node.level == 1:
+                # "from .timer import x" names the module; "from . import timer" its names.
+                imported = {node.module} if node.module else set(names)
                 assert not any(
                     n.startswith("_") and n != "__version__"
                     for n in names
                     if node.module in workloads
                 ), f"{path.name} imports private names from .{node.module}"
-                if path.stem in workloads and node.module in workloads:
-                    # A workload may hand its trio variant over (lazy import), nothing else.
-                    assert node.module == f"trio_{path.stem}", f"{path.name} imports .{node.module}"
+                if path.stem in workloads:
+                    assert not imported & workloads, f"{path.name} imports {imported & workloads}"
+            elif (node.module or "").split(".")[0] == "aiopurgatory_trio_bench":
+                # A workload hands its trio variant over (a lazy import), nothing else does.
+                assert path.stem in {"timer", "purgatory"}, f"{path.name} imports trio baselines"
+                assert (node.module, names) == ("aiopurgatory_trio_bench", [path.stem])
+
+
+def test_the_trio_baselines_use_only_the_shared_bench_modules() -> None:
+    # aiopurgatory_trio_bench (outside the library package, so that the library
+    # imports trio only in its driver) shares the workload inputs and statistics.
+    import ast
+
+    import aiopurgatory_trio_bench
+
+    package = Path(aiopurgatory_trio_bench.__file__).parent
+    assert {path.name for path in package.glob("*.py")} == {
+        "__init__.py",
+        "timer.py",
+        "purgatory.py",
+    }
+    imported = {
+        node.module
+        for path in package.glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("aiopurgatory.")
+    }
+    assert imported == {"aiopurgatory.bench._common", "aiopurgatory.bench.workload"}
+
+
+def test_trio_loops_say_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from aiopurgatory.bench._common import trio_baselines
+
+    # trio itself missing (as a fresh install without the trio extra would be).
+    with (
+        pytest.raises(RuntimeError, match=r"--loop trio needs trio: pip install"),
+        trio_baselines("trio"),
+    ):
+        raise ModuleNotFoundError("No module named 'trio'", name="trio")
+    # Anything else that is missing is not dressed up as a missing trio.
+    with pytest.raises(ModuleNotFoundError, match="nope"), trio_baselines("trio"):
+        raise ModuleNotFoundError("No module named 'nope'", name="nope")
+    # The baselines' package missing (the aiopurgatory directory copied alone).
+    monkeypatch.setitem(sys.modules, "aiopurgatory_trio_bench", None)
+    with pytest.raises(RuntimeError, match="aiopurgatory_trio_bench"):
+        run_timer("ap", "trio-virtual", n=10)
+    with pytest.raises(RuntimeError, match="aiopurgatory_trio_bench"):
+        run_purgatory("ap", "trio-virtual", num=10)
+
+
+def test_compare_builds_runs_the_ap_cells_of_bench_all() -> None:
+    # --workload timer|purgatory claims the parameters `bench all` gives each cell:
+    # built here the way cli._run_all builds them.
+    from aiopurgatory.bench import compare_builds
+    from aiopurgatory.bench import purgatory as purgatory_bench
+    from aiopurgatory.bench import timer as timer_bench
+    from aiopurgatory.bench.suite_purgatory import completion_cases
+
+    params = compare_builds._suite_params
+    assert params("timer", "low-timeout", 7) == dict(timer_bench.DEFAULTS, seed=7)
+    base = dict(purgatory_bench.DEFAULTS, seed=7)
+    scenarios = [dict(base, pct75=a, pct50=b) for a, b in purgatory_bench.SCENARIOS.values()]
+    assert [params("purgatory", name, 7) for name in purgatory_bench.SCENARIOS] == scenarios
+    cases = completion_cases(dict(scenarios[0], num=100_000, rate=None), ("check", "clock"))
+    assert [params("purgatory", c, 7) for c in ("check", "clock")] == cases
+
+
+def test_compare_builds_refuses_two_runs_of_one_package(capsys: pytest.CaptureFixture[str]) -> None:
+    from aiopurgatory.bench.compare_builds import _check_package
+
+    packages: dict[str, str] = {}
+    _check_package(packages, "A", {"package": "/a/aiopurgatory/__init__.py", "compiled": True})
+    assert "A: /a/aiopurgatory/__init__.py (compiled core)" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="both builds imported"):
+        _check_package(packages, "B", {"package": "/a/aiopurgatory/__init__.py", "compiled": True})
+    packages = {"A": "/a/aiopurgatory/__init__.py"}
+    with pytest.raises(SystemExit, match="build A imported /b/"):
+        _check_package(packages, "A", {"package": "/b/aiopurgatory/__init__.py", "compiled": False})

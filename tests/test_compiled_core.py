@@ -15,8 +15,10 @@ import os
 import pickle
 import subprocess
 import sys
+import tarfile
 import textwrap
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ import aiopurgatory as ap
 from aiopurgatory import _compiled, _histogram, _operation, _purgatory, _timer, _wheel, simulation
 
 ROOT = Path(__file__).resolve().parent.parent
+TRIO_BENCH_FILES = ("__init__.py", "timer.py", "purgatory.py", "py.typed")
 CORE = (_wheel, _timer, _operation, _purgatory, _histogram)
 
 
@@ -187,6 +190,16 @@ def test_wheel_is_compiled_and_sdist_installs_without_a_compiler(tmp_path: Path)
     (sdist,) = dist.glob("aiopurgatory-*.tar.gz")
     (wheel,) = dist.glob("aiopurgatory-*.whl")
     assert "-cp311-" in wheel.name or "-cp3" in wheel.name  # a platform wheel
+    # Both ship the trio baselines of `aiopurgatory bench`, a package of their own.
+    trio_bench = {f"aiopurgatory_trio_bench/{name}" for name in TRIO_BENCH_FILES}
+    with zipfile.ZipFile(wheel) as zf:
+        assert trio_bench <= set(zf.namelist())
+    with tarfile.open(sdist) as tf:
+        assert trio_bench <= {name.split("/", 1)[1] for name in tf.getnames() if "/" in name}
+    # The installed package, not this checkout (which a PYTHONPATH may point at).
+    clean_env = {
+        k: v for k, v in os.environ.items() if k not in {"AIOPURGATORY_NO_EXTENSIONS", "PYTHONPATH"}
+    }
     check = (
         "import asyncio, aiopurgatory as ap\n"
         "async def main():\n"
@@ -207,7 +220,7 @@ def test_wheel_is_compiled_and_sdist_installs_without_a_compiler(tmp_path: Path)
             check=True,
             capture_output=True,
             timeout=900,
-            env={**os.environ, **env, "AIOPURGATORY_NO_EXTENSIONS": ""},
+            env={**clean_env, **env},
         )
         out = subprocess.run(
             [python, "-c", check],
@@ -216,7 +229,7 @@ def test_wheel_is_compiled_and_sdist_installs_without_a_compiler(tmp_path: Path)
             text=True,
             timeout=60,
             cwd=tmp_path,
-            env={k: v for k, v in os.environ.items() if k != "AIOPURGATORY_NO_EXTENSIONS"},
+            env=clean_env,
         )
         results[name] = out.stdout.strip()
     assert results == {"wheel": "True EXPIRED", "sdist": "False EXPIRED"}

@@ -105,17 +105,11 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 # Backend code lives in the drivers. trio is imported only by its driver, by virtual
-# time (simulation.run_trio), by the pytest plugin (its trio-virtual runner), and by
-# the benchmark modules that measure trio's own deadlines and tasks as baselines
-# (and start trio.run for --loop trio): nothing else of the library names trio.
-TRIO_MAY_BE_IMPORTED_BY = {
-    "_trio_driver.py",
-    "simulation.py",
-    "pytest_plugin.py",
-    "bench/_common.py",
-    "bench/trio_purgatory.py",
-    "bench/trio_timer.py",
-}
+# time (simulation.run_trio) and by the pytest plugin (its trio-virtual runner):
+# nothing else of the library names trio, in any subpackage. The benchmarks' trio
+# baselines (trio's own deadlines and tasks, in plain trio) live outside the
+# package, in aiopurgatory_trio_bench; bench starts a trio run with anyio.run.
+TRIO_MAY_BE_IMPORTED_BY = {"_trio_driver.py", "simulation.py", "pytest_plugin.py"}
 
 
 def test_trio_is_imported_only_by_its_driver_virtual_time_and_the_plugin() -> None:
@@ -126,6 +120,34 @@ def test_trio_is_imported_only_by_its_driver_virtual_time_and_the_plugin() -> No
     }
     assert importers <= TRIO_MAY_BE_IMPORTED_BY, sorted(importers - TRIO_MAY_BE_IMPORTED_BY)
     assert "_trio_driver.py" in importers
+
+
+def test_the_distribution_imports_trio_only_there_and_in_the_trio_baselines() -> None:
+    # Every package the distribution ships (pyproject's packages.find, as a wheel
+    # build finds them): outside the library's three modules, only the trio
+    # baselines of the benchmarks import trio, and they are shipped.
+    import tomllib
+
+    from setuptools import find_namespace_packages
+
+    root = PACKAGE.parent
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = find_namespace_packages(str(root), include=include)
+    assert "aiopurgatory_trio_bench" in packages
+    assert not any(name.split(".")[0] in {"tests", "examples"} for name in packages)
+    importers = {
+        str(path.relative_to(root))
+        for name in packages
+        for path in sorted((root / name.replace(".", "/")).glob("*.py"))
+        if "trio" in _imported_modules(path)
+    }
+    library = {f"aiopurgatory/{name}" for name in TRIO_MAY_BE_IMPORTED_BY}
+    outside = importers - library
+    assert outside == {
+        "aiopurgatory_trio_bench/purgatory.py",
+        "aiopurgatory_trio_bench/timer.py",
+    }, sorted(outside)
 
 
 def _trio_lookups(path: Path) -> list[int]:

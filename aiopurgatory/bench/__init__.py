@@ -10,8 +10,10 @@ invocation so that machine noise hits every implementation alike:
 * :mod:`~aiopurgatory.bench.scale`: cost per add+cancel as pending timers grow.
 
 The timer and purgatory workloads also run on trio (``--loop trio``), against
-trio's own deadlines: :mod:`~aiopurgatory.bench.trio_timer` and
-:mod:`~aiopurgatory.bench.trio_purgatory`.
+trio's own deadlines, written in plain trio: :mod:`aiopurgatory_trio_bench.timer`
+and :mod:`aiopurgatory_trio_bench.purgatory`, in a package of their own beside
+this one (same distribution) so that :mod:`aiopurgatory` imports trio only in its
+trio driver, virtual time and the pytest plugin; imported only for a trio loop.
 
 The command line lives in :mod:`aiopurgatory.bench.cli`. This subpackage needs the
 ``bench`` extra (rich, matplotlib) only for progress bars and plots; the workloads

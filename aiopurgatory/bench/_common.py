@@ -22,13 +22,15 @@ The price is ~0.1 s of interpreter start-up per run, outside every measurement.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib.util
 import json
 import math
 import os
 import resource
 import subprocess
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from ._registry import runner
@@ -37,8 +39,10 @@ T = TypeVar("T")
 
 #: Loops a benchmark can run on. "virtual" is aiopurgatory's virtual-time loop:
 #: sleeps cost no wall time, which makes it handy for tests (timings meaningless).
-#: "trio" is ``trio.run``; "trio-virtual" is trio on its autojumping mock clock
-#: (:func:`aiopurgatory.simulation.run_trio`), the same for trio.
+#: "trio" is ``trio.run`` (started through ``anyio.run``); "trio-virtual" is trio on
+#: its autojumping mock clock (:func:`aiopurgatory.simulation.run_trio`), the same
+#: for trio. The trio workloads live outside this package, in
+#: :mod:`aiopurgatory_trio_bench` (see :func:`trio_baselines`).
 LOOP_NAMES = ("asyncio", "uvloop", "virtual", "trio", "trio-virtual")
 
 #: The loop names of :data:`LOOP_NAMES` that are trio runs, not asyncio loops.
@@ -83,20 +87,51 @@ def run_on(loop_name: str, main: Callable[[], Coroutine[Any, Any, T]]) -> T:
         RuntimeError: uvloop or trio asked for but not installed.
     """
     if loop_name in TRIO_LOOPS:
-        try:
-            import trio
-        except ImportError:  # pragma: no cover - trio is in the dev install
-            raise RuntimeError(
-                f"--loop {loop_name} needs trio: pip install 'aiopurgatory[trio]'"
-            ) from None
+        # Asked before anything starts: anyio.run's LookupError for a missing
+        # backend could not be told from one raised by main().
+        if importlib.util.find_spec("trio") is None:  # pragma: no cover - in the dev install
+            raise RuntimeError(_NEEDS_TRIO.format(loop=loop_name))
         if loop_name == "trio":
-            return trio.run(main)
+            # anyio's trio backend is trio.run(main) once the run starts: nothing
+            # of anyio runs inside the timed part of a workload.
+            import anyio
+
+            return anyio.run(main, backend="trio")
         from aiopurgatory import simulation
 
         return simulation.run_trio(main)
     factory = loop_factory(loop_name)
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main())
+
+
+_NEEDS_TRIO = "--loop {loop} needs trio: pip install 'aiopurgatory[trio]'"
+
+
+@contextlib.contextmanager
+def trio_baselines(loop_name: str) -> Iterator[None]:
+    """Around the lazy import of a trio workload from :mod:`aiopurgatory_trio_bench`.
+
+    The trio workloads and baselines are plain trio, kept out of this package so
+    that the library imports trio only in its trio driver, virtual time and the
+    pytest plugin; they ship in the same distribution. A missing trio, or a
+    missing ``aiopurgatory_trio_bench`` (a copy of the ``aiopurgatory`` directory
+    alone), becomes a :class:`RuntimeError` that says what to install.
+    """
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing == "trio":
+            raise RuntimeError(_NEEDS_TRIO.format(loop=loop_name)) from exc
+        if missing == "aiopurgatory_trio_bench":
+            raise RuntimeError(
+                f"--loop {loop_name} needs the trio baselines, the aiopurgatory_trio_bench "
+                "package of aiopurgatory's distribution, which is not importable here: "
+                "install aiopurgatory (pip install 'aiopurgatory[trio]') rather than copying "
+                "the aiopurgatory directory alone"
+            ) from exc
+        raise
 
 
 # -- statistics -------------------------------------------------------------------

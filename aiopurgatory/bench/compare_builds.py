@@ -18,6 +18,20 @@ per-operation cost shows most: ``num`` operations watched under one key each and
 completed with ``force_complete()`` (every one scheduled, so every one reads the
 clock when it finishes), no tasks, on the asyncio loop; it reports the CPU per
 operation of both builds and their difference.
+
+``--workload timer`` and ``--workload purgatory`` run the ``ap`` implementation of
+``bench timer`` and ``bench purgatory`` (each build's own :func:`.timer.run_timer`
+and :func:`.purgatory.run_purgatory`) with the parameters ``aiopurgatory bench
+all`` gives them, one cell per invocation: ``--loop`` and, for the purgatory,
+``--scenario`` (``low-timeout`` and ``high-timeout``: 200,000 requests completed
+with ``force_complete``; ``check`` and ``clock``: 100,000 at 20,000 req/s
+completed through ``check_and_complete``). How a build's core compares with
+another's on the figures ``make bench`` reports for aiopurgatory itself::
+
+    python -m aiopurgatory.bench.compare_builds --other /tmp/before --workload timer --loop uvloop
+
+Every run prints which package it imported and whether its core is compiled
+(``AIOPURGATORY_NO_EXTENSIONS=1`` in the environment reaches both builds).
 """
 
 from __future__ import annotations
@@ -31,6 +45,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from . import purgatory as purgatory_bench
+from . import timer as timer_bench
 from .realistic import DEFAULTS, IMPLS
 
 __all__ = ["main"]
@@ -64,12 +80,54 @@ cpu = asyncio.run(main())
 print(json.dumps({'cpu_s': cpu, 'cpu_us_per_op': cpu / num * 1e6, 'histograms': h.compiled_in()}))
 """
 
+# The bench suites' own ap implementations, as `aiopurgatory bench all` runs them.
+_SUITE = """
+import json, sys, aiopurgatory as ap, aiopurgatory._histogram as h
+from aiopurgatory.bench._common import quiet_logging
+from aiopurgatory.bench.purgatory import run_purgatory
+from aiopurgatory.bench.timer import run_timer
+quiet_logging()
+spec = json.loads(sys.argv[1])
+run = run_timer if spec['workload'] == 'timer' else run_purgatory
+r = run('ap', spec['loop'], **spec['params'])
+r.update(histograms=h.compiled_in(), package=ap.__file__, compiled=ap.COMPILED)
+print(json.dumps(r))
+"""
+
+#: ``--scenario`` of ``--workload purgatory``: the cases of ``bench all``.
+PURGATORY_CASES = ("low-timeout", "high-timeout", "check", "clock")
+
+
+def _suite_params(workload: str, scenario: str, seed: int) -> dict[str, Any]:
+    """The params ``aiopurgatory bench all`` runs the timer or purgatory ``ap`` cell with."""
+    if workload == "timer":
+        return dict(timer_bench.DEFAULTS, seed=seed)
+    base = dict(purgatory_bench.DEFAULTS, seed=seed)
+    if scenario in purgatory_bench.SCENARIOS:
+        pct75, pct50 = purgatory_bench.SCENARIOS[scenario]
+        return dict(base, pct75=pct75, pct50=pct50)
+    # Kafka's completion (check_and_complete), as suite_purgatory.completion_cases.
+    pct75, pct50 = purgatory_bench.SCENARIOS["low-timeout"]
+    return dict(base, pct75=pct75, pct50=pct50, num=100_000, rate=20_000.0, completion=scenario)
+
+
+def _per_op_us(workload: str, result: dict[str, Any], num: int) -> float:
+    """CPU per timer, per request or per operation of one run, in microseconds."""
+    if workload == "timer":
+        return float(result["cpu_s"]) / int(result["n"]) * 1e6
+    if workload == "purgatory":
+        return float(result["cpu_us_per_request"])
+    return float(result["cpu_s"]) / num * 1e6
+
 
 def _run(pythonpath: str | None, spec: dict[str, Any]) -> dict[str, Any]:
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
-    code = _MICRO if spec["impl"] == "micro" else _REALISTIC
+    if spec.get("workload") in ("timer", "purgatory"):
+        code = _SUITE
+    else:
+        code = _MICRO if spec["impl"] == "micro" else _REALISTIC
     proc = subprocess.run(
         [sys.executable, "-c", code, json.dumps(spec)],
         env=env,
@@ -91,15 +149,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--loop", default="asyncio")
     p.add_argument("--num", type=int, default=DEFAULTS["num"])
     p.add_argument("--completion", default="check")
-    p.add_argument("--workload", choices=("realistic", "micro"), default="realistic")
+    p.add_argument(
+        "--workload", choices=("realistic", "micro", "timer", "purgatory"), default="realistic"
+    )
+    p.add_argument(
+        "--scenario",
+        choices=PURGATORY_CASES,
+        default="low-timeout",
+        help="the case of --workload purgatory",
+    )
+    p.add_argument("--seed", type=int, default=1, help="of --workload timer and purgatory")
+    p.add_argument("--json", help="also write every run's result to this file")
     args = p.parse_args(argv)
-    spec = {
-        "impl": "micro" if args.workload == "micro" else args.impl,
-        "loop": args.loop,
-        "params": {"num": args.num, "completion": args.completion},
-    }
+    spec: dict[str, Any]
+    if args.workload in ("timer", "purgatory"):
+        spec = {
+            "workload": args.workload,
+            "loop": args.loop,
+            "params": _suite_params(args.workload, args.scenario, args.seed),
+        }
+    else:
+        spec = {
+            "impl": "micro" if args.workload == "micro" else args.impl,
+            "loop": args.loop,
+            "params": {"num": args.num, "completion": args.completion},
+        }
     per_op: dict[str, list[float]] = {"A": [], "B": []}
     ratios = []
+    runs: list[dict[str, Any]] = []
+    packages: dict[str, str] = {}
     for i in range(args.rounds):
         order = [(None, "A"), (args.other, "B")]
         if i % 2:
@@ -107,9 +185,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         cpu = {}
         for path, name in order:
             result = _run(path, spec)
+            runs.append(dict(result, build=name, round=i + 1))
             cpu[name] = result["cpu_s"]
             cpu[name + "_hist"] = result["histograms"]
-            per_op[name].append(result["cpu_s"] / args.num * 1e6)
+            per_op[name].append(_per_op_us(args.workload, result, args.num))
+            if "package" in result:
+                _check_package(packages, name, result)
         ratio = cpu["A"] / cpu["B"]
         ratios.append(ratio)
         print(
@@ -123,7 +204,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(min {min(ratios):.4f}, max {max(ratios):.4f}); CPU per op: A {a:.3f} us, "
         f"B {b:.3f} us, A - B {a - b:+.3f} us"
     )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"spec": spec, "ratios": ratios, "runs": runs}, f, indent=1)
+            f.write("\n")
     return 0
+
+
+def _check_package(packages: dict[str, str], name: str, result: dict[str, Any]) -> None:
+    """Print the package build ``name`` imported the first time; stop if it changes
+    or if both builds imported the same one."""
+    package = result["package"]
+    if name not in packages:
+        packages[name] = package
+        core = "compiled" if result["compiled"] else "pure Python"
+        print(f"{name}: {package} ({core} core)", flush=True)
+        if len(set(packages.values())) < len(packages):
+            raise SystemExit(f"both builds imported {package}: is --other a built tree?")
+    elif packages[name] != package:
+        raise SystemExit(f"build {name} imported {package}, earlier {packages[name]}")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ lateness (``loop.time()`` at expiry minus the op's deadline), peak RSS and, with
 
 On trio (``loop="trio"`` or ``"trio-virtual"``) each request is a task that
 awaits its outcome, against a hand-written trio version of the same waits: see
-:mod:`aiopurgatory.bench.trio_purgatory`.
+:mod:`aiopurgatory_trio_bench.purgatory` (a package of its own beside this one,
+so that the library imports trio only where it must).
 """
 
 from __future__ import annotations
@@ -51,7 +52,16 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Hashable
 from typing import Any
 
-from ._common import TRIO_LOOPS, Result, Spec, latency_summary, peak_rss_mib, rss_mib, run_on
+from ._common import (
+    TRIO_LOOPS,
+    Result,
+    Spec,
+    latency_summary,
+    peak_rss_mib,
+    rss_mib,
+    run_on,
+    trio_baselines,
+)
 from ._registry import register
 from .workload import OwnTimer, WatchLists, ap_ops, generate, purgatory_inputs
 
@@ -69,7 +79,7 @@ __all__ = [
 IMPLS = {"ap": "ap.Purgatory", "hand": "hand-written", "floor": "floor (no timer)"}
 
 #: The same on trio, where every request is a task that awaits its outcome
-#: (see :mod:`.trio_purgatory`).
+#: (see :mod:`aiopurgatory_trio_bench.purgatory`).
 TRIO_IMPLS = {
     "ap": "ap.Purgatory.watch",
     "hand": "hand-written trio",
@@ -482,7 +492,8 @@ def run_purgatory(
         raise ValueError(f"completion must be one of {', '.join(COMPLETIONS)}, got {completion!r}")
     workload: Callable[..., Coroutine[Any, Any, Result]] = _workload
     if loop in TRIO_LOOPS:
-        from . import trio_purgatory
+        with trio_baselines(loop):
+            from aiopurgatory_trio_bench import purgatory as trio_purgatory
 
         workload = trio_purgatory.workload
     result = run_on(

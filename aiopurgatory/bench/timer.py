@@ -19,7 +19,8 @@ lateness (``loop.time()`` in the callback minus ``when()``), peak RSS.
 
 On trio (``loop="trio"`` or ``"trio-virtual"``) the same workload runs against
 trio's own deadlines instead of ``loop.call_later``: see
-:mod:`aiopurgatory.bench.trio_timer`.
+:mod:`aiopurgatory_trio_bench.timer` (a package of its own beside this one, so
+that the library imports trio only where it must).
 """
 
 from __future__ import annotations
@@ -28,7 +29,16 @@ import asyncio
 import time
 from typing import Any
 
-from ._common import TRIO_LOOPS, Result, Spec, latency_summary, peak_rss_mib, rss_mib, run_on
+from ._common import (
+    TRIO_LOOPS,
+    Result,
+    Spec,
+    latency_summary,
+    peak_rss_mib,
+    rss_mib,
+    run_on,
+    trio_baselines,
+)
 from ._registry import register
 from .workload import timer_inputs
 
@@ -37,7 +47,7 @@ __all__ = ["IMPLS", "TRIO_IMPLS", "impls", "run_spec", "run_timer"]
 #: Implementation key -> label used in tables and JSON (asyncio and uvloop).
 IMPLS = {"ap": "ap.Timer", "loop": "loop.call_later"}
 
-#: The same on trio, against trio's own deadlines (see :mod:`.trio_timer`).
+#: The same on trio, against trio's own deadlines (see :mod:`aiopurgatory_trio_bench.timer`).
 TRIO_IMPLS = {
     "ap": "ap.Timer",
     "task": "trio task + sleep_until",
@@ -180,7 +190,8 @@ def run_timer(
     if impl not in labels:
         raise ValueError(f"impl must be one of {', '.join(labels)} on {loop}, got {impl!r}")
     if loop in TRIO_LOOPS:
-        from . import trio_timer
+        with trio_baselines(loop):
+            from aiopurgatory_trio_bench import timer as trio_timer
 
         workload = trio_timer.workload
     else:

@@ -44,8 +44,8 @@ from typing import Any
 
 import trio
 
-from ._common import Result, latency_summary, peak_rss_mib, rss_mib
-from .workload import timer_inputs
+from aiopurgatory.bench._common import Result, latency_summary, peak_rss_mib, rss_mib
+from aiopurgatory.bench.workload import timer_inputs
 
 __all__ = ["workload"]
 
@@ -89,7 +89,7 @@ async def workload(
 
     due_append = due.append
     checkpoint = trio.lowlevel.checkpoint
-    # CPU time, not wall time (see timer.py).
+    # CPU time, not wall time (see aiopurgatory.bench.timer).
     cpu_clock = time.process_time
     add_cpu = 0.0
     j = 0

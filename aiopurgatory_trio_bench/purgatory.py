@@ -49,15 +49,15 @@ from typing import Any
 import trio
 import trio.testing
 
-from ._common import Result, latency_summary, peak_rss_mib, rss_mib
-from .workload import OwnTimer, WatchLists, generate, purgatory_inputs
+from aiopurgatory.bench._common import Result, latency_summary, peak_rss_mib, rss_mib
+from aiopurgatory.bench.workload import OwnTimer, WatchLists, generate, purgatory_inputs
 
 __all__ = ["workload"]
 
 
 # -- the three implementations ----------------------------------------------------
 #
-# The interface of purgatory.py's (make, watch, complete, check, poll, next_due,
+# The interface of aiopurgatory.bench.purgatory's (make, watch, complete, check, poll, next_due,
 # pending, outcomes), where watch() starts the request's task. pending() counts
 # requests from their arrival until their task has ended, so that the generator
 # keeps polling (the floor's expiries) until every task is done.
