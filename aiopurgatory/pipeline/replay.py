@@ -471,12 +471,14 @@ def replay_files(
 
     Raises:
         ValueError: ``param_sets`` is empty, ``partitions`` < 1, the trace lacks
-            a column or has a null broker.
+            a column or has a null broker, or ``facts`` holds the trace.
     """
     if not param_sets:
         raise ValueError("param_sets must not be empty")
     _check_partitions(partitions)
     trace_path, facts_path = _local(trace), _local(facts)
+    if trace_path == facts_path or facts_path in trace_path.parents:
+        raise ValueError(f"facts {facts_path} would replace the trace {trace_path}")
     sizes = _broker_sizes(trace_path)
     if facts_path.is_dir():
         shutil.rmtree(facts_path)

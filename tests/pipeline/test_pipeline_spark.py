@@ -327,6 +327,9 @@ def test_files_replay_refuses_bad_input_and_changes_nothing(spark: Any, tmp_path
         replay.replay_files(spark, tmp_path / "ok.parquet", facts, [])
     with pytest.raises(ValueError, match="partitions"):
         replay.replay_files(spark, tmp_path / "ok.parquet", facts, sweep, partitions=0)
+    with pytest.raises(ValueError, match="would replace the trace"):
+        replay.replay_files(spark, tmp_path / "ok.parquet", tmp_path, sweep)
+    assert (tmp_path / "ok.parquet").is_file()
     assert [p.name for p in facts.iterdir()] == ["kept"]
 
 
