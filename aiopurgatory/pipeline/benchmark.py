@@ -207,28 +207,31 @@ def main(argv: list[str] | None = None) -> int:
             "scenarios": len(params),
             "simulated_requests": simulated,
         }
-        if spark is not None:
-            trace_path = root / f"trace-{args.requests}.parquet"
+        trace_path = root / f"trace-{args.requests}.parquet"
+        if spark is not None or args.end_to_end:
             write_trace(table, trace_path)
+        if spark is not None:
+            cores = _master_cores(spark)
             runs = [
                 _spark_replay(spark, io, trace_path, root / "replay-facts", params, ui_port)
                 for _ in range(args.replay_rounds)
                 for io in args.replay_io.split(",")
             ]
-            cores = _master_cores(spark)
-            replay["spark_cores"] = cores
-            replay["spark_runs"] = runs
-            # The figures of the first run of the first --replay-io (the CLI's
-            # default: files), as a user's single run gets them, cold JVM and all.
-            replay.update({k: v for k, v in runs[0].items() if k != "io"})
-            replay["spark_requests_per_s"] = round(simulated / runs[0]["spark_s"])
-            replay["spark_requests_per_s_per_core"] = round(simulated / runs[0]["spark_s"] / cores)
             for run in runs:
                 run["requests_per_s_per_core"] = round(simulated / run["spark_s"] / cores)
                 if run.get("spark_cpu_s"):
                     run["requests_per_cpu_s"] = round(simulated / run["spark_cpu_s"])
-            if replay.get("spark_cpu_s"):
-                replay["spark_requests_per_cpu_s"] = round(simulated / replay["spark_cpu_s"])
+            # The figures of the first run of the first --replay-io (the CLI's
+            # default: files), as a user's single run gets them, cold JVM and all.
+            first = runs[0]
+            replay["spark_cores"] = cores
+            replay["spark_runs"] = runs
+            measured = ("spark_", "machine_", "replay_task_")
+            replay.update({k: v for k, v in first.items() if k.startswith(measured)})
+            replay["spark_requests_per_s"] = round(simulated / first["spark_s"])
+            replay["spark_requests_per_s_per_core"] = first["requests_per_s_per_core"]
+            if "requests_per_cpu_s" in first:
+                replay["spark_requests_per_cpu_s"] = first["requests_per_cpu_s"]
             replay["peak_rss_mb"] = _tree_peak_rss_mb()
         if not args.no_single:
             from .replay_core import replay_trace_table
@@ -256,9 +259,6 @@ def main(argv: list[str] | None = None) -> int:
                 replay["same_facts"] = bool(fast.equals(plain))
         result["replay"] = replay
         if args.end_to_end:
-            trace_path = root / f"trace-{args.requests}.parquet"
-            if not trace_path.exists():
-                write_trace(table, trace_path)
             result["end_to_end"] = _end_to_end(args, trace_path)
     result["loadavg"] = os.getloadavg()
     print(json.dumps(result, indent=2))

@@ -34,9 +34,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .replay_core import ReplayParams, parse_sweep, replay_table
+from .replay_core import _REQUEST_COLUMNS, ReplayParams, parse_sweep, replay_table
 from .schema import TRACE_COLUMNS
 from .session import _URI_SCHEME, DEFAULT_MASTER
+from .trace import check_trace_columns
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -78,9 +79,7 @@ def read_trace(spark: Any, path: str) -> Any:
         frame = frame.withColumn("replica_delays", delays)
     else:
         frame = spark.read.parquet(path)
-    missing = set(TRACE_COLUMNS) - set(frame.columns)
-    if missing:
-        raise ValueError(f"trace {path}: missing columns {sorted(missing)}")
+    check_trace_columns(path, frame.columns)
     return frame.select(
         *[F.col(name).cast(kind).alias(name) for name, kind in TRACE_COLUMNS.items()]
     )
@@ -123,8 +122,9 @@ def _task_keys(tasks: int) -> list[int]:
     return [keys[t] for t in range(tasks)]
 
 
-#: The trace columns a replay task needs (``broker`` is in the slot).
-_REPLAY_INPUT = ("request_id", "topic", "partition", "arrival", "acks")
+#: The trace columns the ``spark`` path's task gets as they are (``broker`` is in
+#: the slot; the delays may travel as columns, see :func:`replay_spark`).
+_REPLAY_INPUT = tuple(name for name in _REQUEST_COLUMNS if name != "replica_delays")
 
 #: A slot: one broker and the parameter sets its task replays it under.
 _Slot = tuple[int, list[ReplayParams]]
@@ -340,9 +340,7 @@ def _trace_dataset(path: Path) -> Any:
     import pyarrow.dataset as ds
 
     dataset = ds.dataset(str(path), format="parquet", partitioning="hive")
-    missing = set(TRACE_COLUMNS) - set(dataset.schema.names)
-    if missing:
-        raise ValueError(f"trace {path}: missing columns {sorted(missing)}")
+    check_trace_columns(path, dataset.schema.names)
     return dataset
 
 
@@ -366,7 +364,6 @@ def _broker_requests(path: Path, broker: int) -> pa.Table:
     import pyarrow as pa
     import pyarrow.dataset as ds
 
-    from .replay_core import _REQUEST_COLUMNS
     from .schema import trace_arrow_schema
 
     schema = trace_arrow_schema()

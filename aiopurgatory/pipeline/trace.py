@@ -18,7 +18,7 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "TraceSpec",
     "arrow_trace",
+    "check_trace_columns",
     "generate_trace",
     "generate_trace_table",
     "main",
@@ -189,6 +190,19 @@ def arrow_trace(trace: pd.DataFrame, columns: Sequence[str] | None = None) -> An
     )
 
 
+def check_trace_columns(path: object, names: Iterable[str]) -> None:
+    """Refuse a trace whose columns ``names`` lack one of :data:`TRACE_COLUMNS`.
+
+    Raises:
+        ValueError: naming the trace and the missing columns.
+    """
+    from .schema import TRACE_COLUMNS
+
+    missing = set(TRACE_COLUMNS) - set(names)
+    if missing:
+        raise ValueError(f"trace {path}: missing columns {sorted(missing)}")
+
+
 def read_trace_table(path: str | Path) -> Any:
     """Read a trace written by :func:`write_trace` as an Arrow table of the trace types.
 
@@ -206,9 +220,7 @@ def read_trace_table(path: str | Path) -> Any:
     if path.suffix.lower() == ".csv":
         return arrow_trace(read_trace_pandas(path))
     table = pq.read_table(path)
-    missing = set(TRACE_COLUMNS) - set(table.column_names)
-    if missing:
-        raise ValueError(f"trace {path}: missing columns {sorted(missing)}")
+    check_trace_columns(path, table.column_names)
     return table.select(list(TRACE_COLUMNS)).cast(trace_arrow_schema())
 
 
