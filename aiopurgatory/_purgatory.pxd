@@ -21,20 +21,25 @@ cdef extern from *:
 cdef bint _distinct_and_hashable(list keys, Py_ssize_t n) except -1
 @cython.locals(n=Py_ssize_t)
 cpdef tuple _keys_of(keys)
+@cython.locals(plain=bint, watched=list, thresholds=list)
+cpdef tuple _thresholds_of(keys)
 @cython.locals(op=DelayedOperation, completed=Py_ssize_t)
 cdef Py_ssize_t _check_ops(list ops) except -1
 
 
 cdef class _Thresholds:
-    cdef public Py_ssize_t dead
     cdef public list heap
+    cdef public dict ops
     cdef public dict reached
     cdef public object top
-    cdef public Py_ssize_t waiting
 
-    @cython.locals(heap=list, fresh=list, reached=dict)
+    @cython.locals(ops=dict)
+    cpdef list live(self)
+    @cython.locals(ops=dict)
+    cpdef list reached_ops(self)
+    @cython.locals(heap=list, ops=dict, fresh=list, reached=dict)
     cpdef reach(self, value)
-    @cython.locals(heap=list)
+    @cython.locals(heap=list, ops=dict, waiting=Py_ssize_t)
     cpdef remove(self, oid)
 
 

@@ -167,19 +167,23 @@ def _thresholds_of(
     keys: Mapping[Hashable, float],
 ) -> tuple[tuple[Hashable, ...], tuple[float, ...]]:
     """A Mapping of keys to thresholds as (keys, thresholds), checked."""
-    try:
-        items = list(keys.items())
-    except TypeError as exc:  # an unhashable key met while building the mapping's view
-        raise TypeError(f"keys: {exc}") from None
-    if not items:
+    plain = type(keys) is dict  # its keys are hashable: it holds them
+    watched = []
+    thresholds = []
+    for key, threshold in keys.items():
+        if not plain:
+            try:
+                hash(key)
+            except TypeError as exc:
+                raise TypeError(f"keys: unhashable key {key!r} ({exc})") from None
+        cls = type(threshold)
+        if (cls is not int and cls is not float) or threshold != threshold:
+            _number(threshold, f"the threshold of key {key!r}")
+        watched.append(key)
+        thresholds.append(threshold)
+    if not watched:
         raise ValueError("keys must not be empty")
-    for key, threshold in items:
-        try:
-            hash(key)
-        except TypeError as exc:
-            raise TypeError(f"keys: unhashable key {key!r} ({exc})") from None
-        _number(threshold, f"the threshold of key {key!r}")
-    return tuple([item[0] for item in items]), tuple([item[1] for item in items])
+    return tuple(watched), tuple(thresholds)
 
 
 def _unhashable_key(key: object, exc: TypeError) -> TypeError:
@@ -210,49 +214,52 @@ def _check_ops(ops: list[Any]) -> int:
 class _Thresholds:
     """The watchers of one key that watch it with a threshold.
 
-    ``heap`` holds ``(threshold, seq, op)`` of the ops whose threshold the
-    key's watermark has not reached, smallest first (``seq`` is the watch order,
-    so ties never compare ops). An advance pops what it reaches into
-    ``reached`` (op id -> entry, in threshold order): those are checked by every
-    later advance until they finish. A finished op leaves ``reached`` at once;
-    its heap entry is only counted ``dead`` (removal from a heap's middle is
-    O(n)) and dropped when popped, or all at once when the dead outnumber the
-    live (amortised O(1) per op, memory at most twice the live entries), or
-    when no live entry is left. The heap list is only ever changed in place:
-    an advance may be iterating it while a callback finishes an op.
+    ``ops`` holds every pending one (op id -> op). ``heap`` holds
+    ``(threshold, seq, op id)`` of those the key's watermark has not reached,
+    smallest first (``seq`` is the watch order, so ties keep it). An advance
+    pops what it reaches into ``reached`` (op id -> the same entry, in threshold
+    order): those are checked by every later advance until they finish. A
+    finishing op leaves ``ops`` and ``reached`` at once; its heap entry, three
+    ints that no longer reach the op, stays until it is popped, or until the
+    stale entries outnumber the live ones (then the heap is rebuilt: amortised
+    O(1) per op, at most about twice the live entries). The heap list is only
+    ever changed in place.
     """
 
-    __slots__ = ("dead", "heap", "reached", "top", "waiting")
+    __slots__ = ("heap", "ops", "reached", "top")
 
     def __init__(self) -> None:
-        self.heap: list[tuple[float, int, Any]] = []
-        self.reached: dict[int, tuple[float, int, Any]] = {}
-        self.waiting = 0  # live entries in heap
-        self.dead = 0  # entries in heap of finished ops
+        self.ops: dict[int, Any] = {}
+        self.heap: list[tuple[float, int, int]] = []
+        self.reached: dict[int, tuple[float, int, int]] = {}
         # (threshold, seq) of the last entry put into ``reached``: an upper bound
         # of its order, to see whether newly reached entries can simply follow.
         self.top: tuple[float, int] | None = None
 
     def live(self) -> list[Any]:
         """The pending ops, in threshold order (ties in watch order)."""
-        entries = [entry for entry in self.heap if entry[2]._outcome is None]
+        ops = self.ops
+        entries = [entry for entry in self.heap if entry[2] in ops]
         entries += self.reached.values()
         entries.sort()
-        return [entry[2] for entry in entries]
+        return [ops[entry[2]] for entry in entries]
+
+    def reached_ops(self) -> list[Any]:
+        """The pending ops the watermark reached, in threshold order."""
+        ops = self.ops
+        return [ops[oid] for oid in self.reached]
 
     def reach(self, value: float) -> None:
         """Move the entries whose threshold is at most ``value`` into ``reached``."""
         heap = self.heap
+        ops = self.ops
         fresh = []
         while heap and heap[0][0] <= value:
             entry = heappop(heap)
-            if entry[2]._outcome is not None:
-                self.dead -= 1
-            else:
+            if entry[2] in ops:
                 fresh.append(entry)
         if not fresh:
             return
-        self.waiting -= len(fresh)
         reached = self.reached
         first = fresh[0]
         top = self.top
@@ -262,23 +269,22 @@ class _Thresholds:
             fresh = sorted([*reached.values(), *fresh])
             reached.clear()
         for entry in fresh:
-            reached[entry[2]._key] = entry
+            reached[entry[2]] = entry
         last = fresh[-1]
         self.top = (last[0], last[1])
 
     def remove(self, oid: int) -> None:
-        """Take a finishing op (id ``oid``) out: from ``reached``, or count it dead."""
+        """Take a finishing op (id ``oid``) out."""
+        ops = self.ops
+        del ops[oid]
         if self.reached.pop(oid, None) is None:
-            self.waiting -= 1
-            self.dead += 1
             heap = self.heap
-            if not self.waiting:
+            waiting = len(ops) - len(self.reached)
+            if not waiting:
                 heap.clear()
-                self.dead = 0
-            elif self.dead > self.waiting and self.dead >= 32:
-                heap[:] = [entry for entry in heap if entry[2]._outcome is None]
+            elif len(heap) > 2 * waiting + 32:
+                heap[:] = [entry for entry in heap if entry[2] in ops]
                 heapify(heap)
-                self.dead = 0
 
 
 class _PurgatoryCore(_Owner):
@@ -383,7 +389,7 @@ class _PurgatoryCore(_Owner):
             raise TypeError(f"op must be a DelayedOperation, got {type(op).__name__}")
         if type(keys) is list:
             return self._watch(op, _keys_of(keys), None)
-        if isinstance(keys, Mapping):
+        if type(keys) is dict or isinstance(keys, Mapping):
             watched, thresholds = _thresholds_of(keys)
             return self._watch(op, watched, thresholds)
         return self._watch(op, _keys_of(keys), None)
@@ -470,14 +476,15 @@ class _PurgatoryCore(_Owner):
         self, op: DelayedOperation, keys: tuple[Hashable, ...], thresholds: tuple[float, ...]
     ) -> None:
         self._seq = seq = self._seq + 1  # one per op: ties keep watch order
+        oid = op._key
         everything = self._thresholds
         for i in range(len(keys)):
             key = keys[i]
             watch = everything.get(key)
             if watch is None:
                 everything[key] = watch = _Thresholds()
-            heappush(watch.heap, (thresholds[i], seq, op))
-            watch.waiting += 1
+            watch.ops[oid] = op
+            heappush(watch.heap, (thresholds[i], seq, oid))
 
     def check_and_complete(self, key: Hashable) -> int:
         """Call ``try_complete()`` on every pending operation watched under ``key``.
@@ -557,7 +564,7 @@ class _PurgatoryCore(_Owner):
             return _check_ops(list(ops.values()))  # type: ignore[union-attr]
         watch.reach(value)
         checked = list(ops.values()) if ops else []
-        checked += [entry[2] for entry in watch.reached.values()]
+        checked += watch.reached_ops()
         return _check_ops(checked)
 
     def watermark(self, key: Hashable) -> Any:
@@ -612,7 +619,7 @@ class _PurgatoryCore(_Owner):
         for key in keys:
             watch = everything[key]
             watch.remove(oid)
-            if not watch.waiting and not watch.reached:
+            if not watch.ops:
                 del everything[key]
                 if self._watermarks:
                     self._forget(key)
@@ -1030,7 +1037,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         for ops in list(self._watchers.values()):
             pending.update(ops)
         for watch in list(self._thresholds.values()):
-            pending.update((op._key, op) for op in watch.live())
+            pending.update(watch.ops)
         for op in pending.values():
             if expire_pending:
                 op._expire()
