@@ -13,6 +13,7 @@ from ._runner import (
     TIMER_CPU_VS_UVLOOP,
     _cell,
     _cells,
+    _fraction,
     _interleaved,
     _positive_float,
     _positive_int,
@@ -113,7 +114,7 @@ def _timer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", type=_positive_int, default=timer_bench.DEFAULTS["n"], help="timers")
     p.add_argument(
         "--cancel-fraction",
-        type=float,
+        type=_fraction,
         default=timer_bench.DEFAULTS["cancel_fraction"],
         help="share cancelled right after being added (default 0.9)",
     )
@@ -123,4 +124,9 @@ def _timer_args(p: argparse.ArgumentParser) -> None:
         default=timer_bench.DEFAULTS["max_delay"],
         help="delays are uniform in [0, MAX_DELAY) s (default 1, as Kafka's run)",
     )
-    p.add_argument("--batch", type=_positive_int, default=timer_bench.DEFAULTS["batch"])
+    p.add_argument(
+        "--batch",
+        type=_positive_int,
+        default=timer_bench.DEFAULTS["batch"],
+        help="timers added per loop wake-up",
+    )
