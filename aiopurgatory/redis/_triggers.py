@@ -818,11 +818,15 @@ class RedisTriggers:
         if purgatory is None or advance_local is None or purgatory.closed:
             return
         completed = 0
-        for key, value in advances:
-            completed += advance_local(key, value)
-        check = purgatory.check_and_complete
-        for key in checks:
-            completed += check(key)
+        try:
+            for key, value in advances:
+                completed += advance_local(key, value)
+            check = purgatory.check_and_complete
+            for key in checks:
+                completed += check(key)
+        except Exception as exc:  # a bug (callbacks' failures are contained by the purgatory)
+            self._last_error = self._redactor.error(exc)
+            self._logger.error("aiopurgatory.redis.apply_failed", error=self._last_error)
         self._applied += len(advances) + len(checks)
         self._completed += completed
 
