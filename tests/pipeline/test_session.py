@@ -13,7 +13,6 @@ import pytest
 
 from aiopurgatory.cli import main as cli
 from aiopurgatory.pipeline.cluster import _free_port
-from aiopurgatory.pipeline.trace import TraceSpec, generate_trace_table, write_trace
 from aiopurgatory.pipeline.session import (
     MasterUnreachableError,
     SparkSetupError,
@@ -24,6 +23,7 @@ from aiopurgatory.pipeline.session import (
     missing_inputs,
     spark_path,
 )
+from aiopurgatory.pipeline.trace import TraceSpec, generate_trace_table, write_trace
 
 
 @pytest.fixture
