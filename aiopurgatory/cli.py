@@ -35,11 +35,20 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
 }
 
-#: The third-party modules of the extras the commands use: a missing one is a
-#: missing extra, said in one line (any other import error is a bug: traceback).
-_EXTRA_MODULES = frozenset(
-    {"rich", "matplotlib", "pyspark", "pandas", "pyarrow", "numpy", "uvloop", "trio", "py4j"}
-)
+#: The third-party modules of the extras the commands use, and the extra that
+#: installs each (None: the command's own extra). A missing one is a missing
+#: extra, said in one line; any other import error is a bug (a traceback).
+_EXTRA_OF: dict[str, str | None] = {
+    "rich": None,
+    "matplotlib": None,
+    "pyspark": "spark",
+    "py4j": "spark",
+    "pandas": "spark",
+    "pyarrow": "spark",
+    "numpy": "spark",
+    "uvloop": "uvloop",
+    "trio": "trio",
+}
 
 
 def _usage() -> str:
@@ -60,9 +69,9 @@ def _version() -> str:
 def _missing_extra(command: str, exc: ImportError) -> int | None:
     """Say in one line which extra to install, if ``exc`` is a missing extra's module."""
     top = (exc.name or "").split(".")[0]
-    if top not in _EXTRA_MODULES:
+    if top not in _EXTRA_OF:
         return None
-    extra = _COMMANDS[command][2]
+    extra = _EXTRA_OF[top] or _COMMANDS[command][2]
     print(
         f"aiopurgatory {command}: needs {top}, which is not installed: "
         f"pip install 'aiopurgatory[{extra}]'",

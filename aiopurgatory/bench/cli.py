@@ -210,11 +210,11 @@ def _check_before_run(args: argparse.Namespace) -> None:
     modules = [] if args.quiet and args.no_progress else ["rich"]
     if args.plot:
         modules.append("matplotlib")
-    if args.loop in ("trio", "all", "trio-virtual"):
-        modules.append("trio")
-    if args.loop in ("uvloop", "both", "all"):
-        modules.append("uvloop")
     require(modules, "bench")
+    if args.loop in ("trio", "all", "trio-virtual"):
+        require(["trio"], "trio")
+    if args.loop in ("uvloop", "both", "all"):
+        require(["uvloop"], "uvloop")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
