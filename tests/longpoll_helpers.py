@@ -121,7 +121,15 @@ class Program:
             text=True,
         )
         assert self.proc.stderr is not None
-        first = json.loads(self.proc.stderr.readline())
+        line = self.proc.stderr.readline()
+        try:
+            first = json.loads(line)
+        except ValueError:
+            # Not started (bad arguments, say): reap it here, or its pipe and
+            # process would be collected later, failing whichever test runs then.
+            self.proc.kill()
+            _, rest = self.proc.communicate(timeout=30)
+            raise AssertionError(f"the server did not start: {line}{rest}") from None
         assert first["event"] == "longpoll.listening"
         self.first = first
         self.port: int = first["port"]
