@@ -636,3 +636,25 @@ async def test_rediss_with_a_password_passes_through(
         async with RedisTriggers(None, plain):
             pass
     assert_no_password(*texts, logged(logs))
+
+
+# -- the benchmark command --------------------------------------------------------------
+
+
+def test_the_benchmark_command_measures_every_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiopurgatory.redis import bench
+
+    output = tmp_path / "bench.json"
+    argv = ["--triggers", "300", "--loop", "asyncio", "--keys", "1000", "--parked", "50"]
+    argv += ["--batch", "-1", "--batch", "0", "--batch", "10", "--output", str(output)]
+    assert bench.main(argv) == 0
+    floor, alone, batched = json.loads(output.read_text())
+    for result in (floor, alone, batched):
+        assert result["subscriber_applied"] == 301  # every advance, and the final check
+        for side in ("publisher", "subscriber", "redis"):
+            assert result[f"{side}_cpu_us_per_trigger"] > 0
+    assert alone["messages"] == 300  # one per trigger
+    assert batched["messages"] < 300  # coalesced
+    assert capsys.readouterr().out.count("CPU per trigger") == 3

@@ -174,21 +174,22 @@ def _run_one(
     url: str, loop: str, triggers: int, batch: int, keys: int, parked: int
 ) -> dict[str, Any]:
     common = ["--keys", str(keys)]
-    subscriber = _spawn("subscriber", url, loop, "--parked", str(parked), *common)
-    try:
-        _read(subscriber, "ready")
-        redis_before = _redis_cpu(url)
-        publisher = _spawn(
-            "publisher", url, loop, "--triggers", str(triggers), "--batch", str(batch), *common
-        )
+    publisher_args = ["--triggers", str(triggers), "--batch", str(batch), *common]
+    with _spawn("subscriber", url, loop, "--parked", str(parked), *common) as subscriber:
         try:
-            sent = _read(publisher, "result")
-        finally:
-            publisher.wait(timeout=60)
-        got = _read(subscriber, "result")
-        redis_cpu = _redis_cpu(url) - redis_before
-    finally:
-        subscriber.wait(timeout=60)
+            _read(subscriber, "ready")
+            redis_before = _redis_cpu(url)
+            with _spawn("publisher", url, loop, *publisher_args) as publisher:
+                try:
+                    sent = _read(publisher, "result")
+                except BaseException:
+                    publisher.kill()
+                    raise
+            got = _read(subscriber, "result")
+            redis_cpu = _redis_cpu(url) - redis_before
+        except BaseException:
+            subscriber.kill()
+            raise
     return {
         "loop": loop,
         "batch": batch,
