@@ -125,7 +125,8 @@ class RedisTriggersStatistics:
         reconnects: successful re-subscriptions after a lost connection.
         connection_errors: connection attempts and connections that failed.
         triggers: ``check_and_complete``/``advance`` calls on this instance.
-        pending: triggers gathered and not yet sent (distinct keys).
+        pending: triggers gathered and not yet sent (distinct keys); after
+            ``aclose()``, those it could not send.
         published: messages published (one per batch, or per
             :data:`MAX_MESSAGE_TRIGGERS` triggers).
         publish_errors: attempts to send a batch that failed (it is kept and retried).
@@ -475,7 +476,8 @@ class RedisTriggers:
         only, so an advance that reached this process just before the watch left
         nothing here; reading after watching closes that gap (an advance after
         the read arrives through the subscription). If Redis cannot be read,
-        the op simply waits: the next resync catches it up.
+        the op waits for the next advance, or for the resync that follows a
+        reconnect.
 
         Returns:
             ``Outcome.COMPLETED``, ``EXPIRED`` or ``CANCELLED``, as ``Purgatory.watch``.
