@@ -1,4 +1,5 @@
-"""Command line: ``python -m examples.longpoll [--port 8080] [--waiter purgatory|asyncio]``.
+"""Command line: ``python -m examples.longpoll [--port 8080] [--waiter purgatory|asyncio]
+[--redis URL [--workers N]]``.
 
 Serves until SIGTERM or SIGINT, then stops accepting connections, answers every
 parked GET with what its topic holds, lets the responses go out and exits 0.
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -22,9 +24,13 @@ import uvicorn
 
 from .app import create_app
 from .feed import Feed, Settings
-from .waiters import WAITERS, make_waiter
+from .waiters import WAITERS, Waiter, make_waiter
 
-__all__ = ["LongPollServer", "build_parser", "main", "serve"]
+__all__ = ["REDIS_ENV", "LongPollServer", "build_parser", "main", "serve"]
+
+#: The environment variable read when ``--redis`` is not given (keeps a password out
+#: of the process list; ``--workers`` passes the URL to its workers this way).
+REDIS_ENV = "LONGPOLL_REDIS"
 
 LOOPS = ("auto", "asyncio", "uvloop")
 
@@ -80,6 +86,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-parked", type=int, default=d.max_parked, help="GETs waiting at once")
     p.add_argument("--backlog", type=int, default=4096, help="listen backlog (%(default)s)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--redis",
+        metavar="URL",
+        default=None,
+        help="keep the feed in Redis and share it with other processes: "
+        "redis://[[user]:password@]host[:port][/db] (default: $LONGPOLL_REDIS if set, "
+        "else one process with the feed in memory)",
+    )
+    p.add_argument(
+        "--redis-prefix",
+        default="longpoll",
+        help="prefix of the feed's Redis keys and trigger channel (%(default)s)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes serving one port (SO_REUSEPORT); more than 1 needs --redis",
+    )
+    # A worker of --workers N: bind with SO_REUSEPORT beside its siblings.
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -115,14 +142,24 @@ def loop_factory(choice: str) -> tuple[str, Callable[[], asyncio.AbstractEventLo
     return "asyncio", asyncio.new_event_loop
 
 
-async def serve(args: argparse.Namespace, settings: Settings, loop_name: str) -> None:
+async def serve(
+    args: argparse.Namespace, settings: Settings, loop_name: str, redis_url: str | None = None
+) -> None:
     """Listen, serve until SIGTERM/SIGINT, then shut down gracefully."""
     log = structlog.get_logger("examples.longpoll")
-    waiter = make_waiter(args.waiter)
+    waiter: Waiter
+    if redis_url is None:
+        waiter = make_waiter(args.waiter)
+    else:
+        from .redisfeed import RedisWaiter
+
+        waiter = RedisWaiter(redis_url, prefix=args.redis_prefix)
     app = create_app(settings, waiter)
     feed: Feed = app.state.feed
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if args.reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((args.host, args.port))
     # Listening now: connections queue until uvicorn serves them, so the port
     # logged below is usable at once.
@@ -145,6 +182,7 @@ async def serve(args: argparse.Namespace, settings: Settings, loop_name: str) ->
         waiter=waiter.name,
         loop=loop_name,
         http=config.http if isinstance(config.http, str) else "custom",
+        **_redis_fields(redis_url, args),
     )
     loop = asyncio.get_running_loop()
 
@@ -167,10 +205,31 @@ async def serve(args: argparse.Namespace, settings: Settings, loop_name: str) ->
     )
 
 
+def _redis_fields(redis_url: str | None, args: argparse.Namespace) -> dict[str, object]:
+    if redis_url is None:
+        return {}
+    from .redisfeed import redact
+
+    return {"redis": redact(redis_url), "redis_prefix": args.redis_prefix, "pid": os.getpid()}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code (2 for bad arguments)."""
+    """Entry point; returns the process exit code.
+
+    2 for bad arguments; 1 when Redis (``--redis``) is unreachable or refuses the
+    credentials at start, with one line on stderr naming the cause.
+    """
     args = build_parser().parse_args(argv)
+    redis_url = args.redis or os.environ.get(REDIS_ENV) or None
     try:
+        if not 1 <= args.workers <= 64:
+            raise ValueError(f"workers must be in [1, 64], got {args.workers}")
+        if args.workers > 1 and redis_url is None:
+            raise ValueError(
+                "--workers N needs --redis URL: without Redis each process has its own topics"
+            )
+        if redis_url is not None and args.waiter != "purgatory":
+            raise ValueError("--redis serves with the purgatory waiter only (--waiter purgatory)")
         settings = Settings(
             default_wait=args.default_wait,
             max_wait=args.max_wait,
@@ -186,9 +245,21 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if redis_url is not None:
+        from .redisfeed import RedisUnavailable, check_redis
+
+        try:
+            check_redis(redis_url)
+        except RedisUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    if args.workers > 1:
+        from .workers import supervise
+
+        return supervise(args, redis_url)
     _configure_logging(args.log_level)
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(serve(args, settings, loop_name))
+        runner.run(serve(args, settings, loop_name, redis_url))
     return 0
 
 
