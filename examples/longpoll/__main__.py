@@ -26,7 +26,7 @@ from .app import create_app
 from .feed import Feed, Settings
 from .waiters import WAITERS, Waiter, make_waiter
 
-__all__ = ["REDIS_ENV", "LongPollServer", "build_parser", "main", "serve"]
+__all__ = ["REDIS_ENV", "LongPollServer", "build_parser", "listen", "main", "serve"]
 
 #: The environment variable read when ``--redis`` is not given (keeps a password out
 #: of the process list; ``--workers`` passes the URL to its workers this way).
@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retain", type=int, default=d.retain, help="messages kept per topic")
     p.add_argument("--max-topics", type=int, default=d.max_topics)
     p.add_argument("--max-parked", type=int, default=d.max_parked, help="GETs waiting at once")
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=d.body_timeout,
+        help="seconds for a POST body to arrive whole, else 408 (%(default)s)",
+    )
     p.add_argument("--backlog", type=int, default=4096, help="listen backlog (%(default)s)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument(
@@ -142,10 +148,39 @@ def loop_factory(choice: str) -> tuple[str, Callable[[], asyncio.AbstractEventLo
     return "asyncio", asyncio.new_event_loop
 
 
+def listen(host: str, port: int, backlog: int, *, reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (0: a free port).
+
+    Listening at once: connections queue until uvicorn serves them, so the port
+    is usable as soon as it is logged. ``reuse_port``: ``SO_REUSEPORT``, so that
+    the workers of ``--workers N`` listen on one port side by side.
+
+    Raises:
+        OSError: the port is taken, the host is not an address of this machine, ...
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 async def serve(
-    args: argparse.Namespace, settings: Settings, loop_name: str, redis_url: str | None = None
+    args: argparse.Namespace,
+    settings: Settings,
+    loop_name: str,
+    sock: socket.socket | None = None,
+    redis_url: str | None = None,
 ) -> None:
-    """Listen, serve until SIGTERM/SIGINT, then shut down gracefully."""
+    """Serve on ``sock`` (default: :func:`listen` on ``args.host`` and ``args.port``)
+    until SIGTERM/SIGINT, then shut down gracefully; with ``redis_url``, the feed
+    kept in Redis (:mod:`examples.longpoll.redisfeed`)."""
     log = structlog.get_logger("examples.longpoll")
     waiter: Waiter
     if redis_url is None:
@@ -156,14 +191,8 @@ async def serve(
         waiter = RedisWaiter(redis_url, prefix=args.redis_prefix)
     app = create_app(settings, waiter)
     feed: Feed = app.state.feed
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if args.reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((args.host, args.port))
-    # Listening now: connections queue until uvicorn serves them, so the port
-    # logged below is usable at once.
-    sock.listen(args.backlog)
+    if sock is None:
+        sock = listen(args.host, args.port, args.backlog, reuse_port=args.reuse_port)
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         app,
@@ -201,6 +230,7 @@ async def serve(
         "longpoll.stopped",
         answers=feed.answers,
         disconnects=feed.disconnected,
+        incomplete_bodies=app.state.incomplete_bodies,
         messages=feed.messages_posted,
     )
 
@@ -216,8 +246,9 @@ def _redis_fields(redis_url: str | None, args: argparse.Namespace) -> dict[str, 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code.
 
-    2 for bad arguments; 1 when Redis (``--redis``) is unreachable or refuses the
-    credentials at start, with one line on stderr naming the cause.
+    2 for bad arguments; 1 when the port cannot be listened on, or when Redis
+    (``--redis``) is unreachable or refuses the credentials at start, with one line
+    on stderr naming the cause.
     """
     args = build_parser().parse_args(argv)
     redis_url = args.redis or os.environ.get(REDIS_ENV) or None
@@ -238,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             retain=args.retain,
             max_topics=args.max_topics,
             max_parked=args.max_parked,
+            body_timeout=args.body_timeout,
         )
         if not 0 <= args.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {args.port}")
@@ -257,9 +289,18 @@ def main(argv: list[str] | None = None) -> int:
         from .workers import supervise
 
         return supervise(args, redis_url)
+    try:
+        sock = listen(args.host, args.port, args.backlog, reuse_port=args.reuse_port)
+    except OSError as exc:
+        # A user's mistake (a busy port, a host not of this machine): one line.
+        print(
+            f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 1
     _configure_logging(args.log_level)
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(serve(args, settings, loop_name, redis_url))
+        runner.run(serve(args, settings, loop_name, sock, redis_url))
     return 0
 
 

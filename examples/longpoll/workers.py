@@ -59,6 +59,7 @@ def _worker_argv(args: argparse.Namespace, port: int) -> list[str]:
         "retain",
         "max_topics",
         "max_parked",
+        "body_timeout",
     ):
         argv += ["--" + name.replace("_", "-"), str(getattr(args, name))]
     return argv
