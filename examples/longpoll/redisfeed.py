@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import os
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -69,7 +69,8 @@ local meta, log, topics = KEYS[1], KEYS[2], KEYS[3]
 local body = ARGV[2]
 local retain, max_topics = tonumber(ARGV[3]), tonumber(ARGV[4])
 if redis.call('EXISTS', meta) == 0 then
-  if redis.call('SISMEMBER', topics, ARGV[1]) == 0 and redis.call('SCARD', topics) >= max_topics then
+  local known = redis.call('SISMEMBER', topics, ARGV[1]) == 1
+  if not known and redis.call('SCARD', topics) >= max_topics then
     return {-1, 0}
   end
   redis.call('SADD', topics, ARGV[1])
@@ -201,18 +202,18 @@ class TopicWait(ap.DelayedOperation):
     answers a plain ``check_and_complete(topic)``.
     """
 
-    __slots__ = ("_purgatory", "threshold", "topic")
+    __slots__ = ("_source", "threshold", "topic")
 
     def __init__(
         self, seconds: float, purgatory: ap.Purgatory[Any], topic: str, threshold: int
     ) -> None:
         super().__init__(seconds)
-        self._purgatory = purgatory
+        self._source = purgatory
         self.topic = topic
         self.threshold = threshold
 
     def try_complete(self) -> bool:
-        mark = self._purgatory.watermark(self.topic)
+        mark = self._source.watermark(self.topic)
         return mark is not None and mark >= self.threshold and self.force_complete()
 
 
@@ -258,7 +259,7 @@ class RedisWaiter(PurgatoryWaiter):
         self.redis_errors = 0
         self.resyncs = 0
         self._monitor: asyncio.Task[None] | None = None
-        self._on_recovery: Callable[[], Awaitable[None]] | None = None
+        self._on_recovery: Callable[[], Coroutine[Any, Any, None]] | None = None
         self._background: set[asyncio.Task[None]] = set()
         #: Topics in Redis, as the monitor last counted them.
         self.topic_total = 0
@@ -387,7 +388,7 @@ class RedisFeed(Feed):
         self.check_body(name, body)
         w = self.redis
         keys = [w.key(name, "meta"), w.key(name, "log"), f"{w.prefix}:topics"]
-        args = [name, body, self.settings.retain, self.settings.max_topics]
+        args: list[str | bytes | int] = [name, body, self.settings.retain, self.settings.max_topics]
         offset, total = await w.call(lambda: w.append_script(keys=keys, args=args))
         if offset < 0:
             raise FeedError(409, f"the feed already holds {self.settings.max_topics} topics")
@@ -445,7 +446,7 @@ class RedisFeed(Feed):
     async def _wait(self, name: str, wait: float, threshold: int) -> None:
         if self.parked >= self.settings.max_parked:
             raise FeedError(503, f"{self.settings.max_parked} requests are waiting already")
-        purgatory = self.redis.purgatory
+        purgatory: ap.Purgatory[Any] = self.redis.purgatory
         op = TopicWait(wait, purgatory, name, threshold)
         loop = asyncio.get_running_loop()
         start = loop.time()
