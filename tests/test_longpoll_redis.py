@@ -13,6 +13,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,26 +23,24 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from aiopurgatory.redis.testing import RedisServer
 from tests.longpoll_helpers import ROOT, Program, wait_until
-from tests.redis_helpers import RedisServer, free_port
+from tests.redis_helpers import ServerFactory
 
 pytestmark = pytest.mark.realtime
 
 PASSWORD = "pw-Zq8x-not-in-logs"
 
 
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.directory.mkdir()
-    server.start()
-    yield server
-    server.stop()
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @pytest.fixture
@@ -330,67 +329,65 @@ def test_redis_killed_and_restarted_mid_traffic(
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
-def test_a_wrong_password_exits_at_once_naming_the_cause(tmp_path: Path, workers: str) -> None:
-    server = RedisServer(tmp_path, password=PASSWORD)
-    server.start()
+def test_a_wrong_password_exits_at_once_naming_the_cause(
+    redis_server_factory: ServerFactory, workers: str
+) -> None:
+    server = redis_server_factory(password=PASSWORD)
+    wrong = server.url.replace(PASSWORD, "Wr0ngPass-xyz")
+    started = time.monotonic()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "examples.longpoll",
+            "--port",
+            "0",
+            "--redis",
+            wrong,
+            "--workers",
+            workers,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert time.monotonic() - started < 15
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "authentication" in lines[0]
+    assert "Wr0ngPass-xyz" not in done.stderr + done.stdout
+    # no password at all, against a server that wants one
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "examples.longpoll",
+            "--port",
+            "0",
+            "--redis",
+            f"redis://127.0.0.1:{server.port}/0",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 1
+    assert "authentication" in done.stderr
+    # the right password: serves, and shows it in no log line
+    env = dict(os.environ, LONGPOLL_REDIS=server.url)
+    p = Program("--workers", workers, env=env)
     try:
-        wrong = server.url.replace(PASSWORD, "Wr0ngPass-xyz")
-        started = time.monotonic()
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "examples.longpoll",
-                "--port",
-                "0",
-                "--redis",
-                wrong,
-                "--workers",
-                workers,
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert time.monotonic() - started < 15
-        assert done.returncode == 1
-        lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1, done.stderr
-        assert "authentication" in lines[0]
-        assert "Wr0ngPass-xyz" not in done.stderr + done.stdout
-        # no password at all, against a server that wants one
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "examples.longpoll",
-                "--port",
-                "0",
-                "--redis",
-                f"redis://127.0.0.1:{server.port}/0",
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert done.returncode == 1
-        assert "authentication" in done.stderr
-        # the right password: serves, and shows it in no log line
-        env = dict(os.environ, LONGPOLL_REDIS=server.url)
-        p = Program("--workers", workers, env=env)
-        try:
-            assert "***" in p.first["redis"]
-            assert post(p.port, "t", "x") == (200, {"offset": 0})
-            status, lines_ = p.stop()
-            assert status == 0
-            assert PASSWORD not in json.dumps([p.first, *p.early, *lines_])
-        finally:
-            if p.proc.poll() is None:
-                p.proc.kill()
+        assert "***" in p.first["redis"]
+        assert post(p.port, "t", "x") == (200, {"offset": 0})
+        status, lines_ = p.stop()
+        assert status == 0
+        assert PASSWORD not in json.dumps([p.first, *p.early, *lines_])
     finally:
-        server.stop()
+        if p.proc.poll() is None:
+            p.proc.kill()
 
 
 def test_unreachable_redis_exits_at_once_naming_the_cause() -> None:

@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--waiter",
         choices=sorted(WAITERS),
         default="purgatory",
-        help="purgatory: a DelayedOperation per GET; asyncio: asyncio.wait_for on a future",
+        help="purgatory: a DelayedOperation per GET; asyncio: asyncio.wait_for on a future "
+        "(%(default)s)",
     )
     p.add_argument(
         "--loop",
@@ -77,13 +78,42 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="event loop; auto: uvloop when installed (%(default)s)",
     )
-    p.add_argument("--default-wait", type=float, default=d.default_wait, help="seconds")
-    p.add_argument("--max-wait", type=float, default=d.max_wait, help="seconds")
-    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
-    p.add_argument("--max-response-bytes", type=int, default=d.max_response_bytes)
-    p.add_argument("--retain", type=int, default=d.retain, help="messages kept per topic")
-    p.add_argument("--max-topics", type=int, default=d.max_topics)
-    p.add_argument("--max-parked", type=int, default=d.max_parked, help="GETs waiting at once")
+    p.add_argument(
+        "--default-wait",
+        type=float,
+        default=d.default_wait,
+        help="seconds a GET without wait= waits (%(default)s)",
+    )
+    p.add_argument(
+        "--max-wait", type=float, default=d.max_wait, help="largest wait=, seconds (%(default)s)"
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=d.max_body_bytes,
+        help="largest POST body; larger: 413 (%(default)s)",
+    )
+    p.add_argument(
+        "--max-response-bytes",
+        type=int,
+        default=d.max_response_bytes,
+        help="messages per answer up to this many bytes, at least one (%(default)s)",
+    )
+    p.add_argument(
+        "--retain", type=int, default=d.retain, help="messages kept per topic (%(default)s)"
+    )
+    p.add_argument(
+        "--max-topics",
+        type=int,
+        default=d.max_topics,
+        help="topics held; a POST creating one more: 409 (%(default)s)",
+    )
+    p.add_argument(
+        "--max-parked",
+        type=int,
+        default=d.max_parked,
+        help="GETs waiting at once; one more: 503 (%(default)s)",
+    )
     p.add_argument(
         "--body-timeout",
         type=float,
@@ -91,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds for a POST body to arrive whole, else 408 (%(default)s)",
     )
     p.add_argument("--backlog", type=int, default=4096, help="listen backlog (%(default)s)")
+<<<<<<< HEAD
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument(
         "--redis",
@@ -113,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # A worker of --workers N: bind with SO_REUSEPORT beside its siblings.
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+=======
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="of the JSON log lines on stderr (%(default)s)",
+    )
+>>>>>>> main
     return p
 
 
