@@ -121,8 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds for a POST body to arrive whole, else 408 (%(default)s)",
     )
     p.add_argument("--backlog", type=int, default=4096, help="listen backlog (%(default)s)")
-<<<<<<< HEAD
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="of the JSON log lines on stderr (%(default)s)",
+    )
     p.add_argument(
         "--redis",
         metavar="URL",
@@ -144,14 +148,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # A worker of --workers N: bind with SO_REUSEPORT beside its siblings.
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
-=======
-    p.add_argument(
-        "--log-level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="of the JSON log lines on stderr (%(default)s)",
-    )
->>>>>>> main
     return p
 
 
