@@ -131,9 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--redis",
         metavar="URL",
         default=None,
-        help="keep the feed in Redis and share it with other processes: "
-        "redis://[[user]:password@]host[:port][/db] (default: $LONGPOLL_REDIS if set, "
-        "else one process with the feed in memory)",
+        help="keep the feed in Redis, shared with other processes: "
+        "redis://[[user]:password@]host[:port][/db]; when not given, $LONGPOLL_REDIS, "
+        "else the feed in this process's memory (%(default)s)",
     )
     p.add_argument(
         "--redis-prefix",
@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=1,
-        help="processes serving one port (SO_REUSEPORT); more than 1 needs --redis",
+        help="processes serving one port (SO_REUSEPORT), each with its own purgatory; "
+        "more than 1 needs --redis (%(default)s)",
     )
     # A worker of --workers N: bind with SO_REUSEPORT beside its siblings.
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)

@@ -181,7 +181,9 @@ def check_redis(url: str, timeout: float = 3.0) -> None:
         cause = f"authentication failed ({_scrub(str(exc), url)})"
     except redis.exceptions.ResponseError as exc:
         text = _scrub(str(exc), url)
-        if "NOAUTH" in text or "AUTH" in text or "WRONGPASS" in text:
+        if "NOAUTH" in text or "HELLO must be called" in text:
+            cause = "authentication required: the server wants a password, the URL has none"
+        elif "AUTH" in text or "WRONGPASS" in text:
             cause = f"authentication failed ({text})"
         else:
             cause = f"refused: {text}"
