@@ -139,6 +139,7 @@ class FeedCollector(Collector):
             for reason, count in self._incomplete.items():
                 incomplete.add_metric([reason], count)
             families.append(incomplete)
+        families += feed.metric_families()
         return families
 
 

@@ -15,7 +15,7 @@ import math
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .waiters import Waiter
@@ -321,6 +321,10 @@ class Feed:
     def topic_count(self) -> int:
         """Topics held."""
         return len(self.topics)
+
+    def metric_families(self) -> list[Any]:
+        """Prometheus families of this kind of feed beyond the common ones (none here)."""
+        return []
 
     def health(self) -> tuple[int, dict[str, object]]:
         """``/healthz``: the status code and the JSON body."""

@@ -503,6 +503,23 @@ class RedisFeed(Feed):
         """Topics in Redis, as the health monitor last counted them (every second)."""
         return self.redis.topic_total
 
+    def metric_families(self) -> list[Any]:
+        """Redis up, connection errors, resyncs (``longpoll_redis_*``)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        w = self.redis
+        up = GaugeMetricFamily("longpoll_redis_up", "1 while Redis answers this process.")
+        up.add_metric([], 1 if w.redis_ok else 0)
+        errors = CounterMetricFamily(
+            "longpoll_redis_errors", "Redis commands that failed for a connection problem."
+        )
+        errors.add_metric([], w.redis_errors)
+        resyncs = CounterMetricFamily(
+            "longpoll_redis_resyncs", "Times Redis came back and parked topics were re-read."
+        )
+        resyncs.add_metric([], w.resyncs)
+        return [up, errors, resyncs]
+
     def health(self) -> tuple[int, dict[str, object]]:
         if self.closing:
             return 503, {"status": "stopping", "waiter": self.waiter.name}
