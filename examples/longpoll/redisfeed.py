@@ -36,10 +36,10 @@ import asyncio
 import contextlib
 import os
 import urllib.parse
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import redis.asyncio as aioredis
 import redis.exceptions
@@ -54,6 +54,7 @@ from .waiters import PurgatoryWaiter
 __all__ = [
     "APPEND",
     "READ",
+    "Coalescer",
     "RedisFeed",
     "RedisUnavailable",
     "RedisWaiter",
@@ -122,6 +123,8 @@ while true do
   index = index + 64
 end
 """
+
+T = TypeVar("T")
 
 #: Errors that mean "Redis is not there now" (the connection, not the command).
 REDIS_DOWN: tuple[type[BaseException], ...] = (
@@ -217,6 +220,39 @@ class TopicWait(ap.DelayedOperation):
     def try_complete(self) -> bool:
         mark = self._source.watermark(self.topic)
         return mark is not None and mark >= self.threshold and self.force_complete()
+
+
+class Coalescer:
+    """Calls for one key made in the same loop iteration share one call, issued after them all.
+
+    The first caller starts a task; callers for the same key that come before the
+    task's first step (the same loop iteration: the GETs one POST completed, wakened
+    together) join it. The task forgets its key before it issues the call, so a
+    later caller never gets a result read before it asked: what a joined read
+    returns is at least as new as a read of its own would be.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[Hashable, asyncio.Task[Any]] = {}
+        #: Calls made, calls joined.
+        self.calls = 0
+        self.joined = 0
+
+    async def run(self, key: Hashable, make: Callable[[], Awaitable[T]]) -> T:
+        task = self._pending.get(key)
+        if task is None:
+            task = asyncio.create_task(self._call(key, make))
+            self._pending[key] = task
+            self.calls += 1
+        else:
+            self.joined += 1
+        # shield: a caller cancelled (its client gone) leaves the call to the others.
+        result: T = await asyncio.shield(task)
+        return result
+
+    async def _call(self, key: Hashable, make: Callable[[], Awaitable[T]]) -> T:
+        del self._pending[key]
+        return await make()
 
 
 @dataclass(frozen=True)
@@ -375,6 +411,9 @@ class RedisFeed(Feed):
         super().__init__(settings, waiter)
         self.redis = waiter
         waiter._on_recovery = self._resync
+        # GETs of one topic and offset asking in one loop iteration share one read.
+        self._reads = Coalescer()
+        self._byte_reads = Coalescer()
 
     # -- posting ---------------------------------------------------------------------------
 
@@ -405,7 +444,9 @@ class RedisFeed(Feed):
         w = self.redis
         keys = [w.key(name, "meta"), w.key(name, "log")]
         args = [offset, self.settings.max_response_bytes]
-        reply = await w.call(lambda: w.read_script(keys=keys, args=args))
+        reply = await self._reads.run(
+            (name, offset), lambda: w.call(lambda: w.read_script(keys=keys, args=args))
+        )
         start, end, total, position = (int(v) for v in reply[:4])
         messages = [m.decode() for m in reply[4:]]
         first = max(offset, start)
@@ -459,11 +500,9 @@ class RedisFeed(Feed):
                 # A post stored after our read whose notice arrived before the
                 # watch was in place advanced nothing here: read the end again.
                 with contextlib.suppress(FeedError):
-                    total = await self.redis.call(
-                        lambda: self.redis.client.hget(self.redis.key(name, "meta"), "bytes")  # type: ignore[union-attr]
-                    )
+                    total = await self._topic_bytes(name)
                     if total is not None:
-                        purgatory.advance(name, int(total))
+                        purgatory.advance(name, total)
                 await op
         except asyncio.CancelledError:
             op.cancel()
@@ -486,16 +525,25 @@ class RedisFeed(Feed):
             reason = "early"
         self.answers[reason] += 1
 
+    async def _topic_bytes(self, name: str) -> int | None:
+        """The topic's byte count in Redis (its watermark), None for a topic not posted to."""
+        w = self.redis
+        client = w.client
+        assert client is not None
+        key = w.key(name, "meta")
+        total = await self._byte_reads.run(name, lambda: w.call(lambda: client.hget(key, "bytes")))
+        return None if total is None else int(total)
+
     async def _resync(self) -> None:
         """Redis is back: re-read the watermark of every topic with parked GETs."""
-        w = self.redis
+        purgatory: ap.Purgatory[Any] = self.redis.purgatory
         for name in list(self.parked_by_topic):
             try:
-                total = await w.call(lambda n=name: w.client.hget(w.key(n, "meta"), "bytes"))  # type: ignore[union-attr,misc]
+                total = await self._topic_bytes(name)
             except FeedError:
                 return
             if total is not None:
-                w.purgatory.advance(name, int(total))
+                purgatory.advance(name, total)
 
     # -- state -----------------------------------------------------------------------------
 
