@@ -32,7 +32,7 @@ import math
 import os
 import random
 import secrets
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Self
@@ -45,6 +45,7 @@ from redis.exceptions import AuthenticationError, AuthorizationError, RedisError
 from .._detect import current_backend
 from .._errors import PurgatoryError
 from .._logging import LazyLogger
+from .._operation import Outcome
 from .._purgatory import Purgatory
 from ._redact import Redactor, describe_url
 from ._wire import (
@@ -329,6 +330,8 @@ class RedisTriggers:
         self._sender: asyncio.Task[None] | None = None
         self._subscriber: asyncio.Task[None] | None = None
         self._connection: Any = None  # the subscriber's redis.asyncio.Connection
+        self._replies = 0  # replies read on it (the watchdog watches this count)
+        self._health_failure: BaseException | None = None
 
         self._connected = False
         self._reconnects = 0
@@ -461,6 +464,62 @@ class RedisTriggers:
         if failure is not None:
             raise RedisTriggersError(f"cannot read the watermark from {self._where}: {failure}")
         return parse_stored(raw)
+
+    async def watch(self, op: Any, keys: Iterable[Hashable] | Mapping[Hashable, float]) -> Outcome:
+        """:meth:`Purgatory.watch` in the local purgatory, caught up with Redis.
+
+        Watches ``op`` (as ``purgatory.watch(op, keys)``: the same arguments,
+        errors and cancellation: cancelling the awaiting task cancels the op),
+        then reads the stored watermarks of its keys (one MGET) and advances the
+        local purgatory to them. A purgatory keeps watermarks of watched keys
+        only, so an advance that reached this process just before the watch left
+        nothing here; reading after watching closes that gap (an advance after
+        the read arrives through the subscription). If Redis cannot be read,
+        the op simply waits: the next resync catches it up.
+
+        Returns:
+            ``Outcome.COMPLETED``, ``EXPIRED`` or ``CANCELLED``, as ``Purgatory.watch``.
+
+        Raises:
+            RedisTriggersClosedError: before ``async with`` or after ``aclose()``,
+                or on a publisher only (there is no purgatory to watch in).
+        """
+        self._check_running()
+        purgatory = self._purgatory
+        if purgatory is None:
+            raise RedisTriggersClosedError("a publisher-only RedisTriggers has no purgatory")
+        if isinstance(keys, Mapping):
+            keys = dict(keys)
+        elif not isinstance(keys, str | bytes | tuple):
+            keys = list(keys)  # it is read twice
+        if purgatory.try_complete_else_watch(op, keys):
+            return Outcome.COMPLETED
+        try:
+            await self._catch_up(wire_keys(keys))
+            outcome: Outcome = await op
+        except asyncio.CancelledError:
+            op.cancel()
+            raise
+        return outcome
+
+    async def _catch_up(self, keys: list[Key]) -> None:
+        advance_local = self._advance_local
+        if not keys or advance_local is None:
+            return
+        failure: BaseException | None = None
+        try:
+            raw = await self._client.mget([redis_key(self._prefix, key) for key in keys])
+        except _CONNECTION_ERRORS as exc:
+            failure = exc
+        if failure is not None:
+            self._last_error = self._redactor.error(failure)
+            return
+        completed = 0
+        for key, stored_value in zip(keys, raw, strict=True):
+            value = parse_stored(stored_value)
+            if value is not None:
+                completed += advance_local(key, value)
+        self._completed += completed
 
     def statistics(self) -> RedisTriggersStatistics:
         """A snapshot of the counters (see :class:`RedisTriggersStatistics`)."""
@@ -784,22 +843,52 @@ class RedisTriggers:
             await asyncio.sleep(self._backoff(attempt))
 
     async def _listen(self, connection: Any) -> None:
-        """Apply messages until the connection fails (this only returns by raising)."""
+        """Apply messages until the connection fails (this only returns by raising).
+
+        The read has no timeout (a timeout per read would cost more than the
+        rest of a message's handling); a watchdog task looks at the count of
+        replies read instead, once per health-check interval.
+        """
         read = connection.read_response
-        interval = self._health_check_interval
         on_message = self._on_message
+        self._health_failure = None
+        watchdog = asyncio.create_task(self._watchdog(connection))
+        try:
+            while True:
+                response = await read(timeout=math.inf)
+                self._replies += 1
+                if type(response) is list and len(response) == 3 and response[0] == b"message":
+                    on_message(response[2])
+        except BaseException:
+            failure = self._health_failure
+            if failure is not None:
+                raise failure from None
+            raise
+        finally:
+            watchdog.cancel()
+
+    async def _watchdog(self, connection: Any) -> None:
+        """PING after an interval of silence; end the connection after a second one."""
+        interval = self._health_check_interval
+        seen = self._replies
         pinged = False
         while True:
-            response = await read(timeout=interval)
-            if response is None:
-                if pinged:
-                    raise TimeoutError(f"no reply to a health-check PING within {interval:g} s")
-                await connection.send_command("PING", check_health=False)
+            await asyncio.sleep(interval)
+            if self._replies != seen:
+                seen = self._replies
+                pinged = False
+            elif not pinged:
                 pinged = True
-                continue
-            pinged = False
-            if type(response) is list and len(response) == 3 and response[0] == b"message":
-                on_message(response[2])
+                # A failed send: the reader sees the broken connection too.
+                with contextlib.suppress(*_CONNECTION_ERRORS):
+                    await connection.send_command("PING", check_health=False)
+            else:
+                self._health_failure = TimeoutError(
+                    f"no reply to a health-check PING within {interval:g} s"
+                )
+                # The reader, blocked in its read, fails on the closed connection.
+                await connection.disconnect(nowait=True)
+                return
 
     def _on_message(self, data: bytes) -> None:
         try:
@@ -818,11 +907,15 @@ class RedisTriggers:
         if purgatory is None or advance_local is None or purgatory.closed:
             return
         completed = 0
-        for key, value in advances:
-            completed += advance_local(key, value)
-        check = purgatory.check_and_complete
-        for key in checks:
-            completed += check(key)
+        try:
+            for key, value in advances:
+                completed += advance_local(key, value)
+            check = purgatory.check_and_complete
+            for key in checks:
+                completed += check(key)
+        except Exception as exc:  # a bug (callbacks' failures are contained by the purgatory)
+            self._last_error = self._redactor.error(exc)
+            self._logger.error("aiopurgatory.redis.apply_failed", error=self._last_error)
         self._applied += len(advances) + len(checks)
         self._completed += completed
 

@@ -2,9 +2,9 @@
 
 :class:`RedisServer` starts the machine's ``redis-server`` (Debian's package:
 ``apt-get install redis-server``) on a free port of 127.0.0.1 with its data in a
-directory of the caller's, append-only file on and fsynced at every write (so a
-killed and restarted server keeps every acknowledged write), and ends it by its
-pid. It is what aiopurgatory's own tests and ``python -m aiopurgatory.redis.bench``
+directory of the caller's, append-only file on and by default fsynced at every
+write (so a killed and restarted server keeps every acknowledged write), and
+ends it by its pid. It is what aiopurgatory's own tests and ``python -m aiopurgatory.redis.bench``
 use; nothing here is needed in production.
 
 A missing ``redis-server`` raises :class:`RedisServerMissing`, whose message says
@@ -71,6 +71,9 @@ class RedisServer:
         directory: where the server keeps its append-only file and log.
         port: the TCP port; a free one is picked when None.
         password: ``requirepass`` for the default user, if given.
+        appendfsync: the append-only file's fsync policy: ``"always"`` (the
+            default: a write acknowledged survives a kill) or ``"everysec"``
+            (Redis's own default; what a benchmark of throughput wants).
         extra_args: more ``redis-server`` arguments (e.g. ``["--user", "alice", "on", ...]``).
 
     Raises:
@@ -83,12 +86,16 @@ class RedisServer:
         *,
         port: int | None = None,
         password: str | None = None,
+        appendfsync: str = "always",
         extra_args: Sequence[str] = (),
     ) -> None:
+        if appendfsync not in ("always", "everysec", "no"):
+            raise ValueError(f"appendfsync must be always, everysec or no, got {appendfsync!r}")
         self.executable = find_redis_server()
         self.directory = Path(directory)
         self.port = port if port is not None else _free_port()
         self.password = password
+        self.appendfsync = appendfsync
         self.extra_args = list(extra_args)
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -127,7 +134,7 @@ class RedisServer:
             "--dir", str(self.directory),
             "--save", "",
             "--appendonly", "yes",
-            "--appendfsync", "always",
+            "--appendfsync", self.appendfsync,
             "--daemonize", "no",
             "--logfile", str(self.log_path),
         ]  # fmt: skip
