@@ -9,6 +9,7 @@ GET is held long past its wait), never how fast a healthy server was.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -446,3 +447,41 @@ def test_sigterm_with_redis_answers_every_parked_get(
         assert sum(line["answers"]["shutdown"] for line in stopped) == 20
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://127.0.0.1:{c.port}/healthz", timeout=5)
+
+
+async def test_calls_of_one_loop_iteration_share_one_call_issued_after_them() -> None:
+    from examples.longpoll.redisfeed import Coalescer
+
+    coalescer = Coalescer()
+    issued: list[int] = []
+    state = {"value": 0}
+
+    async def read() -> int:
+        value = state["value"]  # what Redis holds when the call is issued
+        issued.append(value)
+        await asyncio.sleep(0)
+        return value
+
+    first = [asyncio.create_task(coalescer.run("k", read)) for _ in range(5)]
+    state["value"] = 1  # written after the callers asked, before the call is issued
+    other = asyncio.create_task(coalescer.run("other", read))
+    assert await asyncio.gather(*first) == [1] * 5  # one call, and it saw the write
+    assert await other == 1
+    assert (coalescer.calls, coalescer.joined) == (2, 4)
+    # a caller that comes once the call is issued gets a call of its own
+    started = asyncio.create_task(coalescer.run("k", read))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the call has been issued
+    state["value"] = 2
+    late = asyncio.create_task(coalescer.run("k", read))
+    assert await started == 1
+    assert await late == 2
+    assert coalescer.calls == 4
+    # a cancelled caller leaves the call to the others
+    a = asyncio.create_task(coalescer.run("k", read))
+    b = asyncio.create_task(coalescer.run("k", read))
+    await asyncio.sleep(0)
+    a.cancel()
+    assert await b == 2
+    assert issued == [1, 1, 1, 2, 2]
+    assert coalescer.calls == 5
