@@ -245,6 +245,7 @@ def test_redis_killed_and_restarted_mid_traffic(
     post_times: list[float] = []
     lateness: list[float] = []  # how long past its wait each GET was answered
     statuses: list[int] = []
+    problems: list[str] = []  # seen in the client threads, asserted here
     lock = threading.Lock()
 
     def poster(n: int) -> None:
@@ -261,7 +262,8 @@ def test_redis_killed_and_restarted_mid_traffic(
                 post_times.append(time.monotonic() - started)
                 statuses.append(status)
                 if status == 200:
-                    assert body["offset"] not in acked
+                    if body["offset"] in acked:
+                        problems.append(f"offset {body['offset']} acknowledged twice")
                     acked[body["offset"]] = text
             time.sleep(0.02)
 
@@ -270,16 +272,21 @@ def test_redis_killed_and_restarted_mid_traffic(
         while not stop.is_set():
             wait = 1.5
             started = time.monotonic()
-            status, body = call(
-                ports[n % 2], "GET", f"/topics/live?offset={offset}&wait={wait}", timeout=30
-            )
+            try:
+                status, body = call(
+                    ports[n % 2], "GET", f"/topics/live?offset={offset}&wait={wait}", timeout=30
+                )
+            except (OSError, http.client.HTTPException) as exc:
+                problems.append(f"GET failed: {exc!r}")
+                return
             elapsed = time.monotonic() - started
             with lock:
                 lateness.append(elapsed - wait)
             if status == 200:
                 offset = body["next_offset"]
             else:
-                assert status == 503, body
+                if status != 503:
+                    problems.append(f"GET answered {status}: {body}")
                 time.sleep(0.1)
 
     threads = [threading.Thread(target=poster, args=(n,)) for n in range(4)]
@@ -309,6 +316,7 @@ def test_redis_killed_and_restarted_mid_traffic(
         for t in threads:
             t.join(timeout=60)
     assert not any(t.is_alive() for t in threads)
+    assert problems == []
     assert a.proc.poll() is None  # no server exited
     assert c.proc.poll() is None
     assert set(statuses) <= {200, 503}
