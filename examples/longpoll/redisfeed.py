@@ -16,8 +16,8 @@ instead of the in-memory :class:`~examples.longpoll.feed.Feed`:
 * **The wait is a threshold watch.** A topic's watermark is its ``bytes`` count. A
   GET from offset ``N`` with ``min_bytes=B`` is answerable once the watermark
   reaches ``position(N) + B`` (``position(N)``: the bytes before message ``N``), so
-  it parks as a :class:`TopicWait` watched under the topic with that threshold, in
-  the process's own purgatory. A POST on any process advances the topic's
+  it parks as an :class:`aiopurgatory.WatermarkOperation` watched under the topic
+  with that threshold, in the process's own purgatory. A POST on any process advances the topic's
   watermark through :class:`aiopurgatory.redis.RedisTriggers`: at once in its own
   purgatory, by one PUBLISH in every other process's.
 * **Redis down.** Commands have short timeouts and no retries (a retried append
@@ -58,7 +58,6 @@ __all__ = [
     "RedisFeed",
     "RedisUnavailable",
     "RedisWaiter",
-    "TopicWait",
     "check_redis",
     "redact",
 ]
@@ -197,29 +196,6 @@ def check_redis(url: str, timeout: float = 3.0) -> None:
     finally:
         client.close()
     raise RedisUnavailable(f"redis at {shown}: {cause}")
-
-
-class TopicWait(ap.DelayedOperation):
-    """A parked GET: complete once the topic's watermark (bytes) reaches ``threshold``.
-
-    Watched with ``{topic: threshold}``, so ``advance(topic, bytes)`` calls
-    :meth:`try_complete` only once the threshold is reached; the check here also
-    answers a plain ``check_and_complete(topic)``.
-    """
-
-    __slots__ = ("_source", "threshold", "topic")
-
-    def __init__(
-        self, seconds: float, purgatory: ap.Purgatory[Any], topic: str, threshold: int
-    ) -> None:
-        super().__init__(seconds)
-        self._source = purgatory
-        self.topic = topic
-        self.threshold = threshold
-
-    def try_complete(self) -> bool:
-        mark = self._source.watermark(self.topic)
-        return mark is not None and mark >= self.threshold and self.force_complete()
 
 
 class Coalescer:
@@ -490,7 +466,9 @@ class RedisFeed(Feed):
         if self.parked >= self.settings.max_parked:
             raise FeedError(503, f"{self.settings.max_parked} requests are waiting already")
         purgatory: ap.Purgatory[Any] = self.redis.purgatory
-        op = TopicWait(wait, purgatory, name, threshold)
+        # Completes once the topic's watermark reaches the threshold: advance() checks
+        # it then and never before; its own check reads the purgatory's watermark.
+        op = ap.WatermarkOperation(wait)
         loop = asyncio.get_running_loop()
         start = loop.time()
         self.parked += 1
