@@ -126,8 +126,14 @@ class Program:
         self.early: list[dict[str, Any]] = []
         while True:
             line = self.proc.stderr.readline()
-            assert line, f"the server exited with {self.proc.wait()} before listening"
-            first = json.loads(line)
+            try:
+                first = json.loads(line)
+            except ValueError:
+                # Not started (bad arguments, say): reap it here, or its pipe and
+                # process would be collected later, failing whichever test runs then.
+                self.proc.kill()
+                _, rest = self.proc.communicate(timeout=30)
+                raise AssertionError(f"the server did not start: {line}{rest}") from None
             if first["event"] == "longpoll.listening":
                 break
             self.early.append(first)

@@ -7,6 +7,7 @@ generous deadlines, and assertions on what the server reports, never on speed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -166,3 +167,51 @@ def test_a_second_server_on_a_busy_port_says_so_in_one_line(
     ]
     assert server.get_json("/healthz") == {"status": "ok", "waiter": "purgatory"}
     assert server.stop()[0] == 0
+
+
+def _response(data: bytes) -> tuple[bytes, bytes, object]:
+    """The status line, the lower-cased headers and the JSON body of one response."""
+    status_line, _, rest = data.partition(b"\r\n")
+    headers, _, body = rest.partition(b"\r\n\r\n")
+    return status_line, headers.lower(), json.loads(body)
+
+
+def test_a_requests_head_has_a_deadline_and_a_size(program: Callable[..., Program]) -> None:
+    server = program("--header-timeout", "0.5", "--max-header-bytes", "4096")
+    silent = _raw(server.port)  # never sends a byte
+    # a parked GET outlives the head deadline: it bounds heads, not requests
+    parked = server.connection()
+    parked.request("GET", "/topics/t?wait=2")
+    trickled = _raw(server.port)
+    for byte in b"GET /healthz HTTP/1.1\r\nHost: x\r\n":
+        try:
+            trickled.sendall(bytes([byte]))
+        except (BrokenPipeError, ConnectionResetError):
+            break
+        time.sleep(0.05)
+    large = _raw(server.port)
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        large.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Large: " + b"a" * 8192)
+
+    assert _read_to_close(silent) == b""  # closed, no answer: nothing was asked
+    status_line, headers, body = _response(_read_to_close(trickled))
+    assert status_line == b"HTTP/1.1 408 Request Timeout"
+    assert b"connection: close" in headers
+    assert body == {"error": "the request head did not arrive within 0.5 seconds"}
+    status_line, headers, body = _response(_read_to_close(large))
+    assert status_line == b"HTTP/1.1 431 Request Header Fields Too Large"
+    assert body == {"error": "the request head is over 4096 bytes"}
+    response = parked.getresponse()
+    assert (response.status, json.loads(response.read())["messages"]) == (200, [])
+    for sock in (silent, trickled, large):
+        sock.close()
+    parked.close()
+    metrics = server.metrics()
+    assert {
+        reason: metrics[f'longpoll_refused_heads_total{{reason="{reason}"}}']
+        for reason in ("idle", "timeout", "too_large")
+    } == {"idle": 1, "timeout": 1, "too_large": 1}
+    status, lines = server.stop()
+    assert status == 0
+    stopped = next(line for line in lines if line["event"] == "longpoll.stopped")
+    assert stopped["refused_heads"] == {"idle": 1, "timeout": 1, "too_large": 1}

@@ -24,6 +24,7 @@ import uvicorn
 
 from .app import create_app
 from .feed import Feed, Settings
+from .protocol import bounded_protocol
 from .waiters import WAITERS, Waiter, make_waiter
 
 __all__ = ["REDIS_ENV", "LongPollServer", "build_parser", "listen", "main", "serve"]
@@ -119,6 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=d.body_timeout,
         help="seconds for a POST body to arrive whole, else 408 (%(default)s)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds for a request's head (request line, headers) to arrive whole, "
+        "else 408 or close (%(default)s)",
+    )
+    p.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=16 * 1024,
+        help="largest request head; larger: 431 (%(default)s)",
     )
     p.add_argument("--backlog", type=int, default=4096, help="listen backlog (%(default)s)")
     p.add_argument(
@@ -232,6 +246,7 @@ async def serve(
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         app,
+        http=bounded_protocol(args.header_timeout, args.max_header_bytes, app.state.refused_heads),
         log_config=None,
         access_log=False,
         lifespan="on",
@@ -246,7 +261,7 @@ async def serve(
         url=f"http://{args.host}:{port}/",
         waiter=waiter.name,
         loop=loop_name,
-        http=config.http if isinstance(config.http, str) else "custom",
+        http="httptools",
         **_redis_fields(redis_url, args),
     )
     loop = asyncio.get_running_loop()
@@ -267,6 +282,7 @@ async def serve(
         answers=feed.answers,
         disconnects=feed.disconnected,
         incomplete_bodies=app.state.incomplete_bodies,
+        refused_heads=app.state.refused_heads,
         messages=feed.messages_posted,
     )
 
@@ -309,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if not 0 <= args.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {args.port}")
+        bounded_protocol(args.header_timeout, args.max_header_bytes, {})  # checks them
         loop_name, factory = loop_factory(args.loop)
     except (TypeError, ValueError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -35,6 +35,7 @@ from starlette.routing import Route
 from aiopurgatory.metrics.prometheus import PurgatoryCollector
 
 from .feed import Feed, FeedError, Settings
+from .protocol import REFUSED_HEAD_REASONS
 from .waiters import PurgatoryWaiter, Waiter
 
 __all__ = ["INCOMPLETE_BODY_REASONS", "FeedCollector", "create_app", "parse_fetch"]
@@ -100,12 +101,19 @@ def _parse_int(values: dict[str, str], name: str, default: int) -> int:
 
 
 class FeedCollector(Collector):
-    """Prometheus families of the feed: parked GETs, answers by reason, topics, messages,
-    and POST bodies that never arrived whole (``incomplete_bodies``, by reason)."""
+    """Prometheus families of the feed: parked GETs, answers by reason, topics, messages;
+    POST bodies that never arrived whole (``incomplete_bodies``) and connections
+    refused before a request's head was whole (``refused_heads``), by reason."""
 
-    def __init__(self, feed: Feed, incomplete_bodies: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        feed: Feed,
+        incomplete_bodies: dict[str, int] | None = None,
+        refused_heads: dict[str, int] | None = None,
+    ) -> None:
         self._feed = feed
         self._incomplete = incomplete_bodies
+        self._refused_heads = refused_heads
 
     def collect(self) -> list[Metric]:
         feed = self._feed
@@ -139,6 +147,17 @@ class FeedCollector(Collector):
             for reason, count in self._incomplete.items():
                 incomplete.add_metric([reason], count)
             families.append(incomplete)
+        if self._refused_heads is not None:
+            heads = CounterMetricFamily(
+                "longpoll_refused_heads",
+                "Connections closed before a request's head (request line and headers) was "
+                "whole: nothing arrived in time (idle), part did (timeout, 408), or it was "
+                "too large (too_large, 431).",
+                labels=["reason"],
+            )
+            for reason, count in self._refused_heads.items():
+                heads.add_metric([reason], count)
+            families.append(heads)
         families += feed.metric_families()
         return families
 
@@ -180,7 +199,9 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
 
     The feed is ``app.state.feed``; ``app.state.registry`` the Prometheus registry;
     ``app.state.incomplete_bodies`` counts POST bodies that never arrived whole, by
-    reason (:data:`INCOMPLETE_BODY_REASONS`).
+    reason (:data:`INCOMPLETE_BODY_REASONS`); ``app.state.refused_heads`` is for the
+    server's protocol to count heads it refused
+    (:func:`examples.longpoll.protocol.bounded_protocol`).
     """
     settings = Settings() if settings is None else settings
     waiter = PurgatoryWaiter() if waiter is None else waiter
@@ -188,8 +209,9 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
     make_feed = getattr(waiter, "make_feed", None)
     feed: Feed = Feed(settings, waiter) if make_feed is None else make_feed(settings)
     incomplete_bodies = dict.fromkeys(INCOMPLETE_BODY_REASONS, 0)
+    refused_heads = dict.fromkeys(REFUSED_HEAD_REASONS, 0)
     registry = CollectorRegistry()
-    registry.register(FeedCollector(feed, incomplete_bodies))
+    registry.register(FeedCollector(feed, incomplete_bodies, refused_heads))
     if isinstance(waiter, PurgatoryWaiter):
         PurgatoryCollector([waiter.purgatory], registry=registry)
     page = _PAGE.read_text(encoding="utf-8")
@@ -260,6 +282,7 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
     app.state.feed = feed
     app.state.registry = registry
     app.state.incomplete_bodies = incomplete_bodies
+    app.state.refused_heads = refused_heads
     return app
 
 

@@ -48,21 +48,24 @@ def emit(event: str, level: str = "info", **fields: Any) -> None:
 
 
 def _worker_argv(args: argparse.Namespace, port: int) -> list[str]:
-    argv = [sys.executable, "-m", "examples.longpoll", "--host", args.host, "--port", str(port)]
-    argv += ["--reuse-port", "--workers", "1", "--redis-prefix", args.redis_prefix]
-    argv += ["--loop", args.loop, "--log-level", args.log_level, "--backlog", str(args.backlog)]
-    for name in (
-        "default_wait",
-        "max_wait",
-        "max_body_bytes",
-        "max_response_bytes",
-        "retain",
-        "max_topics",
-        "max_parked",
-        "body_timeout",
-    ):
-        argv += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    """The command line of a worker: every option as given to the supervisor, except
+    the port (the one held), ``--workers`` and ``--redis`` (passed in the environment)."""
+    from .__main__ import build_parser
+
+    argv = [sys.executable, "-m", "examples.longpoll", "--port", str(port), "--reuse-port"]
+    for action in build_parser()._actions:
+        if not action.option_strings or action.dest in _NOT_PASSED:
+            continue
+        value = getattr(args, action.dest)
+        if isinstance(action, argparse._StoreTrueAction):
+            if value:
+                argv.append(action.option_strings[-1])
+        elif value is not None:
+            argv += [action.option_strings[-1], str(value)]
     return argv
+
+
+_NOT_PASSED = frozenset(("help", "port", "workers", "redis", "reuse_port"))
 
 
 class _Worker:
