@@ -658,3 +658,19 @@ def test_the_benchmark_command_measures_every_side(
     assert alone["messages"] == 300  # one per trigger
     assert batched["messages"] < 300  # coalesced
     assert capsys.readouterr().out.count("CPU per trigger") == 3
+
+
+async def test_a_loop_that_dies_of_a_bug_is_not_silent(
+    redis_server: RedisServer, logs: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    purgatory: ap.Purgatory[Flagged] = ap.Purgatory("here")
+    async with RedisTriggers(purgatory, redis_server.url, reconnect_delay=(0.05, 0.1)) as sub:
+
+        def broken(attempt: int) -> float:
+            raise ZeroDivisionError("a bug")
+
+        monkeypatch.setattr(sub, "_backoff", broken)
+        redis_server.kill()  # the subscriber reconnects: its backoff raises
+        await eventually(lambda: "ZeroDivisionError" in (sub.statistics().last_error or ""))
+        assert not sub.connected
+    assert "aiopurgatory.redis.task_ended" in logged(logs)

@@ -582,10 +582,12 @@ class RedisTriggers:
         self._sender = asyncio.create_task(
             self._send_loop(), name=f"aiopurgatory-redis-send-{self._id}"
         )
+        self._sender.add_done_callback(self._task_ended)
         if connection is not None:
             self._subscriber = asyncio.create_task(
                 self._subscribe_loop(connection), name=f"aiopurgatory-redis-sub-{self._id}"
             )
+            self._subscriber.add_done_callback(self._task_ended)
         self._logger.info("aiopurgatory.redis.started", redis=self._where)
         return self
 
@@ -623,7 +625,8 @@ class RedisTriggers:
                 task.cancel()
         for task in (self._subscriber, self._sender):
             if task is not None:
-                with contextlib.suppress(asyncio.CancelledError):
+                # A task that died of a bug was logged by _task_ended already.
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         connection, self._connection = self._connection, None
         if connection is not None:
@@ -652,6 +655,18 @@ class RedisTriggers:
                 if self._state == "new"
                 else "RedisTriggers is closed"
             )
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        # The loops end only when aclose() cancels them; anything else is a bug,
+        # and must not go unnoticed.
+        if task.cancelled() or self._state != "running":
+            return
+        exc = task.exception()
+        self._last_error = "ended" if exc is None else self._redactor.error(exc)
+        self._connected = False
+        self._logger.error(
+            "aiopurgatory.redis.task_ended", task=task.get_name(), error=self._last_error
+        )
 
     def _record_error(self, exc: BaseException) -> str:
         text = self._redactor.error(exc)
