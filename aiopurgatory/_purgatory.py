@@ -268,7 +268,7 @@ class _PurgatoryCore(_Owner):
         try:
             op.try_complete()
         except Exception as exc:
-            op._try_complete_failed(exc)
+            op._try_complete_raised(exc)  # raised to the caller: not logged
             raise
         outcome = op._outcome
         if outcome is not None:
