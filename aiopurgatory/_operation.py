@@ -238,9 +238,7 @@ class DelayedOperation(_TimerEntry):
         # traceback each time (as asyncio.Future does), so that repeated awaits
         # do not grow it and keep their frames alive; and, until someone receives
         # it, what logs it if nobody does (_Unretrieved).
-        self._exception: (
-            tuple[Exception, TracebackType | None, _Unretrieved | None] | None
-        ) = None
+        self._exception: tuple[Exception, TracebackType | None, _Unretrieved | None] | None = None
         # asyncio futures, or trio waiters (aiopurgatory._trio_driver.TrioWaiter),
         # and done callbacks (_DoneCallback).
         self._waiters: list[Any] | None = None

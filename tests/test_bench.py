@@ -7,7 +7,6 @@ never timings.
 from __future__ import annotations
 
 import argparse
-
 import json
 import math
 from pathlib import Path

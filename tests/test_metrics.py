@@ -191,7 +191,7 @@ def test_a_second_collector_on_the_default_registry_says_one_per_registry() -> N
 
     collector = PurgatoryCollector()
     try:
-        with pytest.raises(ValueError, match="^registry already has a collector of aiopurgatory"):
+        with pytest.raises(ValueError, match=r"^registry already has a collector of aiopurgatory"):
             PurgatoryCollector()
     finally:
         REGISTRY.unregister(collector)

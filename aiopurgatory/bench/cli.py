@@ -98,9 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--repeat", type=_positive_int, default=3, help="rounds (median taken)")
     common.add_argument("--seed", type=int, default=1, help="random seed of the workloads")
-    common.add_argument(
-        "--json", metavar="PATH", help="write the full report as JSON"
-    )
+    common.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     common.add_argument("--plot", metavar="PATH", help="write plots (PNG, matplotlib Agg)")
     common.add_argument(
         "--no-isolate",

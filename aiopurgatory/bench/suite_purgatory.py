@@ -376,9 +376,7 @@ def _purgatory_args(p: argparse.ArgumentParser) -> None:
         "TestPurgatoryPerformance), check = check_and_complete(key) with a flag "
         "(Kafka's way), clock = check_and_complete(key), try_complete reads the clock",
     )
-    p.add_argument(
-        "--keys", type=_positive_int, default=d["keys"], help="watch keys per request"
-    )
+    p.add_argument("--keys", type=_positive_int, default=d["keys"], help="watch keys per request")
     p.add_argument(
         "--key-space-size",
         type=_positive_int,
