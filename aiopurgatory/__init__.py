@@ -23,7 +23,7 @@ from ._errors import (
 )
 from ._latency import Histogram, PurgatoryHistograms
 from ._operation import DelayedOperation, Outcome
-from ._purgatory import Purgatory, PurgatoryStatistics
+from ._purgatory import Purgatory, PurgatoryStatistics, WatermarkOperation
 from ._timeout import Timeout
 from ._timer import Timer, TimerHandle, shared_timer, timeout, timeout_at
 
@@ -48,6 +48,7 @@ __all__ = [
     "Timer",
     "TimerClosedError",
     "TimerHandle",
+    "WatermarkOperation",
     "__version__",
     "shared_timer",
     "simulation",

@@ -21,6 +21,7 @@ cdef class DelayedOperation(_TimerEntry):
     cdef public tuple _keys
     cdef public object _outcome
     cdef public _Owner _purgatory
+    cdef public tuple _thresholds
     cdef public object _timeout
     cdef public list _waiters
 

@@ -208,7 +208,15 @@ class DelayedOperation(_TimerEntry):
         ValueError: ``timeout`` is negative, NaN or infinite.
     """
 
-    __slots__ = ("_exception", "_keys", "_outcome", "_purgatory", "_timeout", "_waiters")
+    __slots__ = (
+        "_exception",
+        "_keys",
+        "_outcome",
+        "_purgatory",
+        "_thresholds",
+        "_timeout",
+        "_waiters",
+    )
 
     if TYPE_CHECKING:
 
@@ -233,6 +241,9 @@ class DelayedOperation(_TimerEntry):
         self._timeout = timeout
         self._purgatory: _Owner | None = None
         self._keys: tuple[Hashable, ...] = ()
+        # The threshold on each of ``_keys`` (same order) for a watch with
+        # thresholds (``watch(op, {key: threshold})``), else None.
+        self._thresholds: tuple[float, ...] | None = None
         self._outcome: Outcome | None = None
         # The failure and its traceback as recorded, raised again with that
         # traceback each time (as asyncio.Future does), so that repeated awaits
@@ -261,8 +272,24 @@ class DelayedOperation(_TimerEntry):
 
     @property
     def keys(self) -> tuple[Hashable, ...]:
-        """The keys this operation was watched under (empty until watched)."""
+        """The keys this operation is watched under (empty until a purgatory takes it).
+
+        Already set when the purgatory's first ``try_complete()`` runs.
+        """
         return self._keys
+
+    @property
+    def thresholds(self) -> dict[Hashable, float]:
+        """Each watch key's threshold, for a watch with thresholds; else empty.
+
+        ``watch(op, {key: threshold})`` sets it (already when the purgatory's
+        first ``try_complete()`` runs); a watch with plain keys leaves it empty.
+        A new dict on each access.
+        """
+        thresholds = self._thresholds
+        if thresholds is None:
+            return {}
+        return dict(zip(self._keys, thresholds, strict=True))
 
     @property
     def is_completed(self) -> bool:
@@ -366,8 +393,12 @@ class DelayedOperation(_TimerEntry):
         """Check the condition; if met, ``return self.force_complete()``. Default: False.
 
         Called by the purgatory once when the operation is watched (before it
-        joins the watch lists) and on every ``check_and_complete`` of one of its
-        keys.
+        joins the watch lists), on every ``check_and_complete`` of one of its
+        keys, and on every ``advance`` of one of its keys that reaches its
+        threshold there (or of any of its keys, for a watch without thresholds).
+
+        Returning a true value without having finished the operation completes
+        it, as ``force_complete()`` would: Kafka users write ``return True``.
         """
         return False
 

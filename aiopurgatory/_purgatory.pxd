@@ -18,13 +18,37 @@ cdef extern from *:
 
 
 @cython.locals(i=Py_ssize_t, j=Py_ssize_t, h=Py_hash_t)
-cdef bint _distinct_and_hashable(tuple keys, Py_ssize_t n) except -1
+cdef bint _distinct_and_hashable(list keys, Py_ssize_t n) except -1
 @cython.locals(n=Py_ssize_t)
 cpdef tuple _keys_of(keys)
+@cython.locals(plain=bint, watched=list, thresholds=list)
+cpdef tuple _thresholds_of(keys)
+@cython.locals(op=DelayedOperation, completed=Py_ssize_t)
+cdef Py_ssize_t _check_ops(list ops) except -1
+
+
+cdef class _Thresholds:
+    cdef public list heap
+    cdef public dict ops
+    cdef public dict reached
+    cdef public object top
+
+    @cython.locals(ops=dict)
+    cpdef list live(self)
+    @cython.locals(ops=dict)
+    cpdef list reached_ops(self)
+    @cython.locals(heap=list, ops=dict, fresh=list, reached=dict)
+    cpdef reach(self, value)
+    @cython.locals(heap=list, ops=dict, waiting=Py_ssize_t)
+    cpdef remove(self, oid)
 
 
 cdef class _PurgatoryCore(_Owner):
     cdef object __weakref__
+    cdef public Py_ssize_t _advances
+    cdef public Py_ssize_t _seq
+    cdef public dict _thresholds
+    cdef public dict _watermarks
     cdef public Py_ssize_t _cancelled
     cdef public bint _closed
     cdef public Py_ssize_t _completed
@@ -44,9 +68,17 @@ cdef class _PurgatoryCore(_Owner):
     cdef public dict _watchers
 
     @cython.locals(timer=Timer, watchers=dict, ops=dict)
-    cpdef bint _watch(self, DelayedOperation op, tuple keys) except -1
-    @cython.locals(op=DelayedOperation, completed=Py_ssize_t, ops=dict)
+    cpdef bint _watch(self, DelayedOperation op, tuple keys, tuple thresholds) except -1
+    @cython.locals(everything=dict, watch=_Thresholds, i=Py_ssize_t, seq=Py_ssize_t)
+    cpdef _watch_thresholds(self, DelayedOperation op, tuple keys, tuple thresholds)
+    @cython.locals(ops=dict, watch=_Thresholds, checked=list)
     cpdef check_and_complete(self, key)
+    @cython.locals(ops=dict, watch=_Thresholds, checked=list, watermarks=dict)
+    cpdef advance(self, key, value)
     @cython.locals(watchers=dict, ops=dict, keys=tuple, late=double, wait=double)
     cpdef _detach(self, DelayedOperation op, outcome)
+    @cython.locals(everything=dict, watch=_Thresholds)
+    cpdef _unwatch_thresholds(self, oid, tuple keys)
+    @cython.locals(watermarks=dict)
+    cpdef _forget(self, key)
     cpdef _record(self, DelayedOperation op)

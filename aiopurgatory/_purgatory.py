@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import enum
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from heapq import heapify, heappop, heappush
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Self, TypeVar
 
@@ -33,7 +34,7 @@ from ._logging import LazyLogger
 from ._operation import CANCELLED, COMPLETED, EXPIRED, DelayedOperation, Outcome, _Owner
 from ._timer import Timer
 
-__all__ = ["Purgatory", "PurgatoryStatistics"]
+__all__ = ["Purgatory", "PurgatoryStatistics", "WatermarkOperation"]
 
 OpT = TypeVar("OpT", bound=DelayedOperation)
 
@@ -76,13 +77,15 @@ class PurgatoryStatistics:
     cancelled: int
     #: Running total of operations whose ``try_complete`` raised.
     failed: int
+    #: Running total of :meth:`Purgatory.advance` calls that raised a watermark.
+    advances: int = 0
 
 
-# A tuple of up to this many keys is checked in place, with no dict built.
+# A list of up to this many keys is checked in place, with no dict built.
 _FEW_KEYS: Final = 8
 
 
-def _distinct_and_hashable(keys: tuple[Hashable, ...], n: int) -> bool:
+def _distinct_and_hashable(keys: list[Hashable], n: int) -> bool:
     """True if the ``n`` keys are hashable and no two are equal as dict keys would be."""
     for i in range(n):
         key = keys[i]
@@ -97,25 +100,32 @@ def _distinct_and_hashable(keys: tuple[Hashable, ...], n: int) -> bool:
     return True
 
 
+def _tuple_refused(keys: tuple[Any, ...]) -> TypeError:
+    return TypeError(
+        f"keys must not be a tuple ({keys!r}): a tuple is ambiguous, one composite key "
+        "or several keys. Pass a list: [('orders', 0)] watches the one key ('orders', 0), "
+        "['orders', 0] the two keys 'orders' and 0"
+    )
+
+
 def _keys_of(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
     """``keys`` as a tuple of distinct hashable keys, or a TypeError/ValueError naming them."""
     cls = type(keys)
-    if cls is tuple:
+    if cls is list:
+        # The common case first: a short list of distinct keys, checked in place.
         n = len(keys)  # type: ignore[arg-type]
         if 0 < n <= _FEW_KEYS and _distinct_and_hashable(keys, n):  # type: ignore[arg-type]
-            return keys  # type: ignore[return-value]  # immutable: safe to share
-    if cls is tuple or cls is list:
-        # The common case first (a str/bytes is neither): dict.fromkeys both
-        # removes duplicates and rejects unhashable keys.
+            return tuple(keys)
+        # dict.fromkeys both removes duplicates and rejects unhashable keys.
         try:
             unique = dict.fromkeys(keys)
         except TypeError:
             pass  # the slow path below names the unhashable key
         else:
             if unique:
-                if cls is tuple and len(unique) == len(keys):  # type: ignore[arg-type]
-                    return keys  # type: ignore[return-value]  # immutable: safe to share
                 return tuple(unique)
+    if isinstance(keys, tuple):
+        raise _tuple_refused(keys)
     if isinstance(keys, str | bytes | bytearray | memoryview):
         raise TypeError(
             f"keys must be an iterable of keys, not a single {type(keys).__name__}: "
@@ -141,8 +151,140 @@ def _keys_of(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
     return tuple(unique)
 
 
+def _number(value: Any, name: str) -> Any:
+    """``value`` if an int or a float and not NaN, else a TypeError/ValueError naming ``name``."""
+    cls = type(value)
+    if (cls is not int and cls is not float) and (
+        isinstance(value, bool) or not isinstance(value, int | float)
+    ):
+        raise TypeError(f"{name} must be an int or a float, got {cls.__name__}")
+    if value != value:
+        raise ValueError(f"{name} must not be NaN")
+    return value
+
+
+def _thresholds_of(
+    keys: Mapping[Hashable, float],
+) -> tuple[tuple[Hashable, ...], tuple[float, ...]]:
+    """A Mapping of keys to thresholds as (keys, thresholds), checked."""
+    plain = type(keys) is dict  # its keys are hashable: it holds them
+    watched = []
+    thresholds = []
+    for key, threshold in keys.items():
+        if not plain:
+            try:
+                hash(key)
+            except TypeError as exc:
+                raise TypeError(f"keys: unhashable key {key!r} ({exc})") from None
+        cls = type(threshold)
+        if (cls is not int and cls is not float) or threshold != threshold:
+            _number(threshold, f"the threshold of key {key!r}")
+        watched.append(key)
+        thresholds.append(threshold)
+    if not watched:
+        raise ValueError("keys must not be empty")
+    return tuple(watched), tuple(thresholds)
+
+
 def _unhashable_key(key: object, exc: TypeError) -> TypeError:
     return TypeError(f"key must be hashable, got {key!r} ({exc})")
+
+
+def _check_ops(ops: list[Any]) -> int:
+    """Call ``try_complete()`` on each pending op of ``ops``; how many completed.
+
+    Ops finished before their turn (by a callback of an earlier one) are skipped.
+    A true value returned without finishing the op completes it (Kafka users
+    write ``return True``); a raising ``try_complete`` fails only its own op.
+    """
+    completed = 0
+    for op in ops:
+        if op.done():
+            continue  # finished by a callback of an earlier op
+        try:
+            if op.try_complete() and op._outcome is None:
+                op.force_complete()
+        except Exception as exc:
+            op._try_complete_failed(exc)
+        if op._outcome is COMPLETED:
+            completed += 1
+    return completed
+
+
+class _Thresholds:
+    """The watchers of one key that watch it with a threshold.
+
+    ``ops`` holds every pending one (op id -> op). ``heap`` holds
+    ``(threshold, seq, op id)`` of those the key's watermark has not reached,
+    smallest first (``seq`` is the watch order, so ties keep it). An advance
+    pops what it reaches into ``reached`` (op id -> the same entry, in threshold
+    order): those are checked by every later advance until they finish. A
+    finishing op leaves ``ops`` and ``reached`` at once; its heap entry, three
+    ints that no longer reach the op, stays until it is popped, or until the
+    stale entries outnumber the live ones (then the heap is rebuilt: amortised
+    O(1) per op, at most about twice the live entries). The heap list is only
+    ever changed in place.
+    """
+
+    __slots__ = ("heap", "ops", "reached", "top")
+
+    def __init__(self) -> None:
+        self.ops: dict[int, Any] = {}
+        self.heap: list[tuple[float, int, int]] = []
+        self.reached: dict[int, tuple[float, int, int]] = {}
+        # (threshold, seq) of the last entry put into ``reached``: an upper bound
+        # of its order, to see whether newly reached entries can simply follow.
+        self.top: tuple[float, int] | None = None
+
+    def live(self) -> list[Any]:
+        """The pending ops, in threshold order (ties in watch order)."""
+        ops = self.ops
+        entries = [entry for entry in self.heap if entry[2] in ops]
+        entries += self.reached.values()
+        entries.sort()
+        return [ops[entry[2]] for entry in entries]
+
+    def reached_ops(self) -> list[Any]:
+        """The pending ops the watermark reached, in threshold order."""
+        ops = self.ops
+        return [ops[oid] for oid in self.reached]
+
+    def reach(self, value: float) -> None:
+        """Move the entries whose threshold is at most ``value`` into ``reached``."""
+        heap = self.heap
+        ops = self.ops
+        fresh = []
+        while heap and heap[0][0] <= value:
+            entry = heappop(heap)
+            if entry[2] in ops:
+                fresh.append(entry)
+        if not fresh:
+            return
+        reached = self.reached
+        first = fresh[0]
+        top = self.top
+        if reached and top is not None and (first[0], first[1]) < top:
+            # Rare: an op watched with a threshold the watermark had already
+            # passed (its own check said no). Keep ``reached`` in threshold order.
+            fresh = sorted([*reached.values(), *fresh])
+            reached.clear()
+        for entry in fresh:
+            reached[entry[2]] = entry
+        last = fresh[-1]
+        self.top = (last[0], last[1])
+
+    def remove(self, oid: int) -> None:
+        """Take a finishing op (id ``oid``) out."""
+        ops = self.ops
+        del ops[oid]
+        if self.reached.pop(oid, None) is None:
+            heap = self.heap
+            waiting = len(ops) - len(self.reached)
+            if not waiting:
+                heap.clear()
+            elif len(heap) > 2 * waiting + 32:
+                heap[:] = [entry for entry in heap if entry[2] in ops]
+                heapify(heap)
 
 
 class _PurgatoryCore(_Owner):
@@ -155,6 +297,7 @@ class _PurgatoryCore(_Owner):
 
     __slots__ = (
         "__weakref__",
+        "_advances",
         "_cancelled",
         "_closed",
         "_completed",
@@ -165,6 +308,8 @@ class _PurgatoryCore(_Owner):
         "_loop",
         "_max_pending",
         "_pending",
+        "_seq",
+        "_thresholds",
         "_timer",
         "_wait_cancelled",
         "_wait_completed",
@@ -172,12 +317,20 @@ class _PurgatoryCore(_Owner):
         "_wait_failed",
         "_watched",
         "_watchers",
+        "_watermarks",
     )
 
     _timer: Timer
     # The asyncio loop, or the trio run's token, this purgatory is bound to.
     _loop: object
+    # Plain watchers: key -> {id(op): op}, in watch order.
     _watchers: dict[Hashable, dict[int, Any]]
+    # Watchers with a threshold: key -> _Thresholds.
+    _thresholds: dict[Hashable, _Thresholds]
+    # The watermark of each key advanced while it has watchers (of either kind).
+    _watermarks: dict[Hashable, Any]
+    _seq: int
+    _advances: int
     _max_pending: int | None
     _closed: bool
     _pending: int
@@ -197,7 +350,9 @@ class _PurgatoryCore(_Owner):
 
     # -- watching --------------------------------------------------------------------
 
-    def try_complete_else_watch(self, op: Any, keys: Iterable[Hashable]) -> bool:
+    def try_complete_else_watch(
+        self, op: Any, keys: Iterable[Hashable] | Mapping[Hashable, float]
+    ) -> bool:
         """Complete ``op`` now if its condition holds, else watch it under ``keys``.
 
         Kafka's ``tryCompleteElseWatch``: ``op.try_complete()``, once; if that did
@@ -209,15 +364,20 @@ class _PurgatoryCore(_Owner):
 
         Args:
             op: a new :class:`DelayedOperation`.
-            keys: at least one hashable key (duplicates are ignored).
+            keys: a list (or set, or other iterable but a tuple) of at least one
+                hashable key, duplicates ignored; or a Mapping of keys to
+                thresholds (int or float): then :meth:`advance` of a key checks
+                ``op`` only once the key's watermark reaches its threshold there.
+                A tuple is refused: pass ``[("orders", 0)]`` for one composite key.
 
         Returns:
             True iff this call completed the operation.
 
         Raises:
-            TypeError: ``op`` is not a DelayedOperation; ``keys`` is a str/bytes,
-                not iterable, or holds an unhashable key.
-            ValueError: ``keys`` is empty.
+            TypeError: ``op`` is not a DelayedOperation; ``keys`` is a tuple, a
+                str/bytes, not iterable, or holds an unhashable key; a threshold
+                is not an int or a float.
+            ValueError: ``keys`` is empty; a threshold is NaN.
             OperationStateError: ``op`` was already watched (here or elsewhere) or is finished.
             PurgatoryFullError: ``max_pending`` operations are pending.
             PurgatoryClosedError: the purgatory is closed.
@@ -227,9 +387,19 @@ class _PurgatoryCore(_Owner):
         """
         if not isinstance(op, DelayedOperation):
             raise TypeError(f"op must be a DelayedOperation, got {type(op).__name__}")
-        return self._watch(op, _keys_of(keys))
+        if type(keys) is list:
+            return self._watch(op, _keys_of(keys), None)
+        if type(keys) is dict or isinstance(keys, Mapping):
+            watched, thresholds = _thresholds_of(keys)
+            return self._watch(op, watched, thresholds)
+        return self._watch(op, _keys_of(keys), None)
 
-    def _watch(self, op: DelayedOperation, keys: tuple[Hashable, ...]) -> bool:
+    def _watch(
+        self,
+        op: DelayedOperation,
+        keys: tuple[Hashable, ...],
+        thresholds: tuple[float, ...] | None,
+    ) -> bool:
         """:meth:`try_complete_else_watch` for an operation and keys of the right types."""
         try:
             owner = op._purgatory
@@ -261,12 +431,17 @@ class _PurgatoryCore(_Owner):
         deadline = timer._deadline(op._timeout, "timeout")
 
         op._purgatory = self
+        # Set before the first check, so that try_complete() can read them; the
+        # op joins its watch lists (op._key set) only if that check says no.
+        op._keys = keys
+        op._thresholds = thresholds
         # The one check, before any bookkeeping: most requests that can complete
         # at once never touch a watch list or the timer. Nothing can trigger the
         # op between this check and its joining the watch lists (one loop, and
         # other threads' triggers are run on it), so there is no second check.
         try:
-            op.try_complete()
+            if op.try_complete() and op._outcome is None:
+                op.force_complete()  # "return True" without force_complete()
         except Exception as exc:
             op._try_complete_raised(exc)  # raised to the caller: not logged
             raise
@@ -276,14 +451,16 @@ class _PurgatoryCore(_Owner):
 
         # One int object for the op's key in every watch list and in the wheel.
         op._key = oid = id(op)
-        watchers = self._watchers
-        for key in keys:
-            ops = watchers.get(key)
-            if ops is None:
-                watchers[key] = {oid: op}
-            else:
-                ops[oid] = op
-        op._keys = keys
+        if thresholds is None:
+            watchers = self._watchers
+            for key in keys:
+                ops = watchers.get(key)
+                if ops is None:
+                    watchers[key] = {oid: op}
+                else:
+                    ops[oid] = op
+        else:
+            self._watch_thresholds(op, keys, thresholds)
         self._watched += len(keys)
         self._pending += 1
 
@@ -295,14 +472,31 @@ class _PurgatoryCore(_Owner):
         self._delayed += 1
         return False
 
+    def _watch_thresholds(
+        self, op: DelayedOperation, keys: tuple[Hashable, ...], thresholds: tuple[float, ...]
+    ) -> None:
+        self._seq = seq = self._seq + 1  # one per op: ties keep watch order
+        oid = op._key
+        everything = self._thresholds
+        for i in range(len(keys)):
+            key = keys[i]
+            watch = everything.get(key)
+            if watch is None:
+                everything[key] = watch = _Thresholds()
+            watch.ops[oid] = op
+            heappush(watch.heap, (thresholds[i], seq, oid))
+
     def check_and_complete(self, key: Hashable) -> int:
         """Call ``try_complete()`` on every pending operation watched under ``key``.
 
-        Operations are checked in watch order. Callbacks may watch, complete or
-        cancel other operations meanwhile (also under ``key``): operations that
-        finish before their turn are skipped, operations watched meanwhile are not
-        checked by this call (their own watch just checked them). A failing
-        ``try_complete`` finishes only its own operation (``Outcome.FAILED``).
+        Operations watched without thresholds are checked in watch order, then
+        those watched with a threshold on ``key``, in threshold order (ties in
+        watch order), whatever the key's watermark. Callbacks may watch,
+        complete or cancel other operations meanwhile (also under ``key``):
+        operations that finish before their turn are skipped, operations watched
+        meanwhile are not checked by this call (their own watch just checked
+        them). A failing ``try_complete`` finishes only its own operation
+        (``Outcome.FAILED``).
 
         Returns:
             How many operations this call completed; 0 for an unknown key.
@@ -314,19 +508,78 @@ class _PurgatoryCore(_Owner):
             ops = self._watchers.get(key)
         except TypeError as exc:
             raise _unhashable_key(key, exc) from None
-        if not ops:
+        watch = self._thresholds.get(key) if self._thresholds else None
+        if watch is None:
+            if not ops:
+                return 0
+            return _check_ops(list(ops.values()))
+        checked = list(ops.values()) if ops else []
+        checked += watch.live()
+        return _check_ops(checked)
+
+    def advance(self, key: Hashable, value: float) -> int:
+        """Raise ``key``'s watermark to ``value`` and check the operations it reaches.
+
+        The watermark only grows: a ``value`` at or below it changes nothing and
+        checks nothing. Otherwise this calls ``try_complete()`` on the key's
+        watchers without thresholds (in watch order), then on its watchers
+        whose threshold on ``key`` is at most the new watermark (in threshold
+        order, ties in watch order), and never on one whose threshold is above
+        it. An operation checked and not ready stays watched and is checked by
+        every later advance of the key. Cost: O(log n) per operation reached,
+        plus one check per operation reached and not yet finished.
+
+        The purgatory keeps a key's watermark only while the key has watchers:
+        advancing a key nobody watches keeps nothing (the source of truth, a
+        log's end or a group's size, is the caller's), so memory is bounded by
+        the watched keys.
+
+        Args:
+            key: a hashable key.
+            value: the new watermark, an int or a float.
+
+        Returns:
+            How many operations this call completed.
+
+        Raises:
+            TypeError: ``key`` is unhashable; ``value`` is not an int or a float.
+            ValueError: ``value`` is NaN.
+        """
+        if (type(value) is not int and type(value) is not float) or value != value:
+            value = _number(value, "value")
+        try:
+            ops = self._watchers.get(key)
+        except TypeError as exc:
+            raise _unhashable_key(key, exc) from None
+        watch = self._thresholds.get(key) if self._thresholds else None
+        if ops is None and watch is None:
             return 0
-        completed = 0
-        for op in list(ops.values()):
-            if op.done():
-                continue  # finished by a callback of an earlier op
-            try:
-                op.try_complete()
-            except Exception as exc:
-                op._try_complete_failed(exc)
-            if op._outcome is COMPLETED:
-                completed += 1
-        return completed
+        watermarks = self._watermarks
+        mark = watermarks.get(key)
+        if mark is not None and not value > mark:
+            return 0
+        watermarks[key] = value
+        self._advances += 1
+        if watch is None:
+            return _check_ops(list(ops.values()))  # type: ignore[union-attr]
+        watch.reach(value)
+        checked = list(ops.values()) if ops else []
+        checked += watch.reached_ops()
+        return _check_ops(checked)
+
+    def watermark(self, key: Hashable) -> Any:
+        """The watermark of ``key``: the highest value advanced while it is watched.
+
+        None for a key never advanced, or whose last watcher finished since (the
+        purgatory keeps watermarks of watched keys only).
+
+        Raises:
+            TypeError: ``key`` is unhashable.
+        """
+        try:
+            return self._watermarks.get(key)
+        except TypeError as exc:
+            raise _unhashable_key(key, exc) from None
 
     def cancel_for_key(self, key: Hashable) -> list[Any]:
         """Cancel every pending operation watched under ``key`` and return them.
@@ -335,7 +588,8 @@ class _PurgatoryCore(_Owner):
         watch list, no callbacks, ``Outcome.CANCELLED``.
 
         Returns:
-            The cancelled operations in watch order; ``[]`` for an unknown key.
+            The cancelled operations, in the order :meth:`check_and_complete`
+            checks them; ``[]`` for an unknown key.
 
         Raises:
             TypeError: ``key`` is unhashable.
@@ -344,10 +598,11 @@ class _PurgatoryCore(_Owner):
             ops = self._watchers.get(key)
         except TypeError as exc:
             raise _unhashable_key(key, exc) from None
-        if not ops:
-            return []
-        cancelled = [op for op in list(ops.values()) if op.cancel()]
-        return cancelled
+        watch = self._thresholds.get(key) if self._thresholds else None
+        candidates = list(ops.values()) if ops else []
+        if watch is not None:
+            candidates += watch.live()
+        return [op for op in candidates if op.cancel()]
 
     # -- internals -------------------------------------------------------------------------
 
@@ -358,6 +613,25 @@ class _PurgatoryCore(_Owner):
             recorder(op)
         except Exception as exc:
             self._logger.error("aiopurgatory.recorder_failed", error=repr(exc), exc_info=exc)
+
+    def _unwatch_thresholds(self, oid: int, keys: tuple[Hashable, ...]) -> None:
+        everything = self._thresholds
+        for key in keys:
+            watch = everything[key]
+            watch.remove(oid)
+            if not watch.ops:
+                del everything[key]
+                if self._watermarks:
+                    self._forget(key)
+        if not everything:
+            self._thresholds = {}
+
+    def _forget(self, key: Hashable) -> None:
+        """Drop ``key``'s watermark if nothing watches the key any more."""
+        if key not in self._watchers and key not in self._thresholds:
+            watermarks = self._watermarks
+            if watermarks.pop(key, None) is not None and not watermarks:
+                self._watermarks = {}
 
     def _bind(self) -> None:
         """Bind to the running loop or trio run (and the timer too, if it is not yet)."""
@@ -403,19 +677,24 @@ class _PurgatoryCore(_Owner):
                 self._wait_cancelled.record(wait)
             else:
                 self._wait_failed.record(wait)
-        keys = op._keys
-        if keys:
-            oid = op._key
-            watchers = self._watchers
-            for key in keys:
-                ops = watchers[key]
-                del ops[oid]
-                if not ops:
-                    del watchers[key]
-            if not watchers:
-                # A dict never shrinks its table on deletion: after a burst of many
-                # distinct keys, start afresh rather than keep the peak's table.
-                self._watchers = {}
+        oid = op._key
+        if oid:  # it joined its watch lists (it was not finished by its first check)
+            keys = op._keys
+            if op._thresholds is None:
+                watchers = self._watchers
+                for key in keys:
+                    ops = watchers[key]
+                    del ops[oid]
+                    if not ops:
+                        del watchers[key]
+                        if self._watermarks:
+                            self._forget(key)
+                if not watchers:
+                    # A dict never shrinks its table on deletion: after a burst of many
+                    # distinct keys, start afresh rather than keep the peak's table.
+                    self._watchers = {}
+            else:
+                self._unwatch_thresholds(oid, keys)
             self._watched -= len(keys)
             self._pending -= 1
         if op._when is not None:
@@ -498,6 +777,10 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         self._max_pending = max_pending
         self._loop: object = None
         self._watchers: dict[Hashable, dict[int, OpT]] = {}
+        self._thresholds: dict[Hashable, _Thresholds] = {}
+        self._watermarks: dict[Hashable, Any] = {}
+        self._seq = 0
+        self._advances = 0
         self._closed = False
         self._pending = 0
         self._watched = 0
@@ -528,7 +811,9 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
 
     if TYPE_CHECKING:
         # The generic signatures of the core's methods (documented there).
-        def try_complete_else_watch(self, op: OpT, keys: Iterable[Hashable]) -> bool: ...
+        def try_complete_else_watch(
+            self, op: OpT, keys: Iterable[Hashable] | Mapping[Hashable, float]
+        ) -> bool: ...
         def cancel_for_key(self, key: Hashable) -> list[OpT]: ...
 
     # -- properties ----------------------------------------------------------------
@@ -574,13 +859,32 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             name=self._name,
             watched=self._watched,
             delayed=self._delayed,
-            keys=len(self._watchers),
+            keys=self._key_count(),
             pending=self._pending,
             completed=self._completed,
             expired=self._expired,
             cancelled=self._cancelled,
             failed=self._failed,
+            advances=self._advances,
         )
+
+    def _key_count(self) -> int:
+        thresholds = self._thresholds
+        if not thresholds:
+            return len(self._watchers)
+        watchers = self._watchers
+        return len(watchers) + sum(1 for key in thresholds if key not in watchers)
+
+    def keys(self) -> list[Hashable]:
+        """The keys with at least one pending watcher (of either kind), in no set order.
+
+        For a bridge that re-reads the watermarks of every watched key (see
+        :mod:`aiopurgatory.redis`). A new list on each call.
+        """
+        keys = list(self._watchers)
+        watchers = self._watchers
+        keys += [key for key in self._thresholds if key not in watchers]
+        return keys
 
     def histograms(self, *, reset: bool = False) -> PurgatoryHistograms:
         """A snapshot of the wait and lateness histograms (always recorded).
@@ -618,8 +922,11 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
 
     # -- watching --------------------------------------------------------------------
 
-    async def watch(self, op: OpT, keys: Iterable[Hashable]) -> Outcome:
+    async def watch(self, op: OpT, keys: Iterable[Hashable] | Mapping[Hashable, float]) -> Outcome:
         """:meth:`try_complete_else_watch`, then wait until ``op`` finishes.
+
+        ``keys`` is a list (or other iterable but a tuple) of keys, or a Mapping
+        of keys to thresholds (see :meth:`advance`).
 
         The caller owns the operation: if the awaiting task is cancelled (asyncio
         task cancellation, a trio or anyio cancel scope, on any backend) the
@@ -668,6 +975,31 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             hash(key)
         except TypeError as exc:
             raise _unhashable_key(key, exc) from None
+        return self._threadsafe(self.check_and_complete, key)
+
+    def advance_threadsafe(self, key: Hashable, value: float) -> concurrent.futures.Future[int]:
+        """Run :meth:`advance` on the purgatory's loop, from any thread.
+
+        As :meth:`check_and_complete_threadsafe`; the arguments are checked here,
+        in the calling thread.
+
+        Returns:
+            A future with the count (already done with 0 if the purgatory is not
+            yet bound to a loop).
+
+        Raises:
+            TypeError: ``key`` is unhashable; ``value`` is not an int or a float.
+            ValueError: ``value`` is NaN.
+            RuntimeError: the bound loop is closed (or the trio run has finished).
+        """
+        value = _number(value, "value")
+        try:
+            hash(key)
+        except TypeError as exc:
+            raise _unhashable_key(key, exc) from None
+        return self._threadsafe(self.advance, key, value)
+
+    def _threadsafe(self, method: Callable[..., int], *args: Any) -> concurrent.futures.Future[int]:
         result: concurrent.futures.Future[int] = concurrent.futures.Future()
         if self._loop is None:
             result.set_result(0)
@@ -676,7 +1008,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         def run() -> None:
             if result.set_running_or_notify_cancel():
                 try:
-                    result.set_result(self.check_and_complete(key))
+                    result.set_result(method(*args))
                 except BaseException as exc:
                     result.set_exception(exc)
 
@@ -704,6 +1036,8 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         pending: dict[int, OpT] = {}
         for ops in list(self._watchers.values()):
             pending.update(ops)
+        for watch in list(self._thresholds.values()):
+            pending.update(watch.ops)
         for op in pending.values():
             if expire_pending:
                 op._expire()
@@ -758,3 +1092,59 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         self._recorder = recorder
 
     # -- internals -------------------------------------------------------------------------
+
+
+class WatermarkOperation(DelayedOperation):
+    """An operation that waits for watermarks alone: no ``try_complete`` to write.
+
+    Watch it with thresholds and trigger with :meth:`Purgatory.advance`::
+
+        outcome = await purgatory.watch(WatermarkOperation(5.0), {("orders", 0): offset})
+        ...
+        purgatory.advance(("orders", 0), high_watermark)   # elsewhere
+
+    It completes once the watermark of one of its keys reaches its threshold
+    there (with ``all_keys=True``: once every key's has), and expires after
+    ``timeout`` seconds otherwise. Its first check, when watched, reads the
+    purgatory's watermarks, which are kept only while a key is watched: check
+    your source of truth before watching, or advance after. Subclass it for
+    ``on_complete``/``on_expiration``.
+
+    Args:
+        timeout: seconds from being watched until expiry; finite and >= 0.
+        all_keys: wait for every key's threshold instead of any one's.
+
+    Raises:
+        TypeError: ``timeout`` is not a number. Watched without thresholds (a
+            list of keys), its first check raises TypeError: the watch fails.
+    """
+
+    __slots__ = ("_all_keys",)
+
+    def __init__(self, timeout: float, *, all_keys: bool = False) -> None:
+        super().__init__(timeout)
+        self._all_keys = bool(all_keys)
+
+    def try_complete(self) -> bool:
+        """True once the thresholds are reached (the purgatory then completes it)."""
+        thresholds = self._thresholds
+        if thresholds is None:
+            raise TypeError(
+                f"{type(self).__name__} waits for thresholds: watch it with a Mapping "
+                "of keys to thresholds, e.g. purgatory.watch(op, {key: threshold})"
+            )
+        purgatory: Any = self._purgatory
+        marks = purgatory._watermarks
+        keys = self._keys
+        if self._all_keys:
+            for i in range(len(keys)):
+                mark = marks.get(keys[i])
+                if mark is None or mark < thresholds[i]:
+                    return False
+            return True
+        if marks:
+            for i in range(len(keys)):
+                mark = marks.get(keys[i])
+                if mark is not None and mark >= thresholds[i]:
+                    return True
+        return False

@@ -43,7 +43,7 @@ import math
 import time
 import tracemalloc
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import trio
@@ -103,11 +103,11 @@ class _ApImpl(OwnTimer):
         self.completed = 0
         self.expired = 0
 
-    def watch(self, op: Any, keys: tuple[Hashable, ...]) -> None:
+    def watch(self, op: Any, keys: Sequence[Hashable]) -> None:
         self.count += 1
         self._start_soon(self._request, op, keys)
 
-    async def _request(self, op: Any, keys: tuple[Hashable, ...]) -> None:
+    async def _request(self, op: Any, keys: Sequence[Hashable]) -> None:
         op.started = True
         try:
             outcome = await self.purgatory.watch(op, keys)
@@ -142,7 +142,7 @@ class _TrioOp:
     )
     deadline: float
     event: trio.Event
-    keys: tuple[Hashable, ...]
+    keys: Sequence[Hashable]
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
@@ -186,14 +186,14 @@ class _TaskWatchLists(WatchLists[_TrioOp]):
         )
         self._start_soon = nursery.start_soon
 
-    def watch(self, op: _TrioOp, keys: tuple[Hashable, ...]) -> None:
+    def watch(self, op: _TrioOp, keys: Sequence[Hashable]) -> None:
         self.count += 1
         self._start_soon(self._request, op, keys)
 
-    async def _request(self, op: _TrioOp, keys: tuple[Hashable, ...]) -> None:
+    async def _request(self, op: _TrioOp, keys: Sequence[Hashable]) -> None:
         raise NotImplementedError
 
-    def _join(self, op: _TrioOp, keys: tuple[Hashable, ...]) -> trio.Event:
+    def _join(self, op: _TrioOp, keys: Sequence[Hashable]) -> trio.Event:
         op.started = True
         op.keys = keys
         event = op.event = trio.Event()
@@ -217,7 +217,7 @@ class _TaskWatchLists(WatchLists[_TrioOp]):
 class _HandImpl(_TaskWatchLists):
     """What a careful trio programmer writes: an event, waited on under ``move_on_after``."""
 
-    async def _request(self, op: _TrioOp, keys: tuple[Hashable, ...]) -> None:
+    async def _request(self, op: _TrioOp, keys: Sequence[Hashable]) -> None:
         event = self._join(op, keys)
         try:
             with trio.move_on_after(op.timeout) as scope:
@@ -252,7 +252,7 @@ class _FloorImpl(_TaskWatchLists):
         super().__init__(nursery, late, clock, completion)
         self.fifo: deque[_TrioOp] = deque()
 
-    async def _request(self, op: _TrioOp, keys: tuple[Hashable, ...]) -> None:
+    async def _request(self, op: _TrioOp, keys: Sequence[Hashable]) -> None:
         event = self._join(op, keys)
         op.deadline = self.clock() + op.timeout
         self.fifo.append(op)
@@ -361,7 +361,7 @@ async def workload(
 
 
 async def _memory_per_pending(
-    impl_name: str, count: int, timeout_s: float, keysets: list[tuple[int, ...]]
+    impl_name: str, count: int, timeout_s: float, keysets: list[list[int]]
 ) -> float:
     """Bytes traced per pending request (its task included), ``count`` pending.
 

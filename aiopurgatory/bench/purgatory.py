@@ -49,7 +49,7 @@ import math
 import time
 import tracemalloc
 from collections import deque
-from collections.abc import Callable, Coroutine, Hashable
+from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any
 
 from ._common import (
@@ -156,7 +156,7 @@ class _HandOp:
     deadline: float
     future: asyncio.Future[bool]
     handle: asyncio.TimerHandle
-    keys: tuple[Hashable, ...]
+    keys: Sequence[Hashable]
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
@@ -200,7 +200,7 @@ class _HandImpl(WatchLists[_HandOp]):
         }
         self.make = makers[completion]
 
-    def watch(self, op: _HandOp, keys: tuple[Hashable, ...]) -> None:
+    def watch(self, op: _HandOp, keys: Sequence[Hashable]) -> None:
         loop = self.loop
         op.future = loop.create_future()
         handle = op.handle = loop.call_later(op.timeout, self._expire, op)
@@ -244,7 +244,7 @@ class _HandImpl(WatchLists[_HandOp]):
 class _FloorOp:
     __slots__ = ("deadline", "done", "keys", "timeout")
     deadline: float
-    keys: tuple[Hashable, ...]
+    keys: Sequence[Hashable]
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
@@ -289,7 +289,7 @@ class _FloorImpl(WatchLists[_FloorOp]):
         self.make = makers[completion]
         self.fifo: deque[_FloorOp] = deque()
 
-    def watch(self, op: _FloorOp, keys: tuple[Hashable, ...]) -> None:
+    def watch(self, op: _FloorOp, keys: Sequence[Hashable]) -> None:
         op.deadline = self.clock() + op.timeout
         op.keys = keys
         oid = id(op)
@@ -406,7 +406,7 @@ async def _workload(
 
 
 async def _memory_per_pending(
-    impl_name: str, count: int, timeout_s: float, keysets: list[tuple[int, ...]]
+    impl_name: str, count: int, timeout_s: float, keysets: list[list[int]]
 ) -> float:
     """Bytes traced per pending op, ``count`` ops pending on a fresh implementation.
 

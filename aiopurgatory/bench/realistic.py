@@ -40,7 +40,7 @@ import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from ._common import Result, Spec, run_on
@@ -78,13 +78,13 @@ class _Ap(OwnTimer):
         self.create_task = asyncio.get_running_loop().create_task
         self.outstanding = self.peak = 0
 
-    def watch(self, op: Any, keys: tuple[Hashable, ...]) -> None:
+    def watch(self, op: Any, keys: Sequence[Hashable]) -> None:
         self.outstanding += 1
         if self.outstanding > self.peak:
             self.peak = self.outstanding
         self.create_task(self._request(op, keys))
 
-    async def _request(self, op: Any, keys: tuple[Hashable, ...]) -> None:
+    async def _request(self, op: Any, keys: Sequence[Hashable]) -> None:
         await self.purgatory.watch(op, keys)
         self.outstanding -= 1
 
@@ -100,7 +100,7 @@ class _HandOp:
     __slots__ = ("future", "handle", "keys", "ready", "ready_at", "timeout")
     future: asyncio.Future[bool]
     handle: asyncio.TimerHandle
-    keys: tuple[Hashable, ...]
+    keys: Sequence[Hashable]
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
@@ -131,13 +131,13 @@ class _Hand(WatchLists[_HandOp]):
         else:
             self.make = _HandOp
 
-    def watch(self, op: _HandOp, keys: tuple[Hashable, ...]) -> None:
+    def watch(self, op: _HandOp, keys: Sequence[Hashable]) -> None:
         self.outstanding += 1
         if self.outstanding > self.peak:
             self.peak = self.outstanding
         self.create_task(self._request(op, keys))
 
-    async def _request(self, op: _HandOp, keys: tuple[Hashable, ...]) -> None:
+    async def _request(self, op: _HandOp, keys: Sequence[Hashable]) -> None:
         loop = self.loop
         future = op.future = loop.create_future()
         op.handle = loop.call_later(op.timeout, self._expire, op)
@@ -200,7 +200,7 @@ class _Null:
         self.fifo: deque[_NullOp] = deque()
         self.outstanding = self.peak = self.completed = self.expired = 0
 
-    def watch(self, op: _NullOp, keys: tuple[Hashable, ...]) -> None:
+    def watch(self, op: _NullOp, keys: Sequence[Hashable]) -> None:
         self.outstanding += 1
         if self.outstanding > self.peak:
             self.peak = self.outstanding
@@ -338,7 +338,7 @@ async def _gc_stall(impl: str, pending: int, rounds: int) -> Result:
 
         purgatory: ap.Purgatory[ap.DelayedOperation] = ap.Purgatory("gc")
         for i in range(pending):
-            purgatory.try_complete_else_watch(ap.DelayedOperation(timeout), (i % 1000,))
+            purgatory.try_complete_else_watch(ap.DelayedOperation(timeout), [i % 1000])
         await asyncio.sleep(0)  # staged entries reach the wheel
         keep.append(purgatory)
     else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 __all__ = [
@@ -52,7 +52,7 @@ def purgatory_inputs(
     keys: int,
     key_space_size: int,
     seed: int,
-) -> tuple[list[float], list[float], list[tuple[int, ...]]]:
+) -> tuple[list[float], list[float], list[list[int]]]:
     """Arrival offsets (s), completion latencies (s) and key tuples, per request."""
     rng = random.Random(seed)
     mu = math.log(pct50)
@@ -65,7 +65,7 @@ def purgatory_inputs(
         offsets.append(t)
     latencies = [rng.lognormvariate(mu, sigma) / 1000.0 for _ in range(num)]
     space = range(key_space_size)
-    keysets = [tuple(rng.sample(space, keys)) for _ in range(num)]
+    keysets = [rng.sample(space, keys) for _ in range(num)]
     return offsets, latencies, keysets
 
 
@@ -73,7 +73,7 @@ async def generate(
     impl: Any,
     offsets: list[float],
     latencies: list[float],
-    keysets: list[tuple[int, ...]],
+    keysets: list[list[int]],
     *,
     timeout_s: float,
     batch: int,
@@ -160,7 +160,7 @@ async def generate(
 
 
 class KeyedOp(Protocol):
-    keys: tuple[Hashable, ...]
+    keys: Sequence[Hashable]
 
     def try_complete(self) -> bool: ...
 

@@ -1,6 +1,6 @@
 """``aiopurgatory analyze``: op event logs -> Parquet tables, a report and a summary.
 
-Reads event log lines (schema 1, see ``docs/events.md``) from files, directories
+Reads event log lines (schema 2, and schema 1, see ``docs/events.md``) from files, directories
 or globs on any filesystem Spark can read, with an explicit schema (no inference
 pass), and writes under ``--out``:
 
@@ -8,13 +8,17 @@ pass), and writes under ``--out``:
     one row per finished op (:data:`~aiopurgatory.pipeline.schema.FACT_COLUMNS`).
 ``rollups/``
     per scenario, purgatory and ``--interval`` of ``finished_at``: ops, counts by
-    outcome, wait p50/p95/p99/max, expiry rate, lateness p99/max.
+    outcome, ops answered with an error, wait p50/p95/p99/max, expiry rate,
+    error rate, lateness p99/max.
+``answers/``
+    per scenario, purgatory, outcome and error (null: no error): ops, share of
+    the scenario's ops, wait p50/p99/max.
 ``hot_keys/``
     the ``--top`` keys by ops and by expiries.
 ``summary/``
     per scenario and purgatory (and ``(all)``): totals and percentiles.
 ``malformed/``
-    lines that are not valid schema-1 events: file, line, reason, text.
+    lines that are not valid op events: file, line, reason, text.
 ``report.md`` and its PNG plots; ``quality.json`` (line counts).
 
 Malformed lines never stop a run: they are counted (during the facts write,
@@ -35,7 +39,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..events import EVENT, SCHEMA_VERSION
+from ..events import EVENT, SCHEMA_VERSIONS
 from .schema import CORRUPT_COLUMN, EVENT_FIELDS, FACT_COLUMNS, OUTCOMES, event_schema
 from .session import DEFAULT_MASTER
 from .tables import BINS_PER_DECADE, MALFORMED_DETAIL_LIMIT, AnalysisResult, Quality
@@ -47,6 +51,7 @@ __all__ = [
     "AnalysisResult",
     "Quality",
     "analyze_facts",
+    "answers",
     "histograms",
     "hot_keys",
     "main",
@@ -77,7 +82,10 @@ def _problem(e: Any) -> Any:
         F.when(e[CORRUPT_COLUMN].isNotNull(), F.lit("not JSON, or a field of the wrong type"))
         .when(e["event"].isNull(), F.lit("missing field: event"))
         .when(e["event"] != EVENT, F.lit(None))
-        .when(e["schema"] != SCHEMA_VERSION, F.concat(F.lit("unsupported schema "), e["schema"]))
+        .when(
+            ~e["schema"].isin(*SCHEMA_VERSIONS),
+            F.concat(F.lit("unsupported schema "), e["schema"]),
+        )
         .when(any_missing, F.concat(F.lit("missing field: "), missing))
         .when(~e["outcome"].isin(*OUTCOMES), F.concat(F.lit("unknown outcome "), e["outcome"]))
     )
@@ -202,6 +210,7 @@ def read_events(spark: Any, paths: Sequence[str], facts_out: str | Path) -> Qual
         observation,
         F.count(F.lit(1)).alias("lines"),
         *[F.count(F.when(F.col("kind") == kind, 1)).alias(kind) for kind in KINDS],
+        F.count(F.when((F.col("kind") == "event") & (F.col("schema") == 1), 1)).alias("schema1"),
     )
     columns = {"scenario": F.lit("observed"), "source": F.col("source")}
     observed.where(F.col("kind") == "event").select(
@@ -213,6 +222,7 @@ def read_events(spark: Any, paths: Sequence[str], facts_out: str | Path) -> Qual
         events=int(counts.get("event") or 0),
         other=int(counts.get("other") or 0),
         malformed=int(counts.get("malformed") or 0),
+        schema1=int(counts.get("schema1") or 0),
     )
     if quality.malformed:
         # The second pass: Spark's JSON source does not tell where a line was.
@@ -233,6 +243,7 @@ WAIT_PERCENTS = (50, 95, 99)
 _MEASURES = (
     "ops",
     *OUTCOMES,
+    "errors",
     *[f"wait_p{p}" for p in WAIT_PERCENTS],
     "wait_max",
     "lateness_p99",
@@ -271,6 +282,7 @@ def _tables(facts: Any, interval: float, levels: Sequence[int] = _LEVELS) -> Any
         .agg(
             F.count(F.lit(1)).alias("ops"),
             *[F.count(F.when(F.col("outcome") == o, 1)).alias(o) for o in OUTCOMES],
+            F.count("error").alias("errors"),
             wait.alias("wait_p"),
             F.max("wait").alias("wait_max"),
             F.percentile_approx("lateness", 0.99, PERCENTILE_ACCURACY).alias("lateness_p99"),
@@ -283,6 +295,7 @@ def _tables(facts: Any, interval: float, levels: Sequence[int] = _LEVELS) -> Any
             "*",
             *[F.col("wait_p")[i].alias(f"wait_p{p}") for i, p in enumerate(WAIT_PERCENTS)],
             (F.col("expired") / F.col("ops")).alias("expiry_rate"),
+            (F.col("errors") / F.col("ops")).alias("error_rate"),
         )
     )
 
@@ -291,7 +304,7 @@ def _rollups_of(tables: Any) -> Any:
     from pyspark.sql import functions as F
 
     return tables.where(F.col("level") == _LEVEL_ROLLUP).select(
-        "scenario", "purgatory", "interval_start", *_MEASURES, "expiry_rate"
+        "scenario", "purgatory", "interval_start", *_MEASURES, "expiry_rate", "error_rate"
     )
 
 
@@ -305,6 +318,7 @@ def _summary_of(tables: Any) -> Any:
         "first_finished_at",
         "last_finished_at",
         "expiry_rate",
+        "error_rate",
     )
 
 
@@ -312,8 +326,10 @@ def rollups(facts: Any, interval: float) -> Any:
     """Per scenario, purgatory and interval of ``finished_at``: counts and percentiles.
 
     Columns: ``scenario, purgatory, interval_start, ops, completed, expired,
-    cancelled, failed, wait_p50, wait_p95, wait_p99, wait_max, lateness_p99,
-    lateness_max, expiry_rate`` (seconds; ``interval_start`` in loop time).
+    cancelled, failed, errors, wait_p50, wait_p95, wait_p99, wait_max,
+    lateness_p99, lateness_max, expiry_rate, error_rate`` (seconds;
+    ``interval_start`` in loop time; ``errors``: ops whose event carries an
+    ``error``, whatever their outcome).
 
     Raises:
         ValueError: ``interval`` is not > 0.
@@ -330,10 +346,10 @@ def summary(facts: Any) -> Any:
 def hot_keys(facts: Any, top: int) -> Any:
     """The ``top`` keys of each scenario by ops and by expiries.
 
-    Columns: ``scenario, purgatory, key, ops, expired, completed, wait_p99,
-    rank_by_ops, rank_by_expired`` (``rank_by_expired`` null for keys without
-    expiries). A key is a (purgatory, key) pair; ops finished at once have no keys.
-    Runs one Spark job at once (the top keys, see :func:`_hot_keys`).
+    Columns: ``scenario, purgatory, key, ops, expired, completed, errors,
+    wait_p99, rank_by_ops, rank_by_expired`` (``rank_by_expired`` null for keys
+    without expiries). A key is a (purgatory, key) pair; ops finished at once
+    have no keys. Runs one Spark job at once (the top keys, see :func:`_hot_keys`).
 
     Raises:
         ValueError: ``top`` < 1.
@@ -344,9 +360,7 @@ def hot_keys(facts: Any, top: int) -> Any:
 def _hot_keys(facts: Any, top: int) -> Any:
     """The ``top`` keys of each scenario by ops and by expiries.
 
-    Columns: ``scenario, purgatory, key, ops, expired, completed, wait_p99,
-    rank_by_ops, rank_by_expired`` (``rank_by_expired`` null for keys without
-    expiries). A key is a (purgatory, key) pair; ops finished at once have no keys.
+    Columns: as :func:`hot_keys`.
 
     Raises:
         ValueError: ``top`` < 1.
@@ -358,7 +372,7 @@ def _hot_keys(facts: Any, top: int) -> Any:
         raise ValueError(f"top must be an int >= 1, got {top!r}")
     names = ["scenario", "purgatory", "key"]
     exploded = facts.select(
-        "scenario", "purgatory", "outcome", "wait", F.explode("keys").alias("key")
+        "scenario", "purgatory", "outcome", "error", "wait", F.explode("keys").alias("key")
     )
     # First the counts of every key (a hash aggregate), and the top keys from them
     # (a few rows, kept by a local checkpoint); only then the wait percentile of
@@ -368,6 +382,7 @@ def _hot_keys(facts: Any, top: int) -> Any:
         F.count(F.lit(1)).alias("ops"),
         F.count(F.when(F.col("outcome") == "expired", 1)).alias("expired"),
         F.count(F.when(F.col("outcome") == "completed", 1)).alias("completed"),
+        F.count("error").alias("errors"),
     )
     by_ops = Window.partitionBy("scenario").orderBy(F.desc("ops"), "purgatory", "key")
     by_expired = Window.partitionBy("scenario").orderBy(F.desc("expired"), "purgatory", "key")
@@ -384,8 +399,51 @@ def _hot_keys(facts: Any, top: int) -> Any:
         .agg(F.percentile_approx("wait", 0.99, PERCENTILE_ACCURACY).alias("wait_p99"))
     )
     return chosen.join(wait_p99, names, "left").select(
-        *names, "ops", "expired", "completed", "wait_p99", "rank_by_ops", "rank_by_expired"
+        *names,
+        "ops",
+        "expired",
+        "completed",
+        "errors",
+        "wait_p99",
+        "rank_by_ops",
+        "rank_by_expired",
     )
+
+
+#: Row order of ``answers/``.
+_ANSWERS_ORDER = ("scenario", "purgatory", "outcome", "error")
+
+
+def answers(facts: Any) -> Any:
+    """Ops per scenario, purgatory, outcome and error (null: no error).
+
+    Columns: ``scenario, purgatory, outcome, error, ops, share`` (of the
+    scenario and purgatory's ops), ``wait_p50, wait_p99, wait_max`` (seconds).
+    An op that completed with an error answer (``NOT_ENOUGH_REPLICAS``) is a row
+    of its own, apart from the ops that completed without one.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    wait = F.percentile_approx("wait", [0.5, 0.99], PERCENTILE_ACCURACY)
+    per = (
+        facts.groupBy("scenario", "purgatory", "outcome", "error")
+        .agg(F.count(F.lit(1)).alias("ops"), wait.alias("wait_p"), F.max("wait").alias("wait_max"))
+        .select(
+            "scenario",
+            "purgatory",
+            "outcome",
+            "error",
+            "ops",
+            (F.col("ops") / F.sum("ops").over(Window.partitionBy("scenario", "purgatory"))).alias(
+                "share"
+            ),
+            F.col("wait_p")[0].alias("wait_p50"),
+            F.col("wait_p")[1].alias("wait_p99"),
+            "wait_max",
+        )
+    )
+    return per
 
 
 def analyze_facts(
@@ -433,6 +491,11 @@ def analyze_facts(
     _write_sorted(hot, _HOT_KEYS_ORDER, out / "hot_keys")
     hot_pd = _to_pandas(hot, _HOT_KEYS_ORDER)
     seconds["hot_keys"] = time.perf_counter() - started
+    started = time.perf_counter()
+    answers_df = answers(facts).localCheckpoint()
+    _write_sorted(answers_df, _ANSWERS_ORDER, out / "answers")
+    answers_pd = _to_pandas(answers_df, _ANSWERS_ORDER)
+    seconds["answers"] = time.perf_counter() - started
     if quality is not None:
         (out / "quality.json").write_text(json.dumps(asdict(quality), indent=2, default=str))
         _malformed_frame(spark, quality).write.mode("overwrite").parquet(str(out / "malformed"))
@@ -448,13 +511,15 @@ def analyze_facts(
             summary=summary_pd,
             rollups=rollups_pd,
             hot_keys=hot_pd,
+            answers=answers_pd,
             histograms=histograms(facts),
+            top=top,
             quality=quality,
             interval=interval,
             extra=extra or {},
         )
         seconds["report"] = time.perf_counter() - started
-    return AnalysisResult(out, summary_pd, hot_pd, quality, report_path, seconds)
+    return AnalysisResult(out, summary_pd, hot_pd, answers_pd, quality, report_path, seconds)
 
 
 def _write_sorted(frame: Any, order: Sequence[str], path: Path) -> None:
@@ -480,15 +545,16 @@ def _malformed_frame(spark: Any, quality: Quality) -> Any:
 
 
 def histograms(facts: Any) -> Any:
-    """Log-binned counts of wait (by outcome) and of lateness (pandas: ``scenario,
-    metric, outcome, bin, count``; ``bin`` null for zero), from one aggregate."""
+    """Log-binned counts of wait (by outcome and error) and of lateness (pandas:
+    ``scenario, metric, outcome, error, bin, count``; ``bin`` null for zero,
+    ``error`` null for no error), from one aggregate."""
     import pandas as pd
 
     counts = _histogram_counts(facts).toPandas()
     parts = []
     for metric, rows in (("wait", counts), ("lateness", counts[counts["has_lateness"]])):
         part = (
-            rows.groupby(["scenario", "outcome", f"{metric}_bin"], dropna=False)["count"]
+            rows.groupby(["scenario", "outcome", "error", f"{metric}_bin"], dropna=False)["count"]
             .sum()
             .reset_index()
             .rename(columns={f"{metric}_bin": "bin"})
@@ -499,8 +565,8 @@ def histograms(facts: Any) -> Any:
 
 
 def _histogram_counts(facts: Any) -> Any:
-    """Ops per (scenario, outcome, wait bin, lateness bin): a few hundred rows at
-    most; each histogram is a sum over the other's bins."""
+    """Ops per (scenario, outcome, error, wait bin, lateness bin): a few hundred
+    rows at most; each histogram is a sum over the other's bins."""
     from pyspark.sql import functions as F
 
     def binned(column: str) -> Any:
@@ -509,6 +575,7 @@ def _histogram_counts(facts: Any) -> Any:
     return facts.groupBy(
         "scenario",
         "outcome",
+        "error",
         binned("wait").alias("wait_bin"),
         F.col("lateness").isNotNull().alias("has_lateness"),
         binned("lateness").alias("lateness_bin"),
@@ -518,7 +585,7 @@ def _histogram_counts(facts: Any) -> Any:
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="aiopurgatory analyze",
-        description="Analyse aiopurgatory op event logs (schema 1) with Spark.",
+        description="Analyse aiopurgatory op event logs (schema 2, or 1) with Spark.",
     )
     p.add_argument("events", nargs="+", help="event log files, directories or globs (any URI)")
     p.add_argument("--out", required=True, help="output directory")

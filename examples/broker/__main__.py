@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -98,6 +99,14 @@ def configure_logging(fmt: str | None, level: str) -> None:
     )
 
 
+class ListenError(Exception):
+    """A port the broker cannot listen on (taken, or a host not of this machine)."""
+
+    def __init__(self, what: str, host: str, port: int, exc: OSError) -> None:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        super().__init__(f"cannot listen on {host}:{port} ({what}): {reason}")
+
+
 def _start_metrics(broker: Broker, host: str, port: int) -> Any:
     """Serve the purgatories' statistics for Prometheus; return the HTTP server."""
     from prometheus_client import CollectorRegistry, start_http_server
@@ -107,7 +116,6 @@ def _start_metrics(broker: Broker, host: str, port: int) -> Any:
     registry = CollectorRegistry()
     PurgatoryCollector(broker.purgatories, registry=registry)
     server, _thread = start_http_server(port, addr=host, registry=registry)
-    broker.log.info("broker.metrics_listening", host=host, port=server.server_port)
     return server
 
 
@@ -120,22 +128,46 @@ async def run(
         config: broker settings.
         admin_port: also listen for admin commands (see :mod:`examples.broker.admin`).
         metrics_port: also serve Prometheus metrics of the purgatories over HTTP.
+
+    Raises:
+        ListenError: a port cannot be listened on; nothing was started or logged.
     """
     broker = Broker(config)
-    await broker.start()
+    admin: asyncio.Server | None = None
+    metrics: Any = None
+    # Every port is bound before the broker starts, so that a port taken by
+    # another process stops the program before anything runs or is logged.
+    try:
+        if admin_port is not None:
+            try:
+                admin = await start_admin_server(broker, config.host, admin_port)
+            except OSError as exc:
+                raise ListenError("admin", config.host, admin_port, exc) from None
+        if metrics_port is not None:
+            try:
+                metrics = _start_metrics(broker, config.host, metrics_port)
+            except OSError as exc:
+                raise ListenError("metrics", config.host, metrics_port, exc) from None
+        try:
+            await broker.start()
+        except OSError as exc:
+            raise ListenError("Kafka", config.host, config.port, exc) from None
+    except ListenError:
+        if admin is not None:
+            admin.close()
+        if metrics is not None:
+            await asyncio.to_thread(metrics.shutdown)
+        raise
+    if admin is not None:
+        bound = admin.sockets[0].getsockname()[1]
+        broker.log.info("broker.admin_listening", host=config.host, port=bound)
+    if metrics is not None:
+        broker.log.info("broker.metrics_listening", host=config.host, port=metrics.server_port)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    admin: asyncio.Server | None = None
-    metrics: Any = None
     try:
-        if admin_port is not None:
-            admin = await start_admin_server(broker, config.host, admin_port)
-            bound = admin.sockets[0].getsockname()[1]
-            broker.log.info("broker.admin_listening", host=config.host, port=bound)
-        if metrics_port is not None:
-            metrics = _start_metrics(broker, config.host, metrics_port)
         await stop.wait()
         broker.log.info("broker.signal_received")
     finally:
@@ -149,7 +181,8 @@ async def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code."""
+    """Entry point; returns the process exit code: 0, 2 for bad arguments, 1 when a
+    port cannot be listened on (one line on stderr, no traceback)."""
     args = build_parser().parse_args(argv)
     try:
         config = BrokerConfig(
@@ -174,13 +207,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(args.log_format, args.log_level)
     coro = run(config, admin_port=args.admin_port, metrics_port=args.metrics_port)
-    if args.uvloop:
-        import uvloop
+    try:
+        if args.uvloop:
+            import uvloop
 
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(coro)
-    else:
-        asyncio.run(coro)
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                runner.run(coro)
+        else:
+            asyncio.run(coro)
+    except ListenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -22,9 +22,10 @@ import uvicorn
 
 from .app import create_app
 from .feed import Feed, Settings
+from .protocol import bounded_protocol
 from .waiters import WAITERS, make_waiter
 
-__all__ = ["LongPollServer", "build_parser", "main", "serve"]
+__all__ = ["LongPollServer", "build_parser", "listen", "main", "serve"]
 
 LOOPS = ("auto", "asyncio", "uvloop")
 
@@ -63,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--waiter",
         choices=sorted(WAITERS),
         default="purgatory",
-        help="purgatory: a DelayedOperation per GET; asyncio: asyncio.wait_for on a future",
+        help="purgatory: a DelayedOperation per GET; asyncio: asyncio.wait_for on a future "
+        "(%(default)s)",
     )
     p.add_argument(
         "--loop",
@@ -71,15 +73,68 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="event loop; auto: uvloop when installed (%(default)s)",
     )
-    p.add_argument("--default-wait", type=float, default=d.default_wait, help="seconds")
-    p.add_argument("--max-wait", type=float, default=d.max_wait, help="seconds")
-    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
-    p.add_argument("--max-response-bytes", type=int, default=d.max_response_bytes)
-    p.add_argument("--retain", type=int, default=d.retain, help="messages kept per topic")
-    p.add_argument("--max-topics", type=int, default=d.max_topics)
-    p.add_argument("--max-parked", type=int, default=d.max_parked, help="GETs waiting at once")
+    p.add_argument(
+        "--default-wait",
+        type=float,
+        default=d.default_wait,
+        help="seconds a GET without wait= waits (%(default)s)",
+    )
+    p.add_argument(
+        "--max-wait", type=float, default=d.max_wait, help="largest wait=, seconds (%(default)s)"
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=d.max_body_bytes,
+        help="largest POST body; larger: 413 (%(default)s)",
+    )
+    p.add_argument(
+        "--max-response-bytes",
+        type=int,
+        default=d.max_response_bytes,
+        help="messages per answer up to this many bytes, at least one (%(default)s)",
+    )
+    p.add_argument(
+        "--retain", type=int, default=d.retain, help="messages kept per topic (%(default)s)"
+    )
+    p.add_argument(
+        "--max-topics",
+        type=int,
+        default=d.max_topics,
+        help="topics held; a POST creating one more: 409 (%(default)s)",
+    )
+    p.add_argument(
+        "--max-parked",
+        type=int,
+        default=d.max_parked,
+        help="GETs waiting at once; one more: 503 (%(default)s)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=d.body_timeout,
+        help="seconds for a POST body to arrive whole, else 408 (%(default)s)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds for a request's head (request line, headers) to arrive whole, "
+        "else 408 or close (%(default)s)",
+    )
+    p.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=16 * 1024,
+        help="largest request head; larger: 431 (%(default)s)",
+    )
     p.add_argument("--backlog", type=int, default=4096, help="listen backlog (%(default)s)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="of the JSON log lines on stderr (%(default)s)",
+    )
     return p
 
 
@@ -115,21 +170,44 @@ def loop_factory(choice: str) -> tuple[str, Callable[[], asyncio.AbstractEventLo
     return "asyncio", asyncio.new_event_loop
 
 
-async def serve(args: argparse.Namespace, settings: Settings, loop_name: str) -> None:
-    """Listen, serve until SIGTERM/SIGINT, then shut down gracefully."""
+def listen(host: str, port: int, backlog: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (0: a free port).
+
+    Listening at once: connections queue until uvicorn serves them, so the port
+    is usable as soon as it is logged.
+
+    Raises:
+        OSError: the port is taken, the host is not an address of this machine, ...
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve(
+    args: argparse.Namespace,
+    settings: Settings,
+    loop_name: str,
+    sock: socket.socket | None = None,
+) -> None:
+    """Serve on ``sock`` (default: :func:`listen` on ``args.host`` and ``args.port``)
+    until SIGTERM/SIGINT, then shut down gracefully."""
     log = structlog.get_logger("examples.longpoll")
     waiter = make_waiter(args.waiter)
     app = create_app(settings, waiter)
     feed: Feed = app.state.feed
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
-    # Listening now: connections queue until uvicorn serves them, so the port
-    # logged below is usable at once.
-    sock.listen(args.backlog)
+    if sock is None:
+        sock = listen(args.host, args.port, args.backlog)
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         app,
+        http=bounded_protocol(args.header_timeout, args.max_header_bytes, app.state.refused_heads),
         log_config=None,
         access_log=False,
         lifespan="on",
@@ -144,7 +222,7 @@ async def serve(args: argparse.Namespace, settings: Settings, loop_name: str) ->
         url=f"http://{args.host}:{port}/",
         waiter=waiter.name,
         loop=loop_name,
-        http=config.http if isinstance(config.http, str) else "custom",
+        http="httptools",
     )
     loop = asyncio.get_running_loop()
 
@@ -163,12 +241,15 @@ async def serve(args: argparse.Namespace, settings: Settings, loop_name: str) ->
         "longpoll.stopped",
         answers=feed.answers,
         disconnects=feed.disconnected,
+        incomplete_bodies=app.state.incomplete_bodies,
+        refused_heads=app.state.refused_heads,
         messages=feed.messages_posted,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code (2 for bad arguments)."""
+    """Entry point; returns the process exit code (2 for bad arguments, 1 when the port
+    cannot be listened on)."""
     args = build_parser().parse_args(argv)
     try:
         settings = Settings(
@@ -179,16 +260,27 @@ def main(argv: list[str] | None = None) -> int:
             retain=args.retain,
             max_topics=args.max_topics,
             max_parked=args.max_parked,
+            body_timeout=args.body_timeout,
         )
         if not 0 <= args.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {args.port}")
+        bounded_protocol(args.header_timeout, args.max_header_bytes, {})  # checks them
         loop_name, factory = loop_factory(args.loop)
     except (TypeError, ValueError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    try:
+        sock = listen(args.host, args.port, args.backlog)
+    except OSError as exc:
+        # A user's mistake (a busy port, a host not of this machine): one line.
+        print(
+            f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 1
     _configure_logging(args.log_level)
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(serve(args, settings, loop_name))
+        runner.run(serve(args, settings, loop_name, sock))
     return 0
 
 

@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = ["REASONS", "Feed", "FeedError", "Fetched", "Settings", "TopicLog"]
 
-#: Topic names: what fits in a URL path segment unescaped.
-TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
+#: Topic names: what fits in a URL path segment unescaped, but not dots only
+#: (``.`` and ``..`` are path segments that clients and proxies resolve).
+TOPIC_NAME = re.compile(r"(?!\.*$)[A-Za-z0-9._-]{1,100}")
 
 #: Why a parked fetch was answered: enough data, its wait passed, the server is
 #: shutting down, or (a bug, counted so the load test can show it is 0) before its
@@ -53,14 +54,19 @@ class Settings:
     max_topics: int = 10_000
     #: GETs parked at once; one more gets a 503.
     max_parked: int = 100_000
+    #: A POST body must arrive whole within this many seconds of the end of its
+    #: headers; else a 408 and the connection is closed.
+    body_timeout: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("default_wait", "max_wait"):
+        for name in ("default_wait", "max_wait", "body_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
             if not 0 <= value < math.inf:
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+        if self.body_timeout == 0:
+            raise ValueError("body_timeout must be > 0, got 0")
         if self.default_wait > self.max_wait:
             raise ValueError(
                 f"default_wait must not exceed max_wait, got {self.default_wait} > {self.max_wait}"
@@ -296,4 +302,4 @@ class Feed:
 def check_topic(name: str) -> None:
     """Raise FeedError(400) unless ``name`` is a valid topic name."""
     if not TOPIC_NAME.fullmatch(name):
-        raise FeedError(400, "a topic name is 1 to 100 of A-Z a-z 0-9 . _ -")
+        raise FeedError(400, "a topic name is 1 to 100 of A-Z a-z 0-9 . _ -, not dots only")

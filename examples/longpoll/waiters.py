@@ -76,7 +76,7 @@ class PurgatoryWaiter:
 
     async def wait(self, key: str, ready: Ready, seconds: float) -> None:
         # Cancelling this task cancels the operation: out of the wheel and the watch list.
-        await self.purgatory.watch(LongPoll(ready, seconds), (key,))
+        await self.purgatory.watch(LongPoll(ready, seconds), [key])
 
     def notify(self, key: str) -> None:
         self.purgatory.check_and_complete(key)
