@@ -279,19 +279,6 @@ class DelayedOperation(_TimerEntry):
         return self._keys
 
     @property
-    def thresholds(self) -> dict[Hashable, float]:
-        """Each watch key's threshold, for a watch with thresholds; else empty.
-
-        ``watch(op, {key: threshold})`` sets it (already when the purgatory's
-        first ``try_complete()`` runs); a watch with plain keys leaves it empty.
-        A new dict on each access.
-        """
-        thresholds = self._thresholds
-        if thresholds is None:
-            return {}
-        return dict(zip(self._keys, thresholds, strict=True))
-
-    @property
     def is_completed(self) -> bool:
         """True once finished by completion or expiry (Kafka's ``isCompleted``)."""
         outcome = self._outcome

@@ -1054,6 +1054,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             expired=self._expired,
             cancelled=self._cancelled,
             failed=self._failed,
+            advances=self._advances,
         )
 
     async def aclose(self, *, expire_pending: bool = False) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import signal
@@ -111,6 +112,17 @@ async def test_program_serves_a_client_and_stops_on_sigterm() -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def test_every_option_says_what_it_does_and_its_default() -> None:
+    from examples.broker.__main__ import build_parser
+
+    for action in build_parser()._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        assert action.help, action.dest
+        if not isinstance(action, argparse._StoreTrueAction):
+            assert "(%(default)s)" in action.help or "(default: " in action.help, action.dest
 
 
 def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

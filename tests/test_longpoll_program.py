@@ -120,6 +120,12 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "port" in capsys.readouterr().err
     assert main(["--max-wait", "-1"]) == 2
     assert "max_wait" in capsys.readouterr().err
+    assert main(["--body-timeout", "0"]) == 2
+    assert "body_timeout" in capsys.readouterr().err
+    assert main(["--header-timeout", "inf"]) == 2
+    assert "header_timeout" in capsys.readouterr().err
+    assert main(["--max-header-bytes", "0"]) == 2
+    assert "max_header_bytes" in capsys.readouterr().err
 
 
 def test_a_small_load_test_run_compares_both_waiters(capsys: pytest.CaptureFixture[str]) -> None:
@@ -160,7 +166,7 @@ def test_every_option_has_help_with_its_default(module: str) -> None:
         assert action.help, action.dest
         if isinstance(action, argparse._StoreTrueAction):
             continue
-        assert action.help.endswith("(%(default)s)"), action.dest
+        assert "(%(default)s)" in action.help or "(default: " in action.help, action.dest
     # what the load test's docstring (its --help) advertises, it accepts
     from examples.longpoll import loadtest
 

@@ -308,7 +308,7 @@ class RedisTriggers:
         self._script = client.register_script(_ADVANCE_SCRIPT)
         self._purgatory = purgatory
         self._advance_local: Callable[[Hashable, float], int] | None = (
-            None if purgatory is None else _advance_of(purgatory)
+            None if purgatory is None else purgatory.advance
         )
         self._channel = channel
         self._channel_bytes = channel.encode("utf-8", "surrogatepass")
@@ -773,10 +773,7 @@ class RedisTriggers:
         purgatory = self._purgatory
         if purgatory is None:
             return []
-        keys = getattr(purgatory, "keys", None)
-        # Purgatory.keys() is coming with the watermark API; until then the
-        # watch lists' own dict (keys with a non-empty watch list).
-        return wire_keys(keys() if callable(keys) else list(purgatory._watchers))
+        return wire_keys(purgatory.keys())
 
     async def _resync(self) -> None:
         """Advance every watched key to its stored watermark, then check each once."""
@@ -918,14 +915,6 @@ class RedisTriggers:
             self._logger.error("aiopurgatory.redis.apply_failed", error=self._last_error)
         self._applied += len(advances) + len(checks)
         self._completed += completed
-
-
-def _advance_of(purgatory: Purgatory[Any]) -> Callable[[Hashable, float], int]:
-    advance: Callable[[Hashable, float], int] | None = getattr(purgatory, "advance", None)
-    if advance is not None:
-        return advance
-    # Until the watermark API is on this purgatory: an advance is a check.
-    return lambda key, value: purgatory.check_and_complete(key)
 
 
 def _url_password(url: str) -> str | None:

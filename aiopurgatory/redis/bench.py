@@ -69,14 +69,10 @@ class _Done(ap.DelayedOperation):
 
 async def _subscriber(url: str, parked: int, keys: int) -> None:
     purgatory: ap.Purgatory[Any] = ap.Purgatory("bench")
-    watermark_op = getattr(ap, "WatermarkOperation", None)
     async with RedisTriggers(purgatory, url, channel=_CHANNEL) as triggers:
         for i in range(parked):
-            key = f"k{i % keys}"
-            if watermark_op is not None:
-                purgatory.try_complete_else_watch(watermark_op(3600), {key: 10**15})
-            else:
-                purgatory.try_complete_else_watch(ap.DelayedOperation(3600), [key])
+            # Thresholds never reached: an advance reaches no operation.
+            purgatory.try_complete_else_watch(ap.WatermarkOperation(3600), {f"k{i % keys}": 10**15})
         done = _Done(3600)
         finished = asyncio.ensure_future(purgatory.watch(done, [_DONE]))
         await asyncio.sleep(0)

@@ -39,17 +39,63 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default=d.host, help="interface to listen on (%(default)s)")
     p.add_argument("--port", type=int, default=d.port, help="0 picks a free port (%(default)s)")
-    p.add_argument("--advertised-host", default=None, help="host name given to clients")
-    p.add_argument("--followers", type=int, default=d.followers, help="follower replicas")
-    p.add_argument("--follower-lag", type=float, default=d.follower_lag, help="seconds")
-    p.add_argument("--min-insync-replicas", type=int, default=d.min_insync_replicas)
-    p.add_argument("--replica-lag-time-max", type=float, default=d.replica_lag_time_max)
-    p.add_argument("--topic", type=_topic, action="append", default=[], metavar="NAME[:PARTITIONS]")
+    p.add_argument(
+        "--advertised-host",
+        default=None,
+        help="host name given to clients (default: --host; 127.0.0.1 when that is all interfaces)",
+    )
+    p.add_argument(
+        "--followers",
+        type=int,
+        default=d.followers,
+        help="in-process follower replicas; replication factor is this + 1 (%(default)s)",
+    )
+    p.add_argument(
+        "--follower-lag",
+        type=float,
+        default=d.follower_lag,
+        help="seconds a follower takes to replicate each fetch (%(default)s)",
+    )
+    p.add_argument(
+        "--min-insync-replicas",
+        type=int,
+        default=d.min_insync_replicas,
+        help="smallest ISR that accepts acks=all (%(default)s)",
+    )
+    p.add_argument(
+        "--replica-lag-time-max",
+        type=float,
+        default=d.replica_lag_time_max,
+        help="a follower not caught up for this many seconds leaves the ISR (%(default)s)",
+    )
+    p.add_argument(
+        "--topic",
+        type=_topic,
+        action="append",
+        default=[],
+        metavar="NAME[:PARTITIONS]",
+        help="a topic to create at start, repeatable; PARTITIONS 1 when left out (default: none)",
+    )
     p.add_argument("--no-auto-create", action="store_true", help="do not auto-create topics")
-    p.add_argument("--default-partitions", type=int, default=d.default_partitions)
-    p.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes)
+    p.add_argument(
+        "--default-partitions",
+        type=int,
+        default=d.default_partitions,
+        help="partitions of an auto-created topic (%(default)s)",
+    )
+    p.add_argument(
+        "--max-frame-bytes",
+        type=int,
+        default=d.max_frame_bytes,
+        help="a larger request frame closes the connection (%(default)s)",
+    )
     p.add_argument("--no-verify-crc", action="store_true", help="skip batch CRC checks")
-    p.add_argument("--stats-interval", type=float, default=d.stats_interval, help="seconds")
+    p.add_argument(
+        "--stats-interval",
+        type=float,
+        default=d.stats_interval,
+        help="seconds between purgatory statistics log lines; 0: none (%(default)s)",
+    )
     p.add_argument(
         "--group-min-session-timeout",
         type=float,
@@ -62,13 +108,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.group_initial_rebalance_delay,
         help="an empty group waits this long for more members, seconds (%(default)s)",
     )
-    p.add_argument("--log-format", choices=["json", "console"], default=None)
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument(
-        "--admin-port", type=int, default=None, help="line-based admin commands (0 = free port)"
+        "--log-format",
+        choices=["json", "console"],
+        default=None,
+        help="of the log lines on stderr (default: console on a terminal, else json)",
     )
     p.add_argument(
-        "--metrics-port", type=int, default=None, help="Prometheus /metrics (0 = free port)"
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="of the log lines on stderr (%(default)s)",
+    )
+    p.add_argument(
+        "--admin-port",
+        type=int,
+        default=None,
+        help="port for line-based admin commands, 0 picks a free one (default: none)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="port for Prometheus /metrics, 0 picks a free one (default: none)",
     )
     p.add_argument("--uvloop", action="store_true", help="run on uvloop")
     return p
