@@ -344,21 +344,29 @@ def _purgatory_args(p: argparse.ArgumentParser) -> None:
         help=f"req/s; 0 = back to back (default: 0 for --completion force, "
         f"{CHECK_RATE:g} for check and clock)",
     )
-    p.add_argument("--timeout", type=_positive_float, default=d["timeout"], help="ms")
+    p.add_argument(
+        "--timeout", type=_positive_float, default=d["timeout"], help="operation timeout, ms"
+    )
     p.add_argument(
         "--pct75",
         type=_positive_float,
         default=None,
-        help="75th percentile of completion latency, ms (default 60; 400 for high-timeout)",
+        help="75th percentile of completion latency, ms, with --pct50 "
+        "(default: the --scenario's, 60 for low-timeout)",
     )
     p.add_argument(
-        "--pct50", type=_positive_float, default=None, help="median completion latency, ms"
+        "--pct50",
+        type=_positive_float,
+        default=None,
+        help="median completion latency, ms, with --pct75 "
+        "(default: the --scenario's, 20 for low-timeout)",
     )
     p.add_argument(
         "--scenario",
         choices=(*purgatory_bench.SCENARIOS, "both"),
         default=None,
-        help="Kafka's published pct75/pct50 pairs: low-timeout 60/20, high-timeout 400/200",
+        help="Kafka's published pct75/pct50 pairs: low-timeout 60/20, high-timeout 400/200 "
+        "(default: low-timeout, unless --pct75/--pct50 are given)",
     )
     p.add_argument(
         "--completion",
@@ -368,9 +376,16 @@ def _purgatory_args(p: argparse.ArgumentParser) -> None:
         "TestPurgatoryPerformance), check = check_and_complete(key) with a flag "
         "(Kafka's way), clock = check_and_complete(key), try_complete reads the clock",
     )
-    p.add_argument("--keys", type=_positive_int, default=d["keys"])
-    p.add_argument("--key-space-size", type=_positive_int, default=d["key_space_size"])
-    p.add_argument("--batch", type=_positive_int, default=d["batch"])
+    p.add_argument("--keys", type=_positive_int, default=d["keys"], help="watch keys per request")
+    p.add_argument(
+        "--key-space-size",
+        type=_positive_int,
+        default=d["key_space_size"],
+        help="distinct keys the requests' keys are drawn from",
+    )
+    p.add_argument(
+        "--batch", type=_positive_int, default=d["batch"], help="most arrivals per loop wake-up"
+    )
     p.add_argument(
         "--memory-ops",
         type=int,
@@ -387,7 +402,8 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
         const=",".join(str(int(r)) for r in _DEFAULT_SWEEP),
         type=_rate_list,
         metavar="RATES",
-        help="also sweep these rates (comma-separated req/s) for the saturation rate",
+        help="also sweep these rates (comma-separated req/s) for the saturation rate; "
+        "--sweep alone sweeps the default rates (default: no sweep)",
     )
     p.add_argument(
         "--sweep-num", type=_positive_int, default=100_000, help="requests per sweep point"
