@@ -111,6 +111,7 @@ class Worker:
         assert self.proc.stdout is not None
         line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), within)
         if not line:
+            await asyncio.to_thread(self.proc.wait, 10)
             raise AssertionError(f"worker exited: {self.stderr()}")
         event: dict[str, Any] = json.loads(line)
         self.events.append(event)

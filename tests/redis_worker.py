@@ -36,15 +36,12 @@ class Waiting(ap.DelayedOperation):
         super().__init__(timeout)
         self.armed = False
         self.purgatory = purgatory
-        self.thresholds = thresholds
+        self.wanted = thresholds
 
     def try_complete(self) -> bool:
-        if self.thresholds:
-            watermark = getattr(self.purgatory, "watermark", None)
-            if watermark is None:
-                return False
-            for key, threshold in self.thresholds.items():
-                value = watermark(key)
+        if self.wanted:
+            for key, threshold in self.wanted.items():
+                value = self.purgatory.watermark(key)
                 if value is None or value < threshold:
                     return False
             return self.force_complete()

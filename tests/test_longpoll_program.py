@@ -120,6 +120,12 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "port" in capsys.readouterr().err
     assert main(["--max-wait", "-1"]) == 2
     assert "max_wait" in capsys.readouterr().err
+    assert main(["--body-timeout", "0"]) == 2
+    assert "body_timeout" in capsys.readouterr().err
+    assert main(["--header-timeout", "inf"]) == 2
+    assert "header_timeout" in capsys.readouterr().err
+    assert main(["--max-header-bytes", "0"]) == 2
+    assert "max_header_bytes" in capsys.readouterr().err
 
 
 def test_a_small_load_test_run_compares_both_waiters(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -577,3 +578,99 @@ async def test_prometheus_exports_the_statistics(redis_server: RedisServer) -> N
         op.cancel()
     assert collector.unregister(sub)
     assert not collector.unregister(sub)
+
+
+# -- TLS --------------------------------------------------------------------------------
+
+
+def make_certificates(directory: Path) -> tuple[str, str, str]:
+    """A CA and a server certificate for 127.0.0.1, made with the openssl command."""
+    import shutil
+    import subprocess
+
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.fail("the TLS test needs the openssl command: apt-get install openssl")
+    directory.mkdir()
+    ca_key, ca, key, csr, cert, ext = (
+        str(directory / name)
+        for name in ("ca.key", "ca.crt", "server.key", "server.csr", "server.crt", "ext")
+    )
+    Path(ext).write_text("subjectAltName=IP:127.0.0.1\n")
+    for command in (
+        f"req -x509 -newkey rsa:2048 -nodes -keyout {ca_key} -out {ca} -days 2 -subj /CN=test-ca",
+        f"req -newkey rsa:2048 -nodes -keyout {key} -out {csr} -subj /CN=127.0.0.1",
+        f"x509 -req -in {csr} -CA {ca} -CAkey {ca_key} -CAcreateserial -out {cert} -days 2 "
+        f"-extfile {ext}",
+    ):
+        args = command.split()
+        subprocess.run([openssl, *args], check=True, capture_output=True, timeout=60)
+    return cert, key, ca
+
+
+async def test_rediss_with_a_password_passes_through(
+    redis_server_factory: Callable[..., RedisServer],
+    tmp_path: Path,
+    logs: pytest.LogCaptureFixture,
+) -> None:
+    server = redis_server_factory(password=PASSWORD, tls=make_certificates(tmp_path / "tls"))
+    assert server.url.startswith("rediss://")
+    purgatory: ap.Purgatory[Flagged] = ap.Purgatory("here")
+    async with (
+        RedisTriggers(purgatory, server.url) as sub,
+        RedisTriggers(None, server.url) as pub,
+    ):
+        ready = False
+        op = Flagged(30, lambda: ready)
+        waiting = asyncio.ensure_future(purgatory.watch(op, ["k"]))
+        await asyncio.sleep(0)
+        ready = True
+        pub.advance("k", 1)
+        assert await asyncio.wait_for(waiting, 5) is ap.Outcome.COMPLETED
+        assert await pub.fetch_watermark("k") == 1
+        assert repr(sub).startswith("<RedisTriggers channel='aiopurgatory' redis=rediss://:***@")
+        texts = [repr(sub), repr(pub)]
+    # Plain text to the TLS port is refused: the connection above was TLS.
+    plain = server.url_for(None, PASSWORD).replace("rediss://", "redis://").split("?")[0]
+    with pytest.raises(RedisTriggersError, match="cannot connect"):
+        async with RedisTriggers(None, plain):
+            pass
+    assert_no_password(*texts, logged(logs))
+
+
+# -- the benchmark command --------------------------------------------------------------
+
+
+def test_the_benchmark_command_measures_every_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiopurgatory.redis import bench
+
+    output = tmp_path / "bench.json"
+    argv = ["--triggers", "300", "--loop", "asyncio", "--keys", "1000", "--parked", "50"]
+    argv += ["--batch", "-1", "--batch", "0", "--batch", "10", "--output", str(output)]
+    assert bench.main(argv) == 0
+    floor, alone, batched = json.loads(output.read_text())
+    for result in (floor, alone, batched):
+        assert result["subscriber_applied"] == 301  # every advance, and the final check
+        for side in ("publisher", "subscriber", "redis"):
+            assert result[f"{side}_cpu_us_per_trigger"] > 0
+    assert alone["messages"] == 300  # one per trigger
+    assert batched["messages"] < 300  # coalesced
+    assert capsys.readouterr().out.count("CPU per trigger") == 3
+
+
+async def test_a_loop_that_dies_of_a_bug_is_not_silent(
+    redis_server: RedisServer, logs: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    purgatory: ap.Purgatory[Flagged] = ap.Purgatory("here")
+    async with RedisTriggers(purgatory, redis_server.url, reconnect_delay=(0.05, 0.1)) as sub:
+
+        def broken(attempt: int) -> float:
+            raise ZeroDivisionError("a bug")
+
+        monkeypatch.setattr(sub, "_backoff", broken)
+        redis_server.kill()  # the subscriber reconnects: its backoff raises
+        await eventually(lambda: "ZeroDivisionError" in (sub.statistics().last_error or ""))
+        assert not sub.connected
+    assert "aiopurgatory.redis.task_ended" in logged(logs)

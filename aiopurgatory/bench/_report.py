@@ -237,20 +237,5 @@ def _print_report(report: dict[str, Any]) -> None:
                 f"{_fmt(row['traced_per_pending_bytes'])} B per pending timer "
                 f"({row['pending']:,} pending)"
             )
-    targets = [
-        t for part in report.values() if isinstance(part, dict) for t in part.get("targets", [])
-    ]
-    if targets:
-        print_table(
-            "targets (issue 11)",
-            ("target", "measured", "goal", "met"),
-            (
-                (
-                    t["name"],
-                    _fmt(t["value"]),
-                    (">= " if t["higher_is_better"] else "<= ") + _fmt(t["target"]),
-                    "not measured" if t["met"] is None else "yes" if t["met"] else "NO",
-                )
-                for t in targets
-            ),
-        )
+    # The project's own performance targets stay in the JSON report (--json), for
+    # its benchmark pages; users are shown results and baselines.

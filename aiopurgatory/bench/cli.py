@@ -63,13 +63,38 @@ _LOOP_CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it says it already.
+
+    Flags that are off unless given, and options that are unset unless given
+    (None), say nothing more: their help says what giving them does.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_ = action.help or ""
+        default = action.default
+        if (
+            "default" in help_
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or not action.option_strings
+        ):
+            return help_
+        if isinstance(default, list | tuple):
+            shown = ",".join(str(x) for x in default)
+        else:
+            shown = "%(default)s"
+        return f"{help_} (default: {shown})"
+
+
 def _parser() -> argparse.ArgumentParser:
     common = Parser(add_help=False)
     common.add_argument(
         "--loop",
         choices=tuple(_LOOP_CHOICES),
         default="both",
-        help="event loop(s) to run on; 'both' = asyncio and uvloop (default); 'trio' = "
+        help="event loop(s) to run on; 'both' = asyncio and uvloop; 'trio' = "
         "trio.run, against trio's own deadlines; 'all' = asyncio, uvloop and trio; "
         "'virtual' and 'trio-virtual' = virtual time (for tests: timings meaningless)",
     )
@@ -77,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
         "--repeat",
         type=_positive_int,
         default=None,
-        help="rounds, the median taken (default: 3; 1 for 'all --quick')",
+        help="rounds, the median taken (default: 3); 'all --quick' runs 1 unless given",
     )
     common.add_argument("--seed", type=int, default=1, help="random seed of the workloads")
     common.add_argument(
@@ -105,27 +130,31 @@ def _parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="aiopurgatory bench",
         description="Benchmarks of aiopurgatory against plain asyncio or trio, side by side.",
+        formatter_class=_HelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser(
-        "timer", parents=[common], help="ap.Timer vs loop.call_later (trio: trio's deadlines)"
-    )
+    def command(name: str, help_: str) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name,
+            parents=[common],
+            help=help_,
+            description=help_,
+            formatter_class=_HelpFormatter,
+        )
+
+    p = command("timer", "ap.Timer vs loop.call_later (trio: trio's deadlines)")
     _timer_args(p)
 
-    p = sub.add_parser(
-        "purgatory", parents=[common], help="Kafka's TestPurgatoryPerformance workload"
-    )
+    p = command("purgatory", "Kafka's TestPurgatoryPerformance workload")
     _purgatory_args(p)
     _sweep_args(p)
     _headline_args(p)
 
-    p = sub.add_parser(
-        "scale", parents=[common], help="cost per op as pending timers grow (asyncio loops)"
-    )
+    p = command("scale", "cost per op as pending timers grow (asyncio loops)")
     _scale_args(p)
 
-    p = sub.add_parser("all", parents=[common], help="the default set (a few minutes)")
+    p = command("all", "the default set (a few minutes)")
     p.add_argument(
         "--quick",
         action="store_true",

@@ -355,19 +355,21 @@ def _purgatory_args(p: argparse.ArgumentParser) -> None:
         f"{CHECK_RATE:g} for check and clock)",
     )
     p.add_argument(
-        "--timeout", type=_positive_float, default=d["timeout"], help="request timeout, ms"
+        "--timeout", type=_positive_float, default=d["timeout"], help="operation timeout, ms"
     )
     p.add_argument(
         "--pct75",
         type=_positive_float,
         default=None,
-        help="75th percentile of completion latency, ms (default 60; 400 for high-timeout)",
+        help="75th percentile of completion latency, ms, with --pct50 "
+        "(default: the --scenario's, 60 for low-timeout)",
     )
     p.add_argument(
         "--pct50",
         type=_positive_float,
         default=None,
-        help="median completion latency, ms (default 20; 200 for high-timeout)",
+        help="median completion latency, ms, with --pct75 "
+        "(default: the --scenario's, 20 for low-timeout)",
     )
     p.add_argument(
         "--scenario",
@@ -384,15 +386,15 @@ def _purgatory_args(p: argparse.ArgumentParser) -> None:
         "TestPurgatoryPerformance), check = check_and_complete(key) with a flag "
         "(Kafka's way), clock = check_and_complete(key), try_complete reads the clock",
     )
-    p.add_argument("--keys", type=_positive_int, default=d["keys"], help="watch keys per op")
+    p.add_argument("--keys", type=_positive_int, default=d["keys"], help="watch keys per request")
     p.add_argument(
         "--key-space-size",
         type=_positive_int,
         default=d["key_space_size"],
-        help="distinct keys the ops' keys are drawn from",
+        help="distinct keys the requests' keys are drawn from",
     )
     p.add_argument(
-        "--batch", type=_positive_int, default=d["batch"], help="requests per loop wake-up"
+        "--batch", type=_positive_int, default=d["batch"], help="most arrivals per loop wake-up"
     )
     p.add_argument(
         "--memory-ops",
@@ -410,8 +412,8 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
         const=",".join(str(int(r)) for r in _DEFAULT_SWEEP),
         type=_rate_list,
         metavar="RATES",
-        help="also sweep these rates (comma-separated req/s) for the saturation rate (without "
-        "RATES: " + ",".join(str(int(r)) for r in _DEFAULT_SWEEP) + ")",
+        help="also sweep these rates (comma-separated req/s) for the saturation rate; "
+        "--sweep alone sweeps the default rates (default: no sweep)",
     )
     p.add_argument(
         "--sweep-num", type=_positive_int, default=100_000, help="requests per sweep point"

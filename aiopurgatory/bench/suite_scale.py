@@ -104,19 +104,19 @@ def _scale_args(p: argparse.ArgumentParser) -> None:
         "--pending",
         type=_int_list,
         default=[10**3, 10**4, 10**5, 10**6],
-        help="comma-separated pending counts (default 1000,10000,100000,1000000)",
+        help="comma-separated pending counts",
     )
     p.add_argument(
         "--ops",
         type=_positive_int,
         default=scale_bench.DEFAULTS["ops"],
-        help="timers added and cancelled per measurement",
+        help="short timers added and cancelled, timed",
     )
     p.add_argument(
         "--batch",
         type=_positive_int,
         default=scale_bench.DEFAULTS["batch"],
-        help="timers added per loop wake-up",
+        help="add+cancels per loop iteration",
     )
     p.add_argument(
         "--memory-pending",

@@ -110,8 +110,10 @@ class PurgatoryCollector(Collector):
     Raises:
         TypeError: an element of ``purgatories`` is not a Purgatory, or
             ``registry`` is not a CollectorRegistry.
-        ValueError: two purgatories have the same name; the registry already
-            has a collector producing these metric names.
+        ValueError: two purgatories have the same name (name them:
+            ``Purgatory("produce")``); the registry already has a collector of
+            these metrics (one collector per registry: register every
+            purgatory with it).
     """
 
     def __init__(
@@ -127,7 +129,14 @@ class PurgatoryCollector(Collector):
             )
         self._purgatories = PurgatorySet(purgatories)
         if registry is not None:
-            registry.register(self)
+            try:
+                registry.register(self)
+            except ValueError:  # prometheus_client's DuplicateTimeseries lists every series
+                raise ValueError(
+                    "registry already has a collector of aiopurgatory's metrics: use one "
+                    "PurgatoryCollector per registry and register every purgatory with it "
+                    "(collector.register(purgatory))"
+                ) from None
 
     def register(self, purgatory: Purgatory[Any]) -> None:
         """Report ``purgatory`` from the next scrape on. Idempotent.

@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Sequence
@@ -74,6 +75,8 @@ class RedisServer:
         appendfsync: the append-only file's fsync policy: ``"always"`` (the
             default: a write acknowledged survives a kill) or ``"everysec"``
             (Redis's own default; what a benchmark of throughput wants).
+        tls: ``(certificate, key, CA certificate)`` file paths: serve TLS only
+            (``rediss://``; clients are not asked for certificates).
         extra_args: more ``redis-server`` arguments (e.g. ``["--user", "alice", "on", ...]``).
 
     Raises:
@@ -87,6 +90,7 @@ class RedisServer:
         port: int | None = None,
         password: str | None = None,
         appendfsync: str = "always",
+        tls: tuple[str, str, str] | None = None,
         extra_args: Sequence[str] = (),
     ) -> None:
         if appendfsync not in ("always", "everysec", "no"):
@@ -96,14 +100,17 @@ class RedisServer:
         self.port = port if port is not None else _free_port()
         self.password = password
         self.appendfsync = appendfsync
+        self.tls = tls
         self.extra_args = list(extra_args)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:<port>/0``, with the password if one is set."""
-        auth = f":{quote(self.password, safe='')}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        """``redis://127.0.0.1:<port>/0``, with the password if one is set.
+
+        With TLS: ``rediss://...?ssl_ca_certs=<CA file>``.
+        """
+        return self.url_for(None, self.password)
 
     def url_for(self, username: str | None, password: str | None, db: int = 0) -> str:
         """A URL of this server with the given credentials (percent-encoded)."""
@@ -111,7 +118,10 @@ class RedisServer:
         auth = f"{user}:{quote(password, safe='')}@" if password is not None else ""
         if username and password is None:
             auth = f"{user}@"
-        return f"redis://{auth}127.0.0.1:{self.port}/{db}"
+        if self.tls is None:
+            return f"redis://{auth}127.0.0.1:{self.port}/{db}"
+        ca = quote(self.tls[2], safe="/")
+        return f"rediss://{auth}127.0.0.1:{self.port}/{db}?ssl_ca_certs={ca}"
 
     @property
     def log_path(self) -> Path:
@@ -129,7 +139,6 @@ class RedisServer:
         self.directory.mkdir(parents=True, exist_ok=True)
         args = [
             self.executable,
-            "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--dir", str(self.directory),
             "--save", "",
@@ -138,6 +147,12 @@ class RedisServer:
             "--daemonize", "no",
             "--logfile", str(self.log_path),
         ]  # fmt: skip
+        if self.tls is None:
+            args += ["--port", str(self.port)]
+        else:
+            cert, key, ca = self.tls
+            args += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert]
+            args += ["--tls-key-file", key, "--tls-ca-cert-file", ca, "--tls-auth-clients", "no"]
         if self.password:
             args += ["--requirepass", self.password]
         args += self.extra_args
@@ -157,9 +172,17 @@ class RedisServer:
     def _answers(self) -> bool:
         # Any reply but -LOADING means it serves commands (NOAUTH included).
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                reply = sock.recv(64)
+            raw = socket.create_connection(("127.0.0.1", self.port), timeout=0.5)
+            try:
+                sock = raw
+                if self.tls is not None:
+                    context = ssl.create_default_context(cafile=self.tls[2])
+                    sock = context.wrap_socket(raw, server_hostname="127.0.0.1")
+                with sock:
+                    sock.sendall(b"PING\r\n")
+                    reply = sock.recv(64)
+            finally:
+                raw.close()  # a no-op once wrapped (the TLS socket took it over)
         except OSError:
             return False
         return bool(reply) and not reply.startswith(b"-LOADING")

@@ -1,4 +1,5 @@
-"""Command line: ``python -m examples.longpoll [--port 8080] [--waiter purgatory|asyncio]``.
+"""Command line: ``python -m examples.longpoll [--port 8080] [--waiter purgatory|asyncio]
+[--redis URL [--workers N]]``.
 
 Serves until SIGTERM or SIGINT, then stops accepting connections, answers every
 parked GET with what its topic holds, lets the responses go out and exits 0.
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -23,9 +25,13 @@ import uvicorn
 from .app import create_app
 from .feed import Feed, Settings
 from .protocol import bounded_protocol
-from .waiters import WAITERS, make_waiter
+from .waiters import WAITERS, Waiter, make_waiter
 
-__all__ = ["LongPollServer", "build_parser", "listen", "main", "serve"]
+__all__ = ["REDIS_ENV", "LongPollServer", "build_parser", "listen", "main", "serve"]
+
+#: The environment variable read when ``--redis`` is not given (keeps a password out
+#: of the process list; ``--workers`` passes the URL to its workers this way).
+REDIS_ENV = "LONGPOLL_REDIS"
 
 LOOPS = ("auto", "asyncio", "uvloop")
 
@@ -135,6 +141,28 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="of the JSON log lines on stderr (%(default)s)",
     )
+    p.add_argument(
+        "--redis",
+        metavar="URL",
+        default=None,
+        help="keep the feed in Redis, shared with other processes: "
+        "redis://[[user]:password@]host[:port][/db]; when not given, $LONGPOLL_REDIS, "
+        "else the feed in this process's memory (%(default)s)",
+    )
+    p.add_argument(
+        "--redis-prefix",
+        default="longpoll",
+        help="prefix of the feed's Redis keys and trigger channel (%(default)s)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes serving one port (SO_REUSEPORT), each with its own purgatory; "
+        "more than 1 needs --redis (%(default)s)",
+    )
+    # A worker of --workers N: bind with SO_REUSEPORT beside its siblings.
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -170,11 +198,12 @@ def loop_factory(choice: str) -> tuple[str, Callable[[], asyncio.AbstractEventLo
     return "asyncio", asyncio.new_event_loop
 
 
-def listen(host: str, port: int, backlog: int) -> socket.socket:
+def listen(host: str, port: int, backlog: int, *, reuse_port: bool = False) -> socket.socket:
     """A listening TCP socket on ``host:port`` (0: a free port).
 
     Listening at once: connections queue until uvicorn serves them, so the port
-    is usable as soon as it is logged.
+    is usable as soon as it is logged. ``reuse_port``: ``SO_REUSEPORT``, so that
+    the workers of ``--workers N`` listen on one port side by side.
 
     Raises:
         OSError: the port is taken, the host is not an address of this machine, ...
@@ -182,6 +211,8 @@ def listen(host: str, port: int, backlog: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         sock.listen(backlog)
     except BaseException:
@@ -195,15 +226,23 @@ async def serve(
     settings: Settings,
     loop_name: str,
     sock: socket.socket | None = None,
+    redis_url: str | None = None,
 ) -> None:
     """Serve on ``sock`` (default: :func:`listen` on ``args.host`` and ``args.port``)
-    until SIGTERM/SIGINT, then shut down gracefully."""
+    until SIGTERM/SIGINT, then shut down gracefully; with ``redis_url``, the feed
+    kept in Redis (:mod:`examples.longpoll.redisfeed`)."""
     log = structlog.get_logger("examples.longpoll")
-    waiter = make_waiter(args.waiter)
+    waiter: Waiter
+    if redis_url is None:
+        waiter = make_waiter(args.waiter)
+    else:
+        from .redisfeed import RedisWaiter
+
+        waiter = RedisWaiter(redis_url, prefix=args.redis_prefix)
     app = create_app(settings, waiter)
     feed: Feed = app.state.feed
     if sock is None:
-        sock = listen(args.host, args.port, args.backlog)
+        sock = listen(args.host, args.port, args.backlog, reuse_port=args.reuse_port)
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         app,
@@ -223,6 +262,7 @@ async def serve(
         waiter=waiter.name,
         loop=loop_name,
         http="httptools",
+        **_redis_fields(redis_url, args),
     )
     loop = asyncio.get_running_loop()
 
@@ -247,11 +287,32 @@ async def serve(
     )
 
 
+def _redis_fields(redis_url: str | None, args: argparse.Namespace) -> dict[str, object]:
+    if redis_url is None:
+        return {}
+    from .redisfeed import redact
+
+    return {"redis": redact(redis_url), "redis_prefix": args.redis_prefix, "pid": os.getpid()}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code (2 for bad arguments, 1 when the port
-    cannot be listened on)."""
+    """Entry point; returns the process exit code.
+
+    2 for bad arguments; 1 when the port cannot be listened on, or when Redis
+    (``--redis``) is unreachable or refuses the credentials at start, with one line
+    on stderr naming the cause.
+    """
     args = build_parser().parse_args(argv)
+    redis_url = args.redis or os.environ.get(REDIS_ENV) or None
     try:
+        if not 1 <= args.workers <= 64:
+            raise ValueError(f"workers must be in [1, 64], got {args.workers}")
+        if args.workers > 1 and redis_url is None:
+            raise ValueError(
+                "--workers N needs --redis URL: without Redis each process has its own topics"
+            )
+        if redis_url is not None and args.waiter != "purgatory":
+            raise ValueError("--redis serves with the purgatory waiter only (--waiter purgatory)")
         settings = Settings(
             default_wait=args.default_wait,
             max_wait=args.max_wait,
@@ -269,8 +330,20 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if redis_url is not None:
+        from .redisfeed import RedisUnavailable, check_redis
+
+        try:
+            check_redis(redis_url)
+        except RedisUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    if args.workers > 1:
+        from .workers import supervise
+
+        return supervise(args, redis_url)
     try:
-        sock = listen(args.host, args.port, args.backlog)
+        sock = listen(args.host, args.port, args.backlog, reuse_port=args.reuse_port)
     except OSError as exc:
         # A user's mistake (a busy port, a host not of this machine): one line.
         print(
@@ -280,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     _configure_logging(args.log_level)
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(serve(args, settings, loop_name, sock))
+        runner.run(serve(args, settings, loop_name, sock, redis_url))
     return 0
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -133,7 +133,7 @@ class FeedCollector(Collector):
         )
         gone.add_metric([feed.waiter.name], feed.disconnected)
         topics = GaugeMetricFamily("longpoll_topics", "Topics held.")
-        topics.add_metric([], len(feed.topics))
+        topics.add_metric([], feed.topic_count())
         posted = CounterMetricFamily("longpoll_messages", "Messages posted.")
         posted.add_metric([], feed.messages_posted)
         families: list[Metric] = [parked, answers, gone, topics, posted]
@@ -158,6 +158,7 @@ class FeedCollector(Collector):
             for reason, count in self._refused_heads.items():
                 heads.add_metric([reason], count)
             families.append(heads)
+        families += feed.metric_families()
         return families
 
 
@@ -204,7 +205,9 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
     """
     settings = Settings() if settings is None else settings
     waiter = PurgatoryWaiter() if waiter is None else waiter
-    feed = Feed(settings, waiter)
+    # A waiter that keeps the feed elsewhere (RedisWaiter: in Redis) makes its own.
+    make_feed = getattr(waiter, "make_feed", None)
+    feed: Feed = Feed(settings, waiter) if make_feed is None else make_feed(settings)
     incomplete_bodies = dict.fromkeys(INCOMPLETE_BODY_REASONS, 0)
     refused_heads = dict.fromkeys(REFUSED_HEAD_REASONS, 0)
     registry = CollectorRegistry()
@@ -217,7 +220,7 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
         name = request.path_params["name"]
         try:
             body = await _read_body(request, settings.max_body_bytes, settings.body_timeout)
-            offset = feed.post(name, body)
+            offset = await feed.append(name, body)
         except ClientDisconnect:
             incomplete_bodies["disconnect"] += 1
             return Response(status_code=499)  # the client is gone: nobody reads this
@@ -233,20 +236,21 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
         name = request.path_params["name"]
         try:
             offset, wait, min_bytes = parse_fetch(request.query_params.multi_items(), settings)
-            feed.check_fetch(name, offset)
-            parked = not feed.answerable(name, offset, wait, min_bytes)
-            if parked and not await _park(request, feed, name, offset, wait, min_bytes):
-                return Response(status_code=499)  # the client is gone: nobody reads this
+            fetched = await feed.fetch(
+                name, offset, wait, min_bytes, park=lambda waiting: _park(request, waiting)
+            )
         except FeedError as exc:
             return error(exc.status, exc.message)
-        return JSONResponse(feed.read(name, offset).as_dict())
+        if fetched is None:
+            return Response(status_code=499)  # the client is gone: nobody reads this
+        return JSONResponse(fetched.as_dict())
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(request: Request) -> Response:
-        body = {"status": "stopping" if feed.closing else "ok", "waiter": waiter.name}
-        return JSONResponse(body, status_code=503 if feed.closing else 200)
+        status, body = feed.health()
+        return JSONResponse(body, status_code=status)
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page)
@@ -282,10 +286,8 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
     return app
 
 
-async def _park(
-    request: Request, feed: Feed, name: str, offset: int, wait: float, min_bytes: int
-) -> bool:
-    """Park a fetch; return False if its client went away meanwhile (the wait withdrawn)."""
+async def _park(request: Request, waiting: Awaitable[None]) -> bool:
+    """Await a fetch's wait; return False if its client went away meanwhile (the wait withdrawn)."""
     task = asyncio.current_task()
     assert task is not None
     state = {"waiting": True, "gone": False}
@@ -299,7 +301,7 @@ async def _park(
 
     watcher = asyncio.create_task(watch_disconnect())
     try:
-        await feed.wait(name, offset, wait, min_bytes)
+        await waiting
     except asyncio.CancelledError:
         if state["gone"] and task.uncancel() == 0:
             return False

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .waiters import Waiter
@@ -190,15 +191,7 @@ class Feed:
         Raises:
             FeedError: a bad name, an empty, oversized or non-UTF-8 body, or one topic too many.
         """
-        check_topic(name)
-        if not body:
-            raise FeedError(400, "the body must not be empty")
-        if len(body) > self.settings.max_body_bytes:
-            raise FeedError(413, f"the body is over {self.settings.max_body_bytes} bytes")
-        try:
-            text = body.decode()
-        except UnicodeDecodeError:
-            raise FeedError(400, "the body must be UTF-8 text") from None
+        text = self.check_body(name, body)
         topic = self.topics.get(name)
         if topic is None:
             if len(self.topics) >= self.settings.max_topics:
@@ -209,6 +202,26 @@ class Feed:
         if name in self.parked_by_topic and not self.closing:
             self.waiter.notify(name)
         return offset
+
+    async def append(self, name: str, body: bytes) -> int:
+        """:meth:`post`, as the application calls it (a feed kept elsewhere awaits its store).
+
+        Raises:
+            FeedError: see :meth:`post`.
+        """
+        return self.post(name, body)
+
+    def check_body(self, name: str, body: bytes) -> str:
+        """The text of a post to ``name``, or FeedError (400 or 413) saying what is wrong."""
+        check_topic(name)
+        if not body:
+            raise FeedError(400, "the body must not be empty")
+        if len(body) > self.settings.max_body_bytes:
+            raise FeedError(413, f"the body is over {self.settings.max_body_bytes} bytes")
+        try:
+            return body.decode()
+        except UnicodeDecodeError:
+            raise FeedError(400, "the body must be UTF-8 text") from None
 
     # -- fetching --------------------------------------------------------------------------
 
@@ -279,16 +292,45 @@ class Feed:
             reason = "early"
         self.answers[reason] += 1
 
-    async def fetch(self, name: str, offset: int, wait: float, min_bytes: int) -> Fetched:
+    async def fetch(
+        self,
+        name: str,
+        offset: int,
+        wait: float,
+        min_bytes: int,
+        park: Callable[[Awaitable[None]], Awaitable[bool]] | None = None,
+    ) -> Fetched | None:
         """Answer a fetch: at once if it is answerable, else after parking it.
+
+        ``park``, when given, awaits the wait on the caller's terms (the application
+        watches for the client going away) and returns False if the client went
+        away; the fetch then returns None.
 
         Raises:
             FeedError: see :meth:`check_fetch` and :meth:`wait`.
         """
         self.check_fetch(name, offset)
         if not self.answerable(name, offset, wait, min_bytes):
-            await self.wait(name, offset, wait, min_bytes)
+            waiting = self.wait(name, offset, wait, min_bytes)
+            if park is None:
+                await waiting
+            elif not await park(waiting):
+                return None
         return self.read(name, offset)
+
+    def topic_count(self) -> int:
+        """Topics held."""
+        return len(self.topics)
+
+    def metric_families(self) -> list[Any]:
+        """Prometheus families of this kind of feed beyond the common ones (none here)."""
+        return []
+
+    def health(self) -> tuple[int, dict[str, object]]:
+        """``/healthz``: the status code and the JSON body."""
+        if self.closing:
+            return 503, {"status": "stopping", "waiter": self.waiter.name}
+        return 200, {"status": "ok", "waiter": self.waiter.name}
 
     def shutdown(self) -> int:
         """Answer every parked fetch now and park no more; return how many were parked."""
