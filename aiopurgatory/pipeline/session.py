@@ -346,6 +346,9 @@ def cli_session(
     except (SparkSetupError, ValueError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return None, 1
+    except Exception as exc:  # e.g. no Java: Spark's gateway exits at once
+        print(f"{prog}: could not start Spark ({master}): {_first_line(exc)}", file=sys.stderr)
+        return None, 1
 
 
 def _build(
