@@ -636,3 +636,41 @@ async def test_rediss_with_a_password_passes_through(
         async with RedisTriggers(None, plain):
             pass
     assert_no_password(*texts, logged(logs))
+
+
+# -- the benchmark command --------------------------------------------------------------
+
+
+def test_the_benchmark_command_measures_every_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiopurgatory.redis import bench
+
+    output = tmp_path / "bench.json"
+    argv = ["--triggers", "300", "--loop", "asyncio", "--keys", "1000", "--parked", "50"]
+    argv += ["--batch", "-1", "--batch", "0", "--batch", "10", "--output", str(output)]
+    assert bench.main(argv) == 0
+    floor, alone, batched = json.loads(output.read_text())
+    for result in (floor, alone, batched):
+        assert result["subscriber_applied"] == 301  # every advance, and the final check
+        for side in ("publisher", "subscriber", "redis"):
+            assert result[f"{side}_cpu_us_per_trigger"] > 0
+    assert alone["messages"] == 300  # one per trigger
+    assert batched["messages"] < 300  # coalesced
+    assert capsys.readouterr().out.count("CPU per trigger") == 3
+
+
+async def test_a_loop_that_dies_of_a_bug_is_not_silent(
+    redis_server: RedisServer, logs: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    purgatory: ap.Purgatory[Flagged] = ap.Purgatory("here")
+    async with RedisTriggers(purgatory, redis_server.url, reconnect_delay=(0.05, 0.1)) as sub:
+
+        def broken(attempt: int) -> float:
+            raise ZeroDivisionError("a bug")
+
+        monkeypatch.setattr(sub, "_backoff", broken)
+        redis_server.kill()  # the subscriber reconnects: its backoff raises
+        await eventually(lambda: "ZeroDivisionError" in (sub.statistics().last_error or ""))
+        assert not sub.connected
+    assert "aiopurgatory.redis.task_ended" in logged(logs)

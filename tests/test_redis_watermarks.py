@@ -113,3 +113,34 @@ async def test_watch_catches_up_with_an_advance_made_before_it(redis_server: Red
             await waiting
         assert cancelled.cancelled()
         assert purgatory.keys() == []
+
+
+async def test_a_killed_subscription_resyncs_thousands_of_keys(
+    redis_server: RedisServer, redis_client: aioredis.Redis
+) -> None:
+    purgatory: ap.Purgatory[ap.WatermarkOperation] = ap.Purgatory("here")
+    url = redis_server.url
+    n = 2_500  # three MGETs at the resync, three messages from the publisher
+    async with (
+        RedisTriggers(purgatory, url, channel="c", reconnect_delay=(2.0, 2.0)) as sub,
+        RedisTriggers(None, url, channel="c") as pub,
+    ):
+        ops = [ap.WatermarkOperation(60) for _ in range(n)]
+        for i, op in enumerate(ops):
+            assert not purgatory.try_complete_else_watch(op, {i: 1})
+        # Redis drops the subscriber's connection (as an output-buffer limit would).
+        killed = await redis_client.client_kill_filter(_type="pubsub")
+        assert killed == 1
+        await eventually(lambda: not sub.connected)
+        for i in range(n):
+            pub.advance(i, 1)
+        await pub.flush()
+        assert pub.statistics().published == 3
+        assert await subscribers(redis_client, "c") == 0
+        assert not any(op.done() for op in ops)
+        await eventually(lambda: all(op.done() for op in ops), within=10)
+        assert all(op.outcome is ap.Outcome.COMPLETED for op in ops)
+        stats = sub.statistics()
+        assert (stats.reconnects, stats.resyncs, stats.received) == (1, 2, 0)
+        assert stats.completed == n
+        assert purgatory.keys() == []

@@ -125,7 +125,8 @@ class RedisTriggersStatistics:
         reconnects: successful re-subscriptions after a lost connection.
         connection_errors: connection attempts and connections that failed.
         triggers: ``check_and_complete``/``advance`` calls on this instance.
-        pending: triggers gathered and not yet sent (distinct keys).
+        pending: triggers gathered and not yet sent (distinct keys); after
+            ``aclose()``, those it could not send.
         published: messages published (one per batch, or per
             :data:`MAX_MESSAGE_TRIGGERS` triggers).
         publish_errors: attempts to send a batch that failed (it is kept and retried).
@@ -475,7 +476,8 @@ class RedisTriggers:
         only, so an advance that reached this process just before the watch left
         nothing here; reading after watching closes that gap (an advance after
         the read arrives through the subscription). If Redis cannot be read,
-        the op simply waits: the next resync catches it up.
+        the op waits for the next advance, or for the resync that follows a
+        reconnect.
 
         Returns:
             ``Outcome.COMPLETED``, ``EXPIRED`` or ``CANCELLED``, as ``Purgatory.watch``.
@@ -580,10 +582,12 @@ class RedisTriggers:
         self._sender = asyncio.create_task(
             self._send_loop(), name=f"aiopurgatory-redis-send-{self._id}"
         )
+        self._sender.add_done_callback(self._task_ended)
         if connection is not None:
             self._subscriber = asyncio.create_task(
                 self._subscribe_loop(connection), name=f"aiopurgatory-redis-sub-{self._id}"
             )
+            self._subscriber.add_done_callback(self._task_ended)
         self._logger.info("aiopurgatory.redis.started", redis=self._where)
         return self
 
@@ -621,7 +625,8 @@ class RedisTriggers:
                 task.cancel()
         for task in (self._subscriber, self._sender):
             if task is not None:
-                with contextlib.suppress(asyncio.CancelledError):
+                # A task that died of a bug was logged by _task_ended already.
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         connection, self._connection = self._connection, None
         if connection is not None:
@@ -650,6 +655,18 @@ class RedisTriggers:
                 if self._state == "new"
                 else "RedisTriggers is closed"
             )
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        # The loops end only when aclose() cancels them; anything else is a bug,
+        # and must not go unnoticed.
+        if task.cancelled() or self._state != "running":
+            return
+        exc = task.exception()
+        self._last_error = "ended" if exc is None else self._redactor.error(exc)
+        self._connected = False
+        self._logger.error(
+            "aiopurgatory.redis.task_ended", task=task.get_name(), error=self._last_error
+        )
 
     def _record_error(self, exc: BaseException) -> str:
         text = self._redactor.error(exc)
