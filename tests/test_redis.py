@@ -674,3 +674,30 @@ async def test_a_loop_that_dies_of_a_bug_is_not_silent(
         await eventually(lambda: "ZeroDivisionError" in (sub.statistics().last_error or ""))
         assert not sub.connected
     assert "aiopurgatory.redis.task_ended" in logged(logs)
+
+
+def test_a_missing_redis_server_fails_the_tests_and_says_how_to_install() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from aiopurgatory.redis.testing import INSTALL_HINT
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "AIOPURGATORY_REDIS_SERVER": "/nonexistent/redis-server"}
+    run = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA"),
+            "tests/test_redis.py::test_publisher_only_does_not_subscribe",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1, run.stdout
+    assert "2 errors" in run.stdout or "2 failed" in run.stdout
+    assert "skipped" not in run.stdout
+    assert "apt-get install -y redis-server" in run.stdout
+    assert INSTALL_HINT.split(":")[0] in run.stdout
