@@ -731,3 +731,28 @@ def test_a_missing_redis_server_fails_the_tests_and_says_how_to_install() -> Non
     assert "skipped" not in run.stdout
     assert "apt-get install -y redis-server" in run.stdout
     assert INSTALL_HINT.split(":")[0] in run.stdout
+
+
+async def test_a_password_changed_under_a_running_subscriber(
+    redis_server_factory: Callable[..., RedisServer], logs: pytest.LogCaptureFixture
+) -> None:
+    server = redis_server_factory(password=PASSWORD)
+    admin = aioredis.from_url(server.url)
+    purgatory: ap.Purgatory[Flagged] = ap.Purgatory("here")
+    try:
+        async with RedisTriggers(purgatory, server.url, reconnect_delay=(0.05, 0.1)) as sub:
+            await admin.config_set("requirepass", "rotated-elsewhere")
+            await admin.client_kill_filter(_type="pubsub")
+            await eventually(lambda: "Authentication" in (sub.statistics().last_error or ""))
+            await eventually(lambda: sub.statistics().connection_errors >= 4)
+            assert not sub.connected
+            await admin.config_set("requirepass", PASSWORD)
+            await eventually(lambda: sub.connected)
+            assert sub.statistics().reconnects == 1
+    finally:
+        await admin.aclose()
+    warnings = [r.getMessage() for r in logs.records if r.levelname == "WARNING"]
+    # One line for the loss, one per distinct cause of failed attempts, one for the return.
+    assert sum("reconnect_failed" in line for line in warnings) == 1
+    assert sum("reconnected" in line for line in warnings) == 1
+    assert_no_password(logged(logs), "\n".join(warnings))

@@ -819,6 +819,7 @@ class RedisTriggers:
 
     async def _subscribe_loop(self, connection: Any) -> None:
         attempt = 0
+        logged_failure: str | None = None
         while True:
             if connection is None:
                 try:
@@ -831,15 +832,18 @@ class RedisTriggers:
                         connection = self._connection = None
                     attempt += 1
                     text = self._record_error(exc)
-                    self._logger.debug(
-                        "aiopurgatory.redis.reconnect_failed", error=text, attempt=attempt
-                    )
+                    # Once per distinct cause (refused while Redis restarts, then
+                    # a wrong password...): an outage is a few lines, not one per try.
+                    log = self._logger.debug if text == logged_failure else self._logger.warning
+                    logged_failure = text
+                    log("aiopurgatory.redis.reconnect_failed", error=text, attempt=attempt)
                     await asyncio.sleep(self._backoff(attempt))
                     continue
                 self._reconnects += 1
                 self._connected = True
                 self._logger.warning("aiopurgatory.redis.reconnected", attempts=attempt + 1)
                 attempt = 0
+                logged_failure = None
             try:
                 await self._listen(connection)
             except _CONNECTION_ERRORS as exc:
