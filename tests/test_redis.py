@@ -756,3 +756,23 @@ async def test_a_password_changed_under_a_running_subscriber(
     assert sum("reconnect_failed" in line for line in warnings) == 1
     assert sum("reconnected" in line for line in warnings) == 1
     assert_no_password(logged(logs), "\n".join(warnings))
+
+
+async def test_a_cancelled_close_still_leaves_nothing(
+    redis_server: RedisServer, redis_client: aioredis.Redis
+) -> None:
+    purgatory: ap.Purgatory[Flagged] = ap.Purgatory("here")
+    triggers = RedisTriggers(purgatory, redis_server.url, channel="c", close_timeout=30)
+    await triggers.__aenter__()
+    redis_server.kill()
+    await eventually(lambda: not triggers.connected)
+    triggers.advance("k", 1)  # cannot be sent: aclose() would wait up to 30 s
+    closing = asyncio.ensure_future(triggers.aclose())
+    await asyncio.sleep(0.1)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert [t for t in asyncio.all_tasks() if "aiopurgatory-redis" in t.get_name()] == []
+    assert triggers.statistics().connected is False
+    with pytest.raises(RedisTriggersClosedError):
+        triggers.advance("k", 2)
