@@ -368,3 +368,21 @@ def test_a_missing_timeout_is_named() -> None:
         Request()
     assert ap.DelayedOperation(timeout=1.5).timeout == 1.5
     assert ap.DelayedOperation(2).timeout == 2.0
+
+
+def test_a_failure_of_a_loop_that_stopped_is_logged_when_collected() -> None:
+    # Handed to a loop that is never run again, the log call would be lost.
+    loop = asyncio.new_event_loop()
+    ops = [FailingOnComplete(1.0)]
+
+    async def fail() -> None:
+        ops[0].force_complete()
+
+    try:
+        loop.run_until_complete(fail())
+        with capture_logs() as logs:
+            ops.clear()
+            gc.collect()
+        assert [e["callback"] for e in _failures(logs)] == ["on_complete"]
+    finally:
+        loop.close()
