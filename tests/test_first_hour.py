@@ -19,6 +19,7 @@ import trio
 from structlog.testing import capture_logs
 
 import aiopurgatory as ap
+from aiopurgatory import simulation
 
 from .backends import each_backend, now, settle
 
@@ -297,6 +298,25 @@ async def test_a_zero_timeout_expires_at_the_instant_it_was_watched() -> None:
     start = now()
     assert await purgatory.watch(ap.DelayedOperation(0), ["k"]) is ap.Outcome.EXPIRED
     assert now() == start  # was the next tick, 0.6 ms later
+
+
+def test_next_due_is_no_later_than_a_zero_delay_entry() -> None:
+    # Tools that drive the clock themselves (the trace replay) rely on it.
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(0.0004)  # between two ticks
+        timer = ap.Timer()
+        ran: list[float] = []
+        timer.call_later(0, lambda: ran.append(loop.time()))
+        due = timer.next_due()
+        assert due is not None
+        assert due <= loop.time()
+        await asyncio.sleep(0)
+        assert ran == [0.0004]
+        timer.call_later(0.0003, lambda: None)  # not yet due: its tick, never before
+        assert timer.next_due() == 0.001
+
+    simulation.run(main())
 
 
 # -- 6. the shared timer cannot be closed under ap.timeout() --------------------------
