@@ -731,3 +731,48 @@ def test_a_missing_redis_server_fails_the_tests_and_says_how_to_install() -> Non
     assert "skipped" not in run.stdout
     assert "apt-get install -y redis-server" in run.stdout
     assert INSTALL_HINT.split(":")[0] in run.stdout
+
+
+async def test_a_password_changed_under_a_running_subscriber(
+    redis_server_factory: Callable[..., RedisServer], logs: pytest.LogCaptureFixture
+) -> None:
+    server = redis_server_factory(password=PASSWORD)
+    admin = aioredis.from_url(server.url)
+    purgatory: ap.Purgatory[Flagged] = ap.Purgatory("here")
+    try:
+        async with RedisTriggers(purgatory, server.url, reconnect_delay=(0.05, 0.1)) as sub:
+            await admin.config_set("requirepass", "rotated-elsewhere")
+            await admin.client_kill_filter(_type="pubsub")
+            await eventually(lambda: "Authentication" in (sub.statistics().last_error or ""))
+            await eventually(lambda: sub.statistics().connection_errors >= 4)
+            assert not sub.connected
+            await admin.config_set("requirepass", PASSWORD)
+            await eventually(lambda: sub.connected)
+            assert sub.statistics().reconnects == 1
+    finally:
+        await admin.aclose()
+    warnings = [r.getMessage() for r in logs.records if r.levelname == "WARNING"]
+    # One line for the loss, one per distinct cause of failed attempts, one for the return.
+    assert sum("reconnect_failed" in line for line in warnings) == 1
+    assert sum("reconnected" in line for line in warnings) == 1
+    assert_no_password(logged(logs), "\n".join(warnings))
+
+
+async def test_a_cancelled_close_still_leaves_nothing(
+    redis_server: RedisServer, redis_client: aioredis.Redis
+) -> None:
+    purgatory: ap.Purgatory[Flagged] = ap.Purgatory("here")
+    triggers = RedisTriggers(purgatory, redis_server.url, channel="c", close_timeout=30)
+    await triggers.__aenter__()
+    redis_server.kill()
+    await eventually(lambda: not triggers.connected)
+    triggers.advance("k", 1)  # cannot be sent: aclose() would wait up to 30 s
+    closing = asyncio.ensure_future(triggers.aclose())
+    await asyncio.sleep(0.1)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert [t for t in asyncio.all_tasks() if "aiopurgatory-redis" in t.get_name()] == []
+    assert triggers.statistics().connected is False
+    with pytest.raises(RedisTriggersClosedError):
+        triggers.advance("k", 2)
