@@ -140,10 +140,17 @@ class AsyncioDriver:
 
     @staticmethod
     def done_callback_scheduler() -> Callable[..., object]:
-        """``schedule(fn, op, context)``: ``loop.call_soon(fn, op, context=context)``."""
-        call_soon = asyncio.get_running_loop().call_soon
+        """``schedule(fn, op, context)``: ``loop.call_soon(fn, op, context=context)``.
+
+        Nothing once the loop is closed (it runs nothing more), so that finishing
+        an operation at shutdown (``close()`` after the loop) does not fail.
+        """
+        loop = asyncio.get_running_loop()
+        call_soon = loop.call_soon
 
         def schedule(fn: Callable[[Any], object], op: Any, context: Any) -> object:
+            if loop.is_closed():
+                return None
             return call_soon(fn, op, context=context)
 
         return schedule

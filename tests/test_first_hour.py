@@ -197,6 +197,20 @@ async def test_remove_done_callback_and_context() -> None:
         op.add_done_callback(None)  # type: ignore[arg-type]
 
 
+def test_finishing_an_op_after_its_loop_closed_drops_its_done_callbacks() -> None:
+    calls: list[ap.DelayedOperation] = []
+    op = ap.DelayedOperation(1.0)
+
+    async def register() -> None:
+        op.add_done_callback(calls.append)
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(register())
+    loop.close()
+    assert op.cancel() is True  # no "Event loop is closed" from the callback's scheduling
+    assert calls == []
+
+
 def test_add_done_callback_needs_a_running_loop() -> None:
     with pytest.raises(RuntimeError):
         ap.DelayedOperation(1.0).add_done_callback(print)
