@@ -272,11 +272,14 @@ class DelayedOperation(_TimerEntry):
 
     @property
     def keys(self) -> tuple[Hashable, ...]:
-        """The keys this operation is watched under (empty until a purgatory takes it).
+        """The keys this operation is (or was) watched under.
 
-        Already set when the purgatory's first ``try_complete()`` runs.
+        Empty until it joins its watch lists, and for good if its first check
+        (in ``try_complete_else_watch``) finished it: it was never watched.
         """
-        return self._keys
+        # ``_keys`` is set before that first check (WatermarkOperation reads it
+        # there); ``_key`` only once the operation joins its watch lists.
+        return self._keys if self._key else ()
 
     @property
     def is_completed(self) -> bool:
