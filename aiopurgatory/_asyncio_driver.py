@@ -123,15 +123,34 @@ class AsyncioDriver:
 
     @staticmethod
     def running_call_soon_threadsafe() -> Callable[..., object]:
-        """The running loop's ``call_soon_threadsafe`` (RuntimeError if none)."""
-        return asyncio.get_running_loop().call_soon_threadsafe
+        """The running loop's ``call_soon_threadsafe`` (RuntimeError if none).
+
+        The function returned raises ``RuntimeError`` once the loop has stopped
+        running (not only once it is closed): a callback handed to a loop that is
+        never run again would be lost without a word.
+        """
+        loop = asyncio.get_running_loop()
+
+        def call_soon_threadsafe(fn: Callable[..., object], *args: Any) -> object:
+            if not loop.is_running():
+                raise RuntimeError("the loop is not running")
+            return loop.call_soon_threadsafe(fn, *args)
+
+        return call_soon_threadsafe
 
     @staticmethod
     def done_callback_scheduler() -> Callable[..., object]:
-        """``schedule(fn, op, context)``: ``loop.call_soon(fn, op, context=context)``."""
-        call_soon = asyncio.get_running_loop().call_soon
+        """``schedule(fn, op, context)``: ``loop.call_soon(fn, op, context=context)``.
+
+        Nothing once the loop is closed (it runs nothing more), so that finishing
+        an operation at shutdown (``close()`` after the loop) does not fail.
+        """
+        loop = asyncio.get_running_loop()
+        call_soon = loop.call_soon
 
         def schedule(fn: Callable[[Any], object], op: Any, context: Any) -> object:
+            if loop.is_closed():
+                return None
             return call_soon(fn, op, context=context)
 
         return schedule

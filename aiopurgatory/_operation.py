@@ -17,8 +17,8 @@ An operation is *new* until a purgatory takes it, *pending* while watched, and
   ``aiopurgatory.callback_failed``) only if nobody receives it: not if it was
   raised to the caller of ``watch()``/``try_complete_else_watch()``, nor once
   ``await op``, ``result()`` or ``exception()`` delivered it; otherwise when the
-  operation is garbage-collected (a failure that no operation keeps, a second one,
-  is logged at once).
+  operation is garbage-collected. A second failure of one operation (only the
+  first is kept) and a failure outside any event loop are logged at once.
   Exceptions that are not ``Exception`` subclasses (``KeyboardInterrupt``,
   ``SystemExit``, ``CancelledError``) are not contained: they propagate, and an
   operation interrupted that way mid-callback may be left as it was (for
@@ -97,7 +97,7 @@ class _Unretrieved:
     The log call is handed to the loop the failure happened on (thread-safe: a
     collection may run in any thread), not made inside the garbage collector:
     formatting a traceback there can re-enter the interpreter in places that do
-    not expect it. Only if that loop is gone is it logged on the spot.
+    not expect it. Only if that loop is no longer running is it logged on the spot.
     """
 
     __slots__ = ("callback", "exc", "logger", "op", "soon")
@@ -272,11 +272,14 @@ class DelayedOperation(_TimerEntry):
 
     @property
     def keys(self) -> tuple[Hashable, ...]:
-        """The keys this operation is watched under (empty until a purgatory takes it).
+        """The keys this operation is (or was) watched under.
 
-        Already set when the purgatory's first ``try_complete()`` runs.
+        Empty until it joins its watch lists, and for good if its first check
+        (in ``try_complete_else_watch``) finished it: it was never watched.
         """
-        return self._keys
+        # ``_keys`` is set before that first check (WatermarkOperation reads it
+        # there); ``_key`` only once the operation joins its watch lists.
+        return self._keys if self._key else ()
 
     @property
     def is_completed(self) -> bool:

@@ -439,11 +439,17 @@ class Timer:
         best = self._wheel.next_expiration()
         if self._due_now:
             best = self._wheel.current
-        for entry in self._staged:
-            if entry._tick is not None:
-                e = self._tick_of(entry._when)
-                if best is None or e < best:
-                    best = e
+        staged = self._staged
+        if staged:
+            now = self._time()
+            for entry in staged:
+                if entry._tick is not None:
+                    when = entry._when
+                    # Already reached by the clock: it runs at the next flush,
+                    # now, not at its tick (see _compact).
+                    e = self._floor_tick(now) if when <= now else self._tick_of(when)
+                    if best is None or e < best:
+                        best = e
         return None if best is None else best * tick
 
     # -- the purgatory's interface (see the module documentation) ---------------------

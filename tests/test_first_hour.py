@@ -19,6 +19,7 @@ import trio
 from structlog.testing import capture_logs
 
 import aiopurgatory as ap
+from aiopurgatory import simulation
 
 from .backends import each_backend, now, settle
 
@@ -196,6 +197,20 @@ async def test_remove_done_callback_and_context() -> None:
         op.add_done_callback(None)  # type: ignore[arg-type]
 
 
+def test_finishing_an_op_after_its_loop_closed_drops_its_done_callbacks() -> None:
+    calls: list[ap.DelayedOperation] = []
+    op = ap.DelayedOperation(1.0)
+
+    async def register() -> None:
+        op.add_done_callback(calls.append)
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(register())
+    loop.close()
+    assert op.cancel() is True  # no "Event loop is closed" from the callback's scheduling
+    assert calls == []
+
+
 def test_add_done_callback_needs_a_running_loop() -> None:
     with pytest.raises(RuntimeError):
         ap.DelayedOperation(1.0).add_done_callback(print)
@@ -299,6 +314,25 @@ async def test_a_zero_timeout_expires_at_the_instant_it_was_watched() -> None:
     assert now() == start  # was the next tick, 0.6 ms later
 
 
+def test_next_due_is_no_later_than_a_zero_delay_entry() -> None:
+    # Tools that drive the clock themselves (the trace replay) rely on it.
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(0.0004)  # between two ticks
+        timer = ap.Timer()
+        ran: list[float] = []
+        timer.call_later(0, lambda: ran.append(loop.time()))
+        due = timer.next_due()
+        assert due is not None
+        assert due <= loop.time()
+        await asyncio.sleep(0)
+        assert ran == [0.0004]
+        timer.call_later(0.0003, lambda: None)  # not yet due: its tick, never before
+        assert timer.next_due() == 0.001
+
+    simulation.run(main())
+
+
 # -- 6. the shared timer cannot be closed under ap.timeout() --------------------------
 
 
@@ -368,3 +402,21 @@ def test_a_missing_timeout_is_named() -> None:
         Request()
     assert ap.DelayedOperation(timeout=1.5).timeout == 1.5
     assert ap.DelayedOperation(2).timeout == 2.0
+
+
+def test_a_failure_of_a_loop_that_stopped_is_logged_when_collected() -> None:
+    # Handed to a loop that is never run again, the log call would be lost.
+    loop = asyncio.new_event_loop()
+    ops = [FailingOnComplete(1.0)]
+
+    async def fail() -> None:
+        ops[0].force_complete()
+
+    try:
+        loop.run_until_complete(fail())
+        with capture_logs() as logs:
+            ops.clear()
+            gc.collect()
+        assert [e["callback"] for e in _failures(logs)] == ["on_complete"]
+    finally:
+        loop.close()

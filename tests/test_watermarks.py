@@ -235,6 +235,7 @@ async def test_watermark_operation_completes_on_its_thresholds_alone(backend: st
     p.advance(partition, 10)
     assert p.try_complete_else_watch(late, {partition: 10}) is True
     assert keep.keys == (partition,)
+    assert late.keys == ()  # finished by its first check: never watched
     keep.cancel()
 
 

@@ -559,6 +559,13 @@ class RedisTriggers:
                 await self._resync()
         except _CONNECTION_ERRORS as exc:
             failure = exc
+        except BaseException:  # cancelled while connecting: leave nothing open
+            if connection is not None:
+                await connection.disconnect(nowait=True)
+            if self._owns_client:
+                await self._client.aclose()
+            self._state = "closed"
+            raise
         if failure is not None:
             # Raised outside the except block: no chained redis-py exception
             # (whose text we do not control) travels with ours.
@@ -615,26 +622,29 @@ class RedisTriggers:
             return
         self._state = "closing"
         dropped = 0
-        if self._pending or self._inflight:
-            try:
-                await asyncio.wait_for(self._drain(), self._close_timeout)
-            except TimeoutError:
-                dropped = len(self._pending) + self._inflight
-        for task in (self._subscriber, self._sender):
-            if task is not None:
-                task.cancel()
-        for task in (self._subscriber, self._sender):
-            if task is not None:
-                # A task that died of a bug was logged by _task_ended already.
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            await connection.disconnect(nowait=True)
-        if self._owns_client:
-            await self._client.aclose()
-        self._connected = False
-        self._state = "closed"
+        try:
+            if self._pending or self._inflight:
+                try:
+                    await asyncio.wait_for(self._drain(), self._close_timeout)
+                except TimeoutError:
+                    dropped = len(self._pending) + self._inflight
+        finally:
+            # Also when the closing task is cancelled: nothing is left running.
+            for task in (self._subscriber, self._sender):
+                if task is not None:
+                    task.cancel()
+            for task in (self._subscriber, self._sender):
+                if task is not None:
+                    # A task that died of a bug was logged by _task_ended already.
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+            connection, self._connection = self._connection, None
+            if connection is not None:
+                await connection.disconnect(nowait=True)
+            if self._owns_client:
+                await self._client.aclose()
+            self._connected = False
+            self._state = "closed"
         for waiter in (*self._inflight_waiters, *self._pending_waiters):
             if not waiter.done():
                 waiter.set_exception(
@@ -819,6 +829,7 @@ class RedisTriggers:
 
     async def _subscribe_loop(self, connection: Any) -> None:
         attempt = 0
+        logged_failure: str | None = None
         while True:
             if connection is None:
                 try:
@@ -831,15 +842,18 @@ class RedisTriggers:
                         connection = self._connection = None
                     attempt += 1
                     text = self._record_error(exc)
-                    self._logger.debug(
-                        "aiopurgatory.redis.reconnect_failed", error=text, attempt=attempt
-                    )
+                    # Once per distinct cause (refused while Redis restarts, then
+                    # a wrong password...): an outage is a few lines, not one per try.
+                    log = self._logger.debug if text == logged_failure else self._logger.warning
+                    logged_failure = text
+                    log("aiopurgatory.redis.reconnect_failed", error=text, attempt=attempt)
                     await asyncio.sleep(self._backoff(attempt))
                     continue
                 self._reconnects += 1
                 self._connected = True
                 self._logger.warning("aiopurgatory.redis.reconnected", attempts=attempt + 1)
                 attempt = 0
+                logged_failure = None
             try:
                 await self._listen(connection)
             except _CONNECTION_ERRORS as exc:
