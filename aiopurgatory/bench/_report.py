@@ -155,7 +155,9 @@ def _print_report(report: dict[str, Any]) -> None:
                     _ms(m["expiry_lateness.p50"]),
                     _ms(m["expiry_lateness.p99"]),
                     _fmt(m["peak_rss_mib"]),
-                    _fmt(m["memory_per_pending_op_bytes"]),
+                    "skipped"
+                    if c.get("memory_skipped")
+                    else _fmt(m["memory_per_pending_op_bytes"]),
                 )
             )
         print_table(
@@ -194,7 +196,7 @@ def _print_report(report: dict[str, Any]) -> None:
                         r["loop"],
                         _fmt(r["cpu_hand_over_ap"]),
                         _fmt(r["cpu_ap_over_floor"]),
-                        _fmt(r["memory_ap_over_hand"]),
+                        "skipped" if r.get("memory_skipped") else _fmt(r["memory_ap_over_hand"]),
                     )
                     for r in trio_rows
                 ),

@@ -23,6 +23,7 @@ from ._runner import (
     _cells,
     _interleaved,
     _non_negative_float,
+    _non_negative_int,
     _positive_float,
     _positive_int,
     _rate_list,
@@ -156,7 +157,7 @@ def _headline_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--gc-pending",
-        type=int,
+        type=_non_negative_int,
         default=0,
         help="also time a full gc.collect() with this many ops pending (e.g. 1000000)",
     )
@@ -209,7 +210,14 @@ def run_purgatory_suite(
         )
         results = [runner.run(s) for s in specs]
         all_runs += [dict(r, scenario=scenario) for r in results]
-        cells += _cells(results, ("loop", "impl"), _PURGATORY_METRICS, scenario=scenario)
+        memory_skipped = not params.get("memory_ops")
+        cells += _cells(
+            results,
+            ("loop", "impl"),
+            _PURGATORY_METRICS,
+            scenario=scenario,
+            memory_skipped=memory_skipped,
+        )
         for loop in loops:
             labels = purgatory_bench.impls(loop)
             ap_cell = _cell(cells, loop=loop, impl=labels["ap"], scenario=scenario)
@@ -227,6 +235,7 @@ def run_purgatory_suite(
                     "cpu_hand_over_ap": vs_hand,
                     "cpu_ap_over_floor": vs_floor,
                     "memory_ap_over_hand": memory,
+                    "memory_skipped": memory_skipped,
                 }
             )
             if loop in TRIO_LOOPS:
@@ -248,14 +257,15 @@ def run_purgatory_suite(
                     higher_is_better=False,
                 )
             )
-            targets.append(
-                _target(
-                    f"memory per pending op vs hand-written, {where}",
-                    memory,
-                    MEMORY_VS_HAND,
-                    higher_is_better=False,
+            if not memory_skipped:  # --memory-ops 0: not measured, so no target either
+                targets.append(
+                    _target(
+                        f"memory per pending op vs hand-written, {where}",
+                        memory,
+                        MEMORY_VS_HAND,
+                        higher_is_better=False,
+                    )
                 )
-            )
     report: dict[str, Any] = {
         "scenarios": scenarios,
         "repeat": repeat,
@@ -388,9 +398,9 @@ def _purgatory_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--memory-ops",
-        type=int,
+        type=_non_negative_int,
         default=d["memory_ops"],
-        help="ops pending during the tracemalloc measurement (0: skip)",
+        help="ops pending during the tracemalloc measurement (0: skip it; shown as skipped)",
     )
 
 

@@ -14,6 +14,7 @@ from ._runner import (
     _cells,
     _int_list,
     _interleaved,
+    _non_negative_int,
     _positive_int,
     _ratio,
     _Runner,
@@ -119,7 +120,7 @@ def _scale_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--memory-pending",
-        type=int,
+        type=_non_negative_int,
         default=100_000,
         help="pending timers for the tracemalloc run (0: skip)",
     )

@@ -13,6 +13,7 @@ from ._runner import (
     TIMER_CPU_VS_UVLOOP,
     _cell,
     _cells,
+    _fraction,
     _interleaved,
     _positive_float,
     _positive_int,
@@ -113,7 +114,7 @@ def _timer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", type=_positive_int, default=timer_bench.DEFAULTS["n"], help="timers added")
     p.add_argument(
         "--cancel-fraction",
-        type=float,
+        type=_fraction,
         default=timer_bench.DEFAULTS["cancel_fraction"],
         help="share cancelled right after being added",
     )
