@@ -5,15 +5,30 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install build test lint demo bench docs pipeline cluster-up cluster-down clean
+.PHONY: install install-redis build test lint demo bench docs pipeline cluster-up cluster-down clean
 
-install: $(STAMP)
+install: $(STAMP) install-redis
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[all,dev,docs]'
 	touch $(STAMP)
+
+# Debian's redis-server, which the tests of aiopurgatory.redis start themselves (they
+# fail, saying how to install it, when it is missing): installed when missing and the
+# machine allows (root, or passwordless sudo, with apt-get), else the command is printed.
+install-redis:
+	@if command -v redis-server >/dev/null 2>&1 || test -x /usr/bin/redis-server; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && { [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; }; then \
+		sudo_=""; [ "$$(id -u)" = 0 ] || sudo_="sudo -n"; \
+		echo "installing redis-server (Debian package) for the Redis tests"; \
+		$$sudo_ apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$sudo_ apt-get install -y -qq redis-server >/dev/null; \
+	else \
+		echo "redis-server is missing and cannot be installed here: run" \
+			"'sudo apt-get install -y redis-server' (the Redis tests fail without it)" >&2; \
+	fi
 
 # The compiled core (C extensions from the core's .py and .pxd files), rebuilt in
 # place when a core module changed; without a C compiler it stays pure Python.

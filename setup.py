@@ -8,6 +8,10 @@ extension, when present, is imported instead of the ``.py`` file.
 
 No compiler (or ``AIOPURGATORY_NO_EXTENSIONS=1`` at build time): the package is
 installed as pure Python, with a warning, never a failed install.
+
+The examples (``examples/``) are not part of the distribution: no wheel installs
+them. A checkout installed in editable mode (``make install``, ``pip install -e .``)
+maps them too, so that ``python -m examples.NAME`` runs from any directory.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ import os
 import sys
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.editable_wheel import editable_wheel
+
+ROOT = Path(__file__).parent
 
 # A core module is compiled where it has a .pxd file beside it (the same set as
 # aiopurgatory/_compiled.py's CORE_MODULES; a test checks that).
-CORE = sorted(path.stem for path in Path(__file__).parent.glob("aiopurgatory/_*.pxd"))
+CORE = sorted(path.stem for path in ROOT.glob("aiopurgatory/_*.pxd"))
 
 
 def _no_extensions() -> bool:
@@ -57,6 +64,22 @@ class OptionalBuildExt(build_ext):
             super().build_extension(ext)
         except Exception as exc:
             self.failure = exc
+
+
+class EditableWithExamples(editable_wheel):
+    """An editable install of a checkout maps the ``examples`` package beside the library.
+
+    Only the editable install: the packages of a wheel (and of the sdist's wheel)
+    are pyproject.toml's ``packages.find``, which leaves ``examples`` out. A
+    top-level ``examples`` package in site-packages would clash with any other
+    project's; a checkout's own venv is where the examples are meant to run.
+    """
+
+    def run(self) -> None:
+        packages = list(self.distribution.packages or [])
+        found = find_packages(str(ROOT), include=["examples", "examples.*"])
+        self.distribution.packages = packages + [p for p in found if p not in packages]
+        super().run()
 
 
 def _histogram_macros() -> list[tuple[str, str]]:
@@ -103,4 +126,7 @@ def _extensions() -> list[Extension]:
     return extensions
 
 
-setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
+setup(
+    ext_modules=_extensions(),
+    cmdclass={"build_ext": OptionalBuildExt, "editable_wheel": EditableWithExamples},
+)

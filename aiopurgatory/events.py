@@ -4,10 +4,10 @@ Attach an :class:`EventRecorder` to one or more purgatories; every operation tha
 finishes there becomes one event. Nothing is recorded, and nothing costs more than
 one attribute test per finished operation, unless a recorder is attached.
 
-Schema 1 (every event has every field; see ``docs/events.md``):
+Schema 2 (every event has every field; see ``docs/events.md``):
 
 ===============  ===========================================================
-``schema``       1
+``schema``       2
 ``event``        ``"aiopurgatory.op_finished"``
 ``ts``           when the event was written, seconds since the epoch (or the
                  recorder's ``clock``)
@@ -21,10 +21,19 @@ Schema 1 (every event has every field; see ``docs/events.md``):
                  ``finished_at`` if it finished before being scheduled
 ``finished_at``  loop time it finished
 ``outcome``      ``completed``, ``expired``, ``cancelled`` or ``failed``
+``error``        the answer's error, or null: the op's ``error`` attribute
+                 if it has one and it is not None (an enum member as its
+                 name, anything else as ``str()``); else, for ``failed``,
+                 the exception's class name; else null
 ``wait``         ``finished_at - watched_at``, seconds
 ``lateness``     for expiries ``finished_at - deadline`` (>= 0, except
                  when ``close(expire_pending=True)`` expired it early), else null
 ===============  ===========================================================
+
+Schema 1 had no ``error``: an op that completed with an error answer (a produce
+request answered ``NOT_ENOUGH_REPLICAS``) read as a plain ``completed``. The
+version went to 2 because ``outcome`` alone no longer says whether the op
+succeeded; readers of schema 1 must not take schema-2 lines for it.
 
 Events go through structlog's JSON renderer on a logger of the recorder's own;
 structlog's global configuration is neither used nor changed. A structlog logger
@@ -33,17 +42,38 @@ may be given as the sink instead (it gets ``info("aiopurgatory.op_finished", ...
 
 from __future__ import annotations
 
+import enum
 import os
 import time
 from collections.abc import Callable
 from typing import IO, Any, Final, TextIO, cast
 
-from . import DelayedOperation, Purgatory
+from . import DelayedOperation, Outcome, Purgatory
 
-__all__ = ["EVENT", "SCHEMA_VERSION", "EventRecorder"]
+__all__ = ["EVENT", "SCHEMA_VERSION", "SCHEMA_VERSIONS", "EventRecorder", "error_of"]
 
-SCHEMA_VERSION: Final = 1
+#: The schema this recorder writes.
+SCHEMA_VERSION: Final = 2
+#: The schemas ``aiopurgatory analyze`` reads (1: no ``error`` field, read as null).
+SCHEMA_VERSIONS: Final = (1, 2)
 EVENT: Final = "aiopurgatory.op_finished"
+
+
+def error_of(op: DelayedOperation) -> str | None:
+    """The ``error`` field of ``op``'s event: its answer's error, or None.
+
+    The op's ``error`` attribute if it has one and it is not None (an
+    :class:`enum.Enum` member as its name, anything else as ``str()``); else,
+    for an op whose ``try_complete`` raised (outcome ``failed``), the
+    exception's class name; else None (no error).
+    """
+    error = getattr(op, "error", None)
+    if error is not None:
+        return error.name if isinstance(error, enum.Enum) else str(error)
+    if op.outcome is Outcome.FAILED:
+        exc = op.exception()
+        return type(exc).__name__ if exc is not None else None
+    return None
 
 
 class EventRecorder:
@@ -132,11 +162,14 @@ class EventRecorder:
             purgatory=purgatory.name,
             op_id=op_id,
             op_type=type(op).__name__,
-            keys=[str(key) for key in op.keys],
+            # An op that completed at once was never watched: no keys (op.keys
+            # holds them already while its first try_complete() runs).
+            keys=[] if deadline is None else [str(key) for key in op.keys],
             timeout=op.timeout,
             watched_at=watched_at,
             finished_at=finished_at,
             outcome=outcome.value,
+            error=error_of(op),
             wait=finished_at - watched_at,
             lateness=(
                 finished_at - deadline

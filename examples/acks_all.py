@@ -388,6 +388,14 @@ class DelayedProduce(ap.DelayedOperation):
         self.answers += 1
         self.response = {tp: status.error for tp, status in self.statuses.items()}
 
+    @property
+    def error(self) -> str | None:
+        """The answer's error code(s) for the op event log (its ``error`` field):
+        None once every partition got ``NONE``, else the other codes joined by ``+``."""
+        if self.response is None:
+            return None
+        return "+".join(sorted({e.name for e in self.response.values()} - {"NONE"})) or None
+
 
 class FollowerFetch(ap.DelayedOperation):
     """A follower's fetch held by the leader until one of its partitions has new records.
@@ -632,7 +640,7 @@ async def simulate(config: Config, *, events: TextIO | None = None) -> AcksAllRe
 
     Args:
         config: the run's parameters.
-        events: a text file for the produce purgatory's op event log (schema 1),
+        events: a text file for the produce purgatory's op event log (schema 2),
             one JSON line per request.
     """
     now = running_clock()

@@ -15,6 +15,13 @@ from collections.abc import Callable, Iterator, Mapping
 import pytest
 import structlog
 
+# Real Redis for the tests of aiopurgatory.redis (and the examples using it).
+from tests.redis_helpers import (  # noqa: F401
+    redis_client,
+    redis_server,
+    redis_server_factory,
+)
+
 try:
     import uvloop
 

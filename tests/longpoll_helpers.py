@@ -113,16 +113,30 @@ async def settle() -> None:
 class Program:
     """The server in a subprocess; ``port`` from its first log line."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "examples.longpoll", "--port", "0", *args],
             cwd=ROOT,
             stderr=subprocess.PIPE,
             text=True,
+            env=env,
         )
         assert self.proc.stderr is not None
-        first = json.loads(self.proc.stderr.readline())
-        assert first["event"] == "longpoll.listening"
+        #: Lines before ``longpoll.listening`` (``--workers``: each worker's own).
+        self.early: list[dict[str, Any]] = []
+        while True:
+            line = self.proc.stderr.readline()
+            try:
+                first = json.loads(line)
+            except ValueError:
+                # Not started (bad arguments, say): reap it here, or its pipe and
+                # process would be collected later, failing whichever test runs then.
+                self.proc.kill()
+                _, rest = self.proc.communicate(timeout=30)
+                raise AssertionError(f"the server did not start: {line}{rest}") from None
+            if first["event"] == "longpoll.listening":
+                break
+            self.early.append(first)
         self.first = first
         self.port: int = first["port"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import signal
@@ -115,9 +116,96 @@ async def test_program_serves_a_client_and_stops_on_sigterm() -> None:
             await proc.wait()
 
 
+def test_every_option_says_what_it_does_and_its_default() -> None:
+    from examples.broker.__main__ import build_parser
+
+    for action in build_parser()._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        assert action.help, action.dest
+        if not isinstance(action, argparse._StoreTrueAction):
+            assert "(%(default)s)" in action.help or "(default: " in action.help, action.dest
+
+
 def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--port", "-1", "--log-format", "json"]) == 2
     assert "port" in capsys.readouterr().err
+
+
+async def _second_broker(*args: str) -> tuple[int, str]:
+    """``python -m examples.broker`` with ``args``: its exit status and stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "examples.broker",
+        "--log-format",
+        "json",
+        *args,
+        cwd=ROOT,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(60):
+        _, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()
+
+
+async def test_ports_taken_are_one_line_and_the_admin_port_names_its_commands() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "examples.broker",
+        "--port",
+        "0",
+        "--log-format",
+        "json",
+        "--admin-port",
+        "0",
+        cwd=ROOT,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    seen: list[dict[str, Any]] = []
+    try:
+        port = (await _next_event(proc.stderr, "broker.started", seen))["port"]
+        admin_port = (await _next_event(proc.stderr, "broker.admin_listening", seen))["port"]
+        # A second broker on a port in use, for Kafka, admin or metrics: one line,
+        # exit 1, nothing started (no log line before it).
+        for args, what, taken in (
+            (["--port", str(port)], "Kafka", port),
+            (["--port", "0", "--admin-port", str(admin_port)], "admin", admin_port),
+            (["--port", "0", "--metrics-port", str(port)], "metrics", port),
+            (["--port", str(port), "--admin-port", "0", "--metrics-port", "0"], "Kafka", port),
+        ):
+            status, err = await _second_broker(*args)
+            assert status == 1, args
+            assert err.splitlines() == [
+                f"error: cannot listen on 127.0.0.1:{taken} ({what}): Address already in use"
+            ]
+        reader, writer = await asyncio.open_connection("127.0.0.1", admin_port)
+        writer.write(b"bogus 1\nstall\nlag 1 soon\nstate now\nhelp\ncrash 2\n")
+        known = (
+            "stall FOLLOWER, resume FOLLOWER, crash FOLLOWER, restart FOLLOWER, "
+            "lag FOLLOWER SECONDS, state, stats, groups, help"
+        )
+        async with asyncio.timeout(20):
+            replies = [(await reader.readline()).decode().rstrip("\n") for _ in range(6)]
+        assert replies == [
+            f"error unknown command 'bogus'; commands: {known}",
+            "error usage: stall FOLLOWER",
+            "error usage: lag FOLLOWER SECONDS",
+            "error usage: state",
+            f"ok commands: {known}",
+            "ok crash 2",
+        ]
+        writer.close()
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(20):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 def _admin_and_idempotent_producer(bootstrap: str) -> dict[str, Any]:

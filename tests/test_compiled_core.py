@@ -194,6 +194,11 @@ def test_wheel_is_compiled_and_sdist_installs_without_a_compiler(tmp_path: Path)
     trio_bench = {f"aiopurgatory_trio_bench/{name}" for name in TRIO_BENCH_FILES}
     with zipfile.ZipFile(wheel) as zf:
         assert trio_bench <= set(zf.namelist())
+        # The examples run from a checkout (tests/test_examples_install.py): a wheel
+        # installs no top-level ``examples`` and no extra promises them.
+        assert not [name for name in zf.namelist() if name.startswith(("examples/", "tests/"))]
+        (metadata,) = [name for name in zf.namelist() if name.endswith(".dist-info/METADATA")]
+        assert "Provides-Extra: examples" not in zf.read(metadata).decode()
     with tarfile.open(sdist) as tf:
         assert trio_bench <= {name.split("/", 1)[1] for name in tf.getnames() if "/" in name}
     # The installed package, not this checkout (which a PYTHONPATH may point at).

@@ -103,6 +103,8 @@ PUBLIC_MODULES = [
     "aiopurgatory.events",
     "aiopurgatory.metrics.prometheus",
     "aiopurgatory.metrics.otel",
+    "aiopurgatory.redis",
+    "aiopurgatory.redis.testing",
 ]
 
 

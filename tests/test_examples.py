@@ -16,6 +16,8 @@ import io
 import json
 import math
 import re
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -305,7 +307,7 @@ def test_replication_factor_and_min_isr_are_configurable() -> None:
     assert refused.errors.keys() == {"NOT_ENOUGH_REPLICAS"}
 
 
-def test_events_file_has_one_schema_1_line_per_request(tmp_path: Path) -> None:
+def test_events_file_has_one_schema_2_line_per_request(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     config = small("timeouts", duration=1.0)
     for _ in range(2):  # the file is overwritten, not appended to
@@ -313,7 +315,7 @@ def test_events_file_has_one_schema_1_line_per_request(tmp_path: Path) -> None:
     lines = path.read_text().splitlines()
     assert result.events_written == result.requests == len(lines)
     events = [json.loads(line) for line in lines]
-    assert {e["schema"] for e in events} == {1}
+    assert {e["schema"] for e in events} == {2}
     assert {e["event"] for e in events} == {"aiopurgatory.op_finished"}
     assert {e["op_type"] for e in events} == {"DelayedProduce"}
     assert {e["purgatory"] for e in events} == {"produce"}
@@ -322,6 +324,38 @@ def test_events_file_has_one_schema_1_line_per_request(tmp_path: Path) -> None:
         assert event["outcome"] == result.request_outcomes[event["op_id"]]
         assert math.isclose(event["wait"], result.latencies[event["op_id"]], abs_tol=1e-9)
         assert (event["lateness"] is None) == (event["outcome"] == "completed")
+        # The answer travels with the event: expired requests answered REQUEST_TIMED_OUT.
+        label = result.request_errors[event["op_id"]]
+        assert event["error"] == (None if label == "NONE" else label.replace("NONE+", ""))
+    assert {e["error"] for e in events if e["outcome"] == "expired"} == {"REQUEST_TIMED_OUT"}
+
+
+def test_events_file_carries_the_error_answers_of_the_cli_run(tmp_path: Path) -> None:
+    """``--scenario two-down`` answers NOT_ENOUGH_REPLICAS*: no event may read as a success."""
+    path = tmp_path / "F.jsonl"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "examples.acks_all",
+            "--scenario",
+            "two-down",
+            "--events",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert run.returncode == 0, run.stderr
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    assert events
+    assert {e["schema"] for e in events} == {2}
+    assert {e["outcome"] for e in events} == {"completed"}
+    errors = Counter(e["error"] for e in events)
+    assert set(errors) == {"NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND"}, errors
 
 
 def test_events_file_on_trio_is_the_asyncio_file(tmp_path: Path) -> None:

@@ -233,6 +233,14 @@ BAD_REQUESTS = [
     ("GET", "/topics/t", "wait=1&wait=2", b"", 400, "twice"),
     ("GET", "/topics/" + "x" * 101, "", b"", 400, "topic name"),
     ("GET", "/topics/a,b", "", b"", 400, "topic name"),
+    ("GET", "/topics/..", "", b"", 400, "not dots only"),
+    ("POST", "/topics/.", "", b"x", 400, "not dots only"),
+    ("POST", "/topics/...", "", b"x", 400, "not dots only"),
+    ("GET", "/topics/t", "wait=1e999", b"", 400, "at most 300"),
+    ("GET", "/topics/t", "wait=-0.5", b"", 400, "finite non-negative number"),
+    ("GET", "/topics/t", "wait=1_0", b"", 400, "finite non-negative number"),
+    ("GET", "/topics/t", "wait=.", b"", 400, "finite non-negative number"),
+    ("GET", "/topics/t", "wait=" + "0" * 40 + "1", b"", 400, "finite non-negative number"),
     ("POST", "/topics/t", "", b"", 400, "empty"),
     ("POST", "/topics/t", "", b"\xff\xfe", 400, "utf-8"),
     ("POST", "/topics/t", "", b"x" * 101, 413, "100 bytes"),
@@ -341,6 +349,9 @@ def test_topic_log_counts_bytes_and_keeps_what_retention_allows() -> None:
         ("default_wait", True, TypeError),
         ("retain", 0, ValueError),
         ("max_parked", 1.5, TypeError),
+        ("body_timeout", 0, ValueError),
+        ("body_timeout", float("nan"), ValueError),
+        ("body_timeout", "10", TypeError),
     ],
 )
 def test_settings_refuse_bad_values(field: str, value: object, error: type[Exception]) -> None:
@@ -351,6 +362,24 @@ def test_settings_refuse_bad_values(field: str, value: object, error: type[Excep
 def test_settings_refuse_a_default_wait_over_the_maximum() -> None:
     with pytest.raises(ValueError, match="default_wait must not exceed max_wait"):
         Settings(default_wait=400)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30", 30.0), ("2.5", 2.5), (".5", 0.5), ("5.", 5.0), ("5e-1", 0.5), ("0.25E+1", 2.5)],
+)
+def test_wait_takes_decimal_numbers_as_people_write_them(text: str, seconds: float) -> None:
+    from examples.longpoll.app import parse_fetch
+
+    assert parse_fetch([("wait", text)], Settings()) == (0, seconds, 1)
+
+
+@pytest.mark.virtual_time
+async def test_names_with_dots_and_more_are_topics(waiter: str) -> None:
+    async with running(waiter) as app:
+        for name in (".a", "a.", "a..b", "-", "_"):
+            assert await request(app, "POST", f"/topics/{name}", body=b"m") == (200, {"offset": 0})
+        assert sorted(feed_of(app).topics) == sorted((".a", "a.", "a..b", "-", "_"))
 
 
 def test_error_bodies_are_one_json_line() -> None:

@@ -6,7 +6,10 @@ assert what the server reports, never how fast it was.
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
+import re
 import signal
 import time
 import urllib.error
@@ -16,7 +19,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from examples.longpoll.__main__ import main
-from tests.longpoll_helpers import Program, wait_until
+from tests.longpoll_helpers import ROOT, Program, wait_until
 
 pytestmark = pytest.mark.realtime
 
@@ -68,7 +71,12 @@ def test_sigterm_answers_every_parked_get_and_exits_0(
     stopping = next(line for line in lines if line["event"] == "longpoll.stopping")
     assert (stopping["signal"], stopping["released"]) == ("SIGTERM", 20)
     stopped = next(line for line in lines if line["event"] == "longpoll.stopped")
-    assert stopped["answers"] == {"data": 0, "timeout": 1, "shutdown": 20, "early": 0}
+    answers = stopped["answers"]
+    if waiter == "asyncio" and loop == "uvloop":
+        # asyncio.wait_for on uvloop may fire up to ~1.4 ms before its time (the
+        # server counts that as early; docs/longpoll.md); the purgatory never does.
+        answers = {**answers, "timeout": answers["timeout"] + answers.pop("early"), "early": 0}
+    assert answers == {"data": 0, "timeout": 1, "shutdown": 20, "early": 0}
     with pytest.raises(urllib.error.URLError) as refused:
         server.get_json("/healthz")
     assert isinstance(refused.value.reason, ConnectionRefusedError)
@@ -112,6 +120,12 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "port" in capsys.readouterr().err
     assert main(["--max-wait", "-1"]) == 2
     assert "max_wait" in capsys.readouterr().err
+    assert main(["--body-timeout", "0"]) == 2
+    assert "body_timeout" in capsys.readouterr().err
+    assert main(["--header-timeout", "inf"]) == 2
+    assert "header_timeout" in capsys.readouterr().err
+    assert main(["--max-header-bytes", "0"]) == 2
+    assert "max_header_bytes" in capsys.readouterr().err
 
 
 def test_a_small_load_test_run_compares_both_waiters(capsys: pytest.CaptureFixture[str]) -> None:
@@ -139,3 +153,60 @@ def test_a_small_load_test_run_compares_both_waiters(capsys: pytest.CaptureFixtu
         "latency_p99_ms",
     }
     assert loadtest.main(["--parked", "0"]) == 2
+
+
+def _options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in parser._actions if a.option_strings and a.dest != "help"]
+
+
+@pytest.mark.parametrize("module", ["examples.longpoll.__main__", "examples.longpoll.loadtest"])
+def test_every_option_has_help_with_its_default(module: str) -> None:
+    parser: argparse.ArgumentParser = importlib.import_module(module).build_parser()
+    for action in _options(parser):
+        assert action.help, action.dest
+        if isinstance(action, argparse._StoreTrueAction):
+            continue
+        assert "(%(default)s)" in action.help or "(default: " in action.help, action.dest
+    # what the load test's docstring (its --help) advertises, it accepts
+    from examples.longpoll import loadtest
+
+    advertised = set(re.findall(r"``(--[a-z-]+)", loadtest.__doc__ or ""))
+    accepted = {s for a in _options(loadtest.build_parser()) for s in a.option_strings}
+    assert "--json" in advertised
+    assert advertised <= accepted
+
+
+def test_the_docs_give_the_load_tests_defaults() -> None:
+    from examples.longpoll import loadtest
+
+    d = loadtest.build_parser().parse_args([])
+    text = " ".join((ROOT / "docs" / "longpoll.md").read_text().split())
+    assert f"# {d.parked:,} GETs, {d.topics} topics, {d.rounds} rounds" in text
+    assert f"parks {d.parked:,} GETs" in text
+    assert f"{d.parked // d.topics} per topic" in text
+    assert f"posts {d.post_rate:g} messages a second" in text
+    assert f"for {d.seconds:g} s" in text
+    assert f"{d.short_share:.0%} of the GETs wait 1 to 5 s" in text
+    assert f"the others wait {loadtest.Load().long_wait:g} s" in text
+    assert {"one": 1, "two": 2, "three": 3}[re.findall(r"waiters, (\w+) each", text)[0]] == d.rounds
+
+
+def test_the_load_test_prints_one_json_object_with_json(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from examples.longpoll import loadtest
+
+    argv = ["--parked", "20", "--topics", "2", "--seconds", "1", "--rounds", "1"]
+    assert loadtest.main([*argv, "--waiters", "purgatory", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) == 1
+    result = json.loads(out)
+    assert set(result) == {"runs", "summary"}
+    (run,) = result["runs"]
+    assert (run["waiter"], run["parked"], run["exit_status"], run["errors"]) == (
+        "purgatory",
+        20,
+        0,
+        0,
+    )
+    assert result["summary"]["early_answers"] == {"purgatory": {"server": 0, "client": 0}}

@@ -209,16 +209,21 @@ def _acks_args(p: argparse.ArgumentParser) -> None:
         const=list(DEFAULT_PENDINGS),
         type=_int_list,
         metavar="PENDING",
-        help="also run the acks=all workload (watermarks, issue 28) at these pending "
-        "requests per partition (comma-separated; default "
-        f"{','.join(str(n) for n in DEFAULT_PENDINGS)})",
+        help="also run the acks=all workload (watermark watches against scans and a "
+        "hand-written heap) at these pending requests per partition (comma-separated; "
+        f"default {','.join(str(n) for n in DEFAULT_PENDINGS)})",
     )
     p.add_argument(
         "--acks-only",
         action="store_true",
         help="run the acks=all workload alone (no realistic headline, no Kafka scenarios)",
     )
-    p.add_argument("--acks-partitions", type=_positive_int, default=d["partitions"])
+    p.add_argument(
+        "--acks-partitions",
+        type=_positive_int,
+        default=d["partitions"],
+        help="partitions of the acks=all workload, each with its pending requests",
+    )
     p.add_argument(
         "--acks-step",
         type=_positive_int,

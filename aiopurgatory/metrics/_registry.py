@@ -151,8 +151,13 @@ class PurgatorySet:
             if current is not None:
                 # Two series with the same labels would be invalid (Prometheus) or
                 # silently merged (OpenTelemetry).
+                hint = (
+                    " (the default name): name each one, e.g. Purgatory('produce')"
+                    if name == "purgatory"
+                    else ": give each purgatory its own name"
+                )
                 raise ValueError(
-                    f"purgatory: another purgatory named {name!r} is already registered"
+                    f"purgatory: another purgatory named {name!r} is already registered{hint}"
                 )
             self._refs[name] = weakref.ref(purgatory)
 

@@ -37,13 +37,25 @@ series, with the fixed edges of :data:`HISTOGRAM_EDGES` (100 us to 5 min, and
 ``+Inf``), read from :meth:`~aiopurgatory.Purgatory.histograms` at scrape time:
 each edge is an edge of the purgatory's fine buckets, so the counts are exact.
 
+:class:`RedisTriggersCollector` does the same for :class:`aiopurgatory.redis.RedisTriggers`
+(labels ``channel`` and ``purgatory``, empty for a publisher only):
+``aiopurgatory_redis_connected`` and ``aiopurgatory_redis_pending_triggers``
+(gauges), ``aiopurgatory_redis_<counter>_total`` for each running total of
+:class:`~aiopurgatory.redis.RedisTriggersStatistics` (``reconnects``,
+``connection_errors``, ``triggers``, ``published``, ``publish_errors``,
+``received``, ``echoes``, ``malformed``, ``applied``, ``completed``, ``resyncs``),
+and ``aiopurgatory_redis_last_error_info`` (value 1, label ``error``: the type of
+the last error, absent while there was none).
+
 Needs the ``prometheus`` extra: ``pip install 'aiopurgatory[prometheus]'``.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     from prometheus_client.core import (
@@ -69,7 +81,10 @@ from ._registry import (
     outcome_values,
 )
 
-__all__ = ["HISTOGRAM_EDGES", "PurgatoryCollector"]
+if TYPE_CHECKING:
+    from ..redis import RedisTriggers, RedisTriggersStatistics
+
+__all__ = ["HISTOGRAM_EDGES", "PurgatoryCollector", "RedisTriggersCollector"]
 
 # prometheus_client appends the _total suffix to counter samples.
 _COUNTER = "aiopurgatory_operations"
@@ -104,8 +119,10 @@ class PurgatoryCollector(Collector):
     Raises:
         TypeError: an element of ``purgatories`` is not a Purgatory, or
             ``registry`` is not a CollectorRegistry.
-        ValueError: two purgatories have the same name; the registry already
-            has a collector producing these metric names.
+        ValueError: two purgatories have the same name (name them:
+            ``Purgatory("produce")``); the registry already has a collector of
+            these metrics (one collector per registry: register every
+            purgatory with it).
     """
 
     def __init__(
@@ -121,7 +138,14 @@ class PurgatoryCollector(Collector):
             )
         self._purgatories = PurgatorySet(purgatories)
         if registry is not None:
-            registry.register(self)
+            try:
+                registry.register(self)
+            except ValueError:  # prometheus_client's DuplicateTimeseries lists every series
+                raise ValueError(
+                    "registry already has a collector of aiopurgatory's metrics: use one "
+                    "PurgatoryCollector per registry and register every purgatory with it "
+                    "(collector.register(purgatory))"
+                ) from None
 
     def register(self, purgatory: Purgatory[Any]) -> None:
         """Report ``purgatory`` from the next scrape on. Idempotent.
@@ -197,3 +221,161 @@ class PurgatoryCollector(Collector):
                 counter.add_metric([stats.name, outcome], count)
             advances.add_metric([stats.name], gauge_value(stats, ADVANCES))
         return [*(family for family, _ in gauges), counter, advances]
+
+
+# RedisTriggersStatistics fields exported as counters (name, help).
+_REDIS_COUNTERS = (
+    ("reconnects", "Successful re-subscriptions after a lost connection."),
+    ("connection_errors", "Connection attempts and connections to Redis that failed."),
+    ("triggers", "check_and_complete/advance calls made in this process."),
+    ("published", "Messages published (one per batch of coalesced triggers)."),
+    ("publish_errors", "Attempts to send a batch that failed (the batch is retried)."),
+    ("received", "Messages received from other processes."),
+    ("echoes", "This process's own messages received back and skipped."),
+    ("malformed", "Messages on the channel that could not be read (skipped)."),
+    ("applied", "Triggers from other processes applied to the local purgatory."),
+    ("completed", "Operations completed by triggers from other processes and by resyncs."),
+    ("resyncs", "Times the stored watermarks of the watched keys were read and applied."),
+)
+
+
+class RedisTriggersCollector(Collector):
+    """A Prometheus collector reporting the statistics of registered RedisTriggers.
+
+    As :class:`PurgatoryCollector`: triggers are held by weak references and
+    read at scrape time, from the scraping thread; nothing is counted on the hot
+    path. Each series is labelled ``channel`` and ``purgatory`` (the local
+    purgatory's name, empty for a publisher only).
+
+    Args:
+        triggers: RedisTriggers to register at once.
+        registry: the registry to register with (default: the global
+            ``REGISTRY``); None to register it yourself.
+
+    Raises:
+        TypeError: an element of ``triggers`` is not a RedisTriggers, or
+            ``registry`` is not a CollectorRegistry.
+        ValueError: two live triggers have the same channel and purgatory name.
+    """
+
+    def __init__(
+        self,
+        triggers: Iterable[RedisTriggers] = (),
+        *,
+        registry: CollectorRegistry | None = REGISTRY,
+    ) -> None:
+        if registry is not None and not isinstance(registry, CollectorRegistry):
+            raise TypeError(
+                f"registry must be a prometheus_client CollectorRegistry or None, "
+                f"got {type(registry).__name__}"
+            )
+        self._lock = threading.Lock()
+        self._triggers: dict[tuple[str, str], weakref.ref[RedisTriggers]] = {}
+        for one in triggers:
+            self.register(one)
+        if registry is not None:
+            registry.register(self)
+
+    @staticmethod
+    def _labels(triggers: RedisTriggers) -> tuple[str, str]:
+        from ..redis import RedisTriggers
+
+        if not isinstance(triggers, RedisTriggers):
+            raise TypeError(
+                f"expected an aiopurgatory.redis.RedisTriggers, got {type(triggers).__name__}"
+            )
+        purgatory = triggers.purgatory
+        return (triggers.channel, "" if purgatory is None else purgatory.name)
+
+    def register(self, triggers: RedisTriggers) -> None:
+        """Report ``triggers`` from the next scrape on. Idempotent.
+
+        Raises:
+            TypeError: ``triggers`` is not a RedisTriggers.
+            ValueError: other live triggers with the same channel and purgatory
+                name are registered.
+        """
+        labels = self._labels(triggers)
+        with self._lock:
+            ref = self._triggers.get(labels)
+            current = None if ref is None else ref()
+            if current is not None and current is not triggers:
+                raise ValueError(
+                    f"RedisTriggers for channel {labels[0]!r} and purgatory {labels[1]!r} "
+                    "are already registered"
+                )
+            self._triggers[labels] = weakref.ref(triggers)
+
+    def unregister(self, triggers: RedisTriggers) -> bool:
+        """Stop reporting ``triggers``.
+
+        Returns:
+            True iff it was registered.
+
+        Raises:
+            TypeError: ``triggers`` is not a RedisTriggers.
+        """
+        labels = self._labels(triggers)
+        with self._lock:
+            ref = self._triggers.get(labels)
+            if ref is None or ref() is not triggers:
+                return False
+            del self._triggers[labels]
+            return True
+
+    def _snapshot(self) -> list[RedisTriggersStatistics]:
+        with self._lock:
+            live = []
+            for labels, ref in list(self._triggers.items()):
+                triggers = ref()
+                if triggers is None:
+                    del self._triggers[labels]
+                else:
+                    live.append(triggers)
+        return sorted(
+            (triggers.statistics() for triggers in live),
+            key=lambda stats: (stats.channel, stats.purgatory or ""),
+        )
+
+    def describe(self) -> list[Metric]:
+        """The metric families this collector produces, without samples."""
+        return self._families(())
+
+    def collect(self) -> list[Metric]:
+        """Read every registered RedisTriggers' statistics now (on scrape)."""
+        return self._families(self._snapshot())
+
+    @staticmethod
+    def _families(snapshot: Iterable[RedisTriggersStatistics]) -> list[Metric]:
+        labels = ["channel", "purgatory"]
+        connected = GaugeMetricFamily(
+            "aiopurgatory_redis_connected",
+            "1 while the subscription (publisher only: the last command) to Redis is up.",
+            labels=labels,
+        )
+        pending = GaugeMetricFamily(
+            "aiopurgatory_redis_pending_triggers",
+            "Triggers gathered and not yet sent to Redis.",
+            labels=labels,
+        )
+        counters = [
+            (
+                CounterMetricFamily(f"aiopurgatory_redis_{field}", help_text, labels=labels),
+                field,
+            )
+            for field, help_text in _REDIS_COUNTERS
+        ]
+        last_error = GaugeMetricFamily(
+            "aiopurgatory_redis_last_error_info",
+            "The type of the last error talking to Redis (1; absent while none).",
+            labels=[*labels, "error"],
+        )
+        for stats in snapshot:
+            values = [stats.channel, stats.purgatory or ""]
+            connected.add_metric(values, 1.0 if stats.connected else 0.0)
+            pending.add_metric(values, stats.pending)
+            for family, field in counters:
+                family.add_metric(values, getattr(stats, field))
+            if stats.last_error is not None:
+                last_error.add_metric([*values, stats.last_error.split(":", 1)[0]], 1.0)
+        return [connected, pending, *(family for family, _ in counters), last_error]

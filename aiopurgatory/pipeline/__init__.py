@@ -1,7 +1,7 @@
 """The data pipeline on Apache Spark (extra: ``spark``): event analytics and trace replay.
 
 * ``aiopurgatory analyze EVENTS... --out DIR`` (:mod:`.analyze`): op event logs
-  (:mod:`aiopurgatory.events`, schema 1) -> Parquet facts, rollups, hot keys,
+  (:mod:`aiopurgatory.events`, schema 2 or 1) -> Parquet facts, rollups, hot keys,
   a Markdown report with plots.
 * ``aiopurgatory replay TRACE --out DIR`` (:mod:`.replay`): a request trace replayed
   through the real :class:`~aiopurgatory.Purgatory` on virtual time inside Spark

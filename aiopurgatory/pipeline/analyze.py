@@ -1,6 +1,6 @@
 """``aiopurgatory analyze``: op event logs -> Parquet tables, a report and a summary.
 
-Reads event log lines (schema 1, see ``docs/events.md``) from files, directories
+Reads event log lines (schema 2, and schema 1, see ``docs/events.md``) from files, directories
 or globs on any filesystem Spark can read, with an explicit schema (no inference
 pass), and writes under ``--out``:
 
@@ -8,13 +8,17 @@ pass), and writes under ``--out``:
     one row per finished op (:data:`~aiopurgatory.pipeline.schema.FACT_COLUMNS`).
 ``rollups/``
     per scenario, purgatory and ``--interval`` of ``finished_at``: ops, counts by
-    outcome, wait p50/p95/p99/max, expiry rate, lateness p99/max.
+    outcome, ops answered with an error, wait p50/p95/p99/max, expiry rate,
+    error rate, lateness p99/max.
+``answers/``
+    per scenario, purgatory, outcome and error (null: no error): ops, share of
+    the scenario's ops, wait p50/p99/max.
 ``hot_keys/``
     the ``--top`` keys by ops and by expiries.
 ``summary/``
     per scenario and purgatory (and ``(all)``): totals and percentiles.
 ``malformed/``
-    lines that are not valid schema-1 events: file, line, reason, text.
+    lines that are not valid op events: file, line, reason, text.
 ``report.md`` and its PNG plots; ``quality.json`` (line counts).
 
 Malformed lines never stop a run: they are counted (during the facts write,
@@ -27,15 +31,17 @@ group size; on smaller groups it is the exact nearest-rank percentile).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import glob
 import json
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..events import EVENT, SCHEMA_VERSION
+from .._clitools import OutputDir, Parser, Steps, UsageError, fail, require
+from ..events import EVENT, SCHEMA_VERSIONS
 from .schema import CORRUPT_COLUMN, EVENT_FIELDS, FACT_COLUMNS, OUTCOMES, event_schema
 from .session import DEFAULT_MASTER
 from .tables import BINS_PER_DECADE, MALFORMED_DETAIL_LIMIT, AnalysisResult, Quality
@@ -47,6 +53,7 @@ __all__ = [
     "AnalysisResult",
     "Quality",
     "analyze_facts",
+    "answers",
     "histograms",
     "hot_keys",
     "main",
@@ -77,7 +84,10 @@ def _problem(e: Any) -> Any:
         F.when(e[CORRUPT_COLUMN].isNotNull(), F.lit("not JSON, or a field of the wrong type"))
         .when(e["event"].isNull(), F.lit("missing field: event"))
         .when(e["event"] != EVENT, F.lit(None))
-        .when(e["schema"] != SCHEMA_VERSION, F.concat(F.lit("unsupported schema "), e["schema"]))
+        .when(
+            ~e["schema"].isin(*SCHEMA_VERSIONS),
+            F.concat(F.lit("unsupported schema "), e["schema"]),
+        )
         .when(any_missing, F.concat(F.lit("missing field: "), missing))
         .when(~e["outcome"].isin(*OUTCOMES), F.concat(F.lit("unknown outcome "), e["outcome"]))
     )
@@ -202,6 +212,7 @@ def read_events(spark: Any, paths: Sequence[str], facts_out: str | Path) -> Qual
         observation,
         F.count(F.lit(1)).alias("lines"),
         *[F.count(F.when(F.col("kind") == kind, 1)).alias(kind) for kind in KINDS],
+        F.count(F.when((F.col("kind") == "event") & (F.col("schema") == 1), 1)).alias("schema1"),
     )
     columns = {"scenario": F.lit("observed"), "source": F.col("source")}
     observed.where(F.col("kind") == "event").select(
@@ -213,6 +224,7 @@ def read_events(spark: Any, paths: Sequence[str], facts_out: str | Path) -> Qual
         events=int(counts.get("event") or 0),
         other=int(counts.get("other") or 0),
         malformed=int(counts.get("malformed") or 0),
+        schema1=int(counts.get("schema1") or 0),
     )
     if quality.malformed:
         # The second pass: Spark's JSON source does not tell where a line was.
@@ -233,6 +245,7 @@ WAIT_PERCENTS = (50, 95, 99)
 _MEASURES = (
     "ops",
     *OUTCOMES,
+    "errors",
     *[f"wait_p{p}" for p in WAIT_PERCENTS],
     "wait_max",
     "lateness_p99",
@@ -271,6 +284,7 @@ def _tables(facts: Any, interval: float, levels: Sequence[int] = _LEVELS) -> Any
         .agg(
             F.count(F.lit(1)).alias("ops"),
             *[F.count(F.when(F.col("outcome") == o, 1)).alias(o) for o in OUTCOMES],
+            F.count("error").alias("errors"),
             wait.alias("wait_p"),
             F.max("wait").alias("wait_max"),
             F.percentile_approx("lateness", 0.99, PERCENTILE_ACCURACY).alias("lateness_p99"),
@@ -283,6 +297,7 @@ def _tables(facts: Any, interval: float, levels: Sequence[int] = _LEVELS) -> Any
             "*",
             *[F.col("wait_p")[i].alias(f"wait_p{p}") for i, p in enumerate(WAIT_PERCENTS)],
             (F.col("expired") / F.col("ops")).alias("expiry_rate"),
+            (F.col("errors") / F.col("ops")).alias("error_rate"),
         )
     )
 
@@ -291,7 +306,7 @@ def _rollups_of(tables: Any) -> Any:
     from pyspark.sql import functions as F
 
     return tables.where(F.col("level") == _LEVEL_ROLLUP).select(
-        "scenario", "purgatory", "interval_start", *_MEASURES, "expiry_rate"
+        "scenario", "purgatory", "interval_start", *_MEASURES, "expiry_rate", "error_rate"
     )
 
 
@@ -305,6 +320,7 @@ def _summary_of(tables: Any) -> Any:
         "first_finished_at",
         "last_finished_at",
         "expiry_rate",
+        "error_rate",
     )
 
 
@@ -312,8 +328,10 @@ def rollups(facts: Any, interval: float) -> Any:
     """Per scenario, purgatory and interval of ``finished_at``: counts and percentiles.
 
     Columns: ``scenario, purgatory, interval_start, ops, completed, expired,
-    cancelled, failed, wait_p50, wait_p95, wait_p99, wait_max, lateness_p99,
-    lateness_max, expiry_rate`` (seconds; ``interval_start`` in loop time).
+    cancelled, failed, errors, wait_p50, wait_p95, wait_p99, wait_max,
+    lateness_p99, lateness_max, expiry_rate, error_rate`` (seconds;
+    ``interval_start`` in loop time; ``errors``: ops whose event carries an
+    ``error``, whatever their outcome).
 
     Raises:
         ValueError: ``interval`` is not > 0.
@@ -330,10 +348,10 @@ def summary(facts: Any) -> Any:
 def hot_keys(facts: Any, top: int) -> Any:
     """The ``top`` keys of each scenario by ops and by expiries.
 
-    Columns: ``scenario, purgatory, key, ops, expired, completed, wait_p99,
-    rank_by_ops, rank_by_expired`` (``rank_by_expired`` null for keys without
-    expiries). A key is a (purgatory, key) pair; ops finished at once have no keys.
-    Runs one Spark job at once (the top keys, see :func:`_hot_keys`).
+    Columns: ``scenario, purgatory, key, ops, expired, completed, errors,
+    wait_p99, rank_by_ops, rank_by_expired`` (``rank_by_expired`` null for keys
+    without expiries). A key is a (purgatory, key) pair; ops finished at once
+    have no keys. Runs one Spark job at once (the top keys, see :func:`_hot_keys`).
 
     Raises:
         ValueError: ``top`` < 1.
@@ -344,9 +362,7 @@ def hot_keys(facts: Any, top: int) -> Any:
 def _hot_keys(facts: Any, top: int) -> Any:
     """The ``top`` keys of each scenario by ops and by expiries.
 
-    Columns: ``scenario, purgatory, key, ops, expired, completed, wait_p99,
-    rank_by_ops, rank_by_expired`` (``rank_by_expired`` null for keys without
-    expiries). A key is a (purgatory, key) pair; ops finished at once have no keys.
+    Columns: as :func:`hot_keys`.
 
     Raises:
         ValueError: ``top`` < 1.
@@ -358,7 +374,7 @@ def _hot_keys(facts: Any, top: int) -> Any:
         raise ValueError(f"top must be an int >= 1, got {top!r}")
     names = ["scenario", "purgatory", "key"]
     exploded = facts.select(
-        "scenario", "purgatory", "outcome", "wait", F.explode("keys").alias("key")
+        "scenario", "purgatory", "outcome", "error", "wait", F.explode("keys").alias("key")
     )
     # First the counts of every key (a hash aggregate), and the top keys from them
     # (a few rows, kept by a local checkpoint); only then the wait percentile of
@@ -368,6 +384,7 @@ def _hot_keys(facts: Any, top: int) -> Any:
         F.count(F.lit(1)).alias("ops"),
         F.count(F.when(F.col("outcome") == "expired", 1)).alias("expired"),
         F.count(F.when(F.col("outcome") == "completed", 1)).alias("completed"),
+        F.count("error").alias("errors"),
     )
     by_ops = Window.partitionBy("scenario").orderBy(F.desc("ops"), "purgatory", "key")
     by_expired = Window.partitionBy("scenario").orderBy(F.desc("expired"), "purgatory", "key")
@@ -384,8 +401,51 @@ def _hot_keys(facts: Any, top: int) -> Any:
         .agg(F.percentile_approx("wait", 0.99, PERCENTILE_ACCURACY).alias("wait_p99"))
     )
     return chosen.join(wait_p99, names, "left").select(
-        *names, "ops", "expired", "completed", "wait_p99", "rank_by_ops", "rank_by_expired"
+        *names,
+        "ops",
+        "expired",
+        "completed",
+        "errors",
+        "wait_p99",
+        "rank_by_ops",
+        "rank_by_expired",
     )
+
+
+#: Row order of ``answers/``.
+_ANSWERS_ORDER = ("scenario", "purgatory", "outcome", "error")
+
+
+def answers(facts: Any) -> Any:
+    """Ops per scenario, purgatory, outcome and error (null: no error).
+
+    Columns: ``scenario, purgatory, outcome, error, ops, share`` (of the
+    scenario and purgatory's ops), ``wait_p50, wait_p99, wait_max`` (seconds).
+    An op that completed with an error answer (``NOT_ENOUGH_REPLICAS``) is a row
+    of its own, apart from the ops that completed without one.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    wait = F.percentile_approx("wait", [0.5, 0.99], PERCENTILE_ACCURACY)
+    per = (
+        facts.groupBy("scenario", "purgatory", "outcome", "error")
+        .agg(F.count(F.lit(1)).alias("ops"), wait.alias("wait_p"), F.max("wait").alias("wait_max"))
+        .select(
+            "scenario",
+            "purgatory",
+            "outcome",
+            "error",
+            "ops",
+            (F.col("ops") / F.sum("ops").over(Window.partitionBy("scenario", "purgatory"))).alias(
+                "share"
+            ),
+            F.col("wait_p")[0].alias("wait_p50"),
+            F.col("wait_p")[1].alias("wait_p99"),
+            "wait_max",
+        )
+    )
+    return per
 
 
 def analyze_facts(
@@ -399,6 +459,7 @@ def analyze_facts(
     title: str = "aiopurgatory op analysis",
     report: bool = True,
     extra: dict[str, Any] | None = None,
+    steps: Steps | None = None,
 ) -> AnalysisResult:
     """Write rollups, hot keys, summary, malformed lines and the report for a fact table.
 
@@ -414,7 +475,12 @@ def analyze_facts(
         title: the report's title.
         report: write ``report.md`` and plots.
         extra: more facts for the report (e.g. replay timings), name -> value.
+        steps: prints each step on stderr as it starts and ends.
     """
+
+    def step(name: str, what: str) -> Any:
+        return steps.step(name, what) if steps is not None else contextlib.nullcontext()
+
     out = Path(out)
     seconds: dict[str, float] = {}
     facts = spark.read.parquet(str(facts_path))
@@ -423,16 +489,24 @@ def analyze_facts(
     # the hot keys), kept by a local checkpoint, then written and brought to the
     # driver from there; written as one sorted file each (small tables), without
     # the sampling job of a global sort.
-    tables = _tables(facts, interval).localCheckpoint()
-    _write_sorted(_rollups_of(tables), _ROLLUP_ORDER, out / "rollups")
-    summary_pd = _to_pandas(_summary_of(tables), _SUMMARY_ORDER)
-    _write_sorted(_summary_of(tables), _SUMMARY_ORDER, out / "summary")
+    with step("tables", "rollups and summary"):
+        tables = _tables(facts, interval).localCheckpoint()
+        _write_sorted(_rollups_of(tables), _ROLLUP_ORDER, out / "rollups")
+        summary_pd = _to_pandas(_summary_of(tables), _SUMMARY_ORDER)
+        _write_sorted(_summary_of(tables), _SUMMARY_ORDER, out / "summary")
     seconds["rollups+summary"] = time.perf_counter() - started
     started = time.perf_counter()
-    hot = _hot_keys(facts, top).localCheckpoint()
-    _write_sorted(hot, _HOT_KEYS_ORDER, out / "hot_keys")
-    hot_pd = _to_pandas(hot, _HOT_KEYS_ORDER)
+    with step("hot keys", f"top {top} by ops and by expiries"):
+        hot = _hot_keys(facts, top).localCheckpoint()
+        _write_sorted(hot, _HOT_KEYS_ORDER, out / "hot_keys")
+        hot_pd = _to_pandas(hot, _HOT_KEYS_ORDER)
     seconds["hot_keys"] = time.perf_counter() - started
+    started = time.perf_counter()
+    with step("answers", "ops by outcome and error"):
+        answers_df = answers(facts).localCheckpoint()
+        _write_sorted(answers_df, _ANSWERS_ORDER, out / "answers")
+        answers_pd = _to_pandas(answers_df, _ANSWERS_ORDER)
+    seconds["answers"] = time.perf_counter() - started
     if quality is not None:
         (out / "quality.json").write_text(json.dumps(asdict(quality), indent=2, default=str))
         _malformed_frame(spark, quality).write.mode("overwrite").parquet(str(out / "malformed"))
@@ -441,20 +515,23 @@ def analyze_facts(
         from .report import write_report
 
         started = time.perf_counter()
-        rollups_pd = _to_pandas(_rollups_of(tables), _ROLLUP_ORDER)
-        report_path = write_report(
-            out,
-            title=title,
-            summary=summary_pd,
-            rollups=rollups_pd,
-            hot_keys=hot_pd,
-            histograms=histograms(facts),
-            quality=quality,
-            interval=interval,
-            extra=extra or {},
-        )
+        with step("report", "report.md and plots"):
+            rollups_pd = _to_pandas(_rollups_of(tables), _ROLLUP_ORDER)
+            report_path = write_report(
+                out,
+                title=title,
+                summary=summary_pd,
+                rollups=rollups_pd,
+                hot_keys=hot_pd,
+                answers=answers_pd,
+                histograms=histograms(facts),
+                top=top,
+                quality=quality,
+                interval=interval,
+                extra=extra or {},
+            )
         seconds["report"] = time.perf_counter() - started
-    return AnalysisResult(out, summary_pd, hot_pd, quality, report_path, seconds)
+    return AnalysisResult(out, summary_pd, hot_pd, answers_pd, quality, report_path, seconds)
 
 
 def _write_sorted(frame: Any, order: Sequence[str], path: Path) -> None:
@@ -480,15 +557,16 @@ def _malformed_frame(spark: Any, quality: Quality) -> Any:
 
 
 def histograms(facts: Any) -> Any:
-    """Log-binned counts of wait (by outcome) and of lateness (pandas: ``scenario,
-    metric, outcome, bin, count``; ``bin`` null for zero), from one aggregate."""
+    """Log-binned counts of wait (by outcome and error) and of lateness (pandas:
+    ``scenario, metric, outcome, error, bin, count``; ``bin`` null for zero,
+    ``error`` null for no error), from one aggregate."""
     import pandas as pd
 
     counts = _histogram_counts(facts).toPandas()
     parts = []
     for metric, rows in (("wait", counts), ("lateness", counts[counts["has_lateness"]])):
         part = (
-            rows.groupby(["scenario", "outcome", f"{metric}_bin"], dropna=False)["count"]
+            rows.groupby(["scenario", "outcome", "error", f"{metric}_bin"], dropna=False)["count"]
             .sum()
             .reset_index()
             .rename(columns={f"{metric}_bin": "bin"})
@@ -499,8 +577,8 @@ def histograms(facts: Any) -> Any:
 
 
 def _histogram_counts(facts: Any) -> Any:
-    """Ops per (scenario, outcome, wait bin, lateness bin): a few hundred rows at
-    most; each histogram is a sum over the other's bins."""
+    """Ops per (scenario, outcome, error, wait bin, lateness bin): a few hundred
+    rows at most; each histogram is a sum over the other's bins."""
     from pyspark.sql import functions as F
 
     def binned(column: str) -> Any:
@@ -509,6 +587,7 @@ def _histogram_counts(facts: Any) -> Any:
     return facts.groupBy(
         "scenario",
         "outcome",
+        "error",
         binned("wait").alias("wait_bin"),
         F.col("lateness").isNotNull().alias("has_lateness"),
         binned("lateness").alias("lateness_bin"),
@@ -516,21 +595,38 @@ def _histogram_counts(facts: Any) -> Any:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="aiopurgatory analyze",
-        description="Analyse aiopurgatory op event logs (schema 1) with Spark.",
+        description="Analyse aiopurgatory op event logs (schema 2, or 1) with Spark.",
     )
     p.add_argument("events", nargs="+", help="event log files, directories or globs (any URI)")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output directory; its parent must exist; written whole when the run succeeds",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --out if an earlier run of a command wrote it (else a non-empty --out "
+        "is refused)",
+    )
     p.add_argument(
         "--master",
         default=DEFAULT_MASTER,
-        help="Spark master: local[*] (default), spark://..., yarn, or sc://host:port (Connect)",
+        help="Spark master: local[*] (default), local[N], spark://host:port, yarn, k8s://..., "
+        "or sc://host:port (Spark Connect)",
     )
     p.add_argument("--interval", type=float, default=1.0, help="rollup interval, seconds")
-    p.add_argument("--top", type=int, default=20, help="hot keys per ranking")
-    p.add_argument("--no-report", action="store_true", help="tables only")
-    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark setting")
+    p.add_argument("--top", type=int, default=20, help="hot keys per ranking (report and table)")
+    p.add_argument("--no-report", action="store_true", help="tables only (no report.md, no plots)")
+    p.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting (repeatable)",
+    )
     return p
 
 
@@ -545,41 +641,111 @@ def parse_conf(items: Sequence[str]) -> dict[str, str]:
     return conf
 
 
+def _not_event_logs(paths: Sequence[str], limit: int = 1000) -> str | None:
+    """Why a local input cannot be an event log (a Parquet file, binary data), or None.
+
+    Looks at the first 4 KiB of up to ``limit`` local files (those Spark would
+    read: ``_*`` and ``.*`` names skipped); URIs are not looked at.
+    """
+    from .session import _URI_SCHEME
+
+    seen = 0
+    for path in paths:
+        if _URI_SCHEME.match(path):
+            continue
+        for name in sorted(glob.glob(path) if glob.has_magic(path) else [path]):
+            top = Path(name)
+            files = sorted(top.rglob("*")) if top.is_dir() else [top]
+            for file in files:
+                if not file.is_file() or file.name.startswith(("_", ".")):
+                    continue
+                seen += 1
+                if seen > limit:
+                    return None
+                with file.open("rb") as handle:
+                    head = handle.read(4096)
+                if head.startswith(b"PAR1"):
+                    return f"{file} is a Parquet file, not an event log (JSON lines)"
+                if b"\0" in head:
+                    return f"{file} is not text: an event log is JSON lines"
+    return None
+
+
 def main(argv: list[str]) -> int:
     """Run ``aiopurgatory analyze``; returns the exit status."""
+    prog = "aiopurgatory analyze"
     args = _build_parser().parse_args(argv)
-    if not args.interval > 0 or args.top < 1:
-        print("aiopurgatory analyze: --interval must be > 0 and --top >= 1", file=sys.stderr)
-        return 2
     try:
+        if not args.interval > 0 or args.top < 1:
+            raise UsageError("--interval must be > 0 and --top >= 1")
         conf = parse_conf(args.conf)
-    except ValueError as exc:
-        print(f"aiopurgatory analyze: {exc}", file=sys.stderr)
-        return 2
+        require(
+            ["pyspark", "pandas", "pyarrow", "rich", *([] if args.no_report else ["matplotlib"])],
+            "spark",
+        )
+        from .session import check_master, is_connect, missing_inputs
+
+        check_master(args.master)
+        missing = [] if is_connect(args.master) else missing_inputs(args.events)
+        if missing:
+            raise UsageError(f"no such file or directory: {', '.join(missing)}")
+        problem = _not_event_logs(args.events)
+        if problem:
+            raise UsageError(problem)
+        output = OutputDir(
+            args.out, overwrite=args.overwrite, inputs=args.events, command="analyze"
+        )
+        from .session import check_reachable
+
+        check_reachable(args.master)
+    except (UsageError, ValueError) as exc:
+        return fail(prog, exc)
+    except ConnectionError as exc:  # MasterUnreachableError
+        return fail(prog, exc, 1)
     from .report import print_summary
     from .session import cli_session, spark_path
 
-    started = time.perf_counter()
-    spark, status = cli_session("aiopurgatory analyze", args.master, args.events, conf)
+    steps = Steps(prog)
+    spark, status = steps.run(
+        "session",
+        f"starting Spark ({args.master})",
+        lambda: cli_session(prog, args.master, args.events, conf),
+    )
     if spark is None:
         return status
-    session_s = time.perf_counter() - started
-    # Absolute, so that a Spark Connect server resolves them as this process does.
-    out = Path(args.out).absolute()
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    quality = read_events(spark, [spark_path(path) for path in args.events], out / "facts")
-    read_s = time.perf_counter() - started
-    result = analyze_facts(
-        spark,
-        out / "facts",
-        out,
-        interval=args.interval,
-        top=args.top,
-        quality=quality,
-        report=not args.no_report,
-        extra={"inputs": ", ".join(args.events)},
-    )
-    result.seconds = {"session": session_s, "read+facts": read_s, **result.seconds}
+    with output.open() as out:
+        with steps.step("read", f"event logs {' '.join(args.events)} -> facts"):
+            quality = read_events(spark, [spark_path(path) for path in args.events], out / "facts")
+        steps.say(
+            f"read: {quality.lines:,} lines, {quality.events:,} op events, "
+            f"{quality.other:,} other, {quality.malformed:,} malformed"
+        )
+        if not quality.events:
+            first = quality.examples[0] if quality.examples else None
+            where = (
+                f"; first: {first['source']}:{first['line']}: {first['problem']}" if first else ""
+            )
+            return fail(
+                prog,
+                f"no op event in the input ({quality.lines:,} lines: {quality.other:,} other "
+                f"events, {quality.malformed:,} malformed{where}); nothing written",
+                1,
+            )
+        result = analyze_facts(
+            spark,
+            out / "facts",
+            out,
+            interval=args.interval,
+            top=args.top,
+            quality=quality,
+            report=not args.no_report,
+            extra={"inputs": ", ".join(args.events)},
+            steps=steps,
+        )
+        output.commit(argv)
+    result.out = output.path
+    if result.report is not None:
+        result.report = output.path / result.report.name
+    result.seconds = dict(steps.seconds)
     print_summary(result)
     return 0

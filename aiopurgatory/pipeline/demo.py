@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 "0.05,0.2,1",
                 "--master",
                 args.master,
+                "--overwrite",
             ],
         ),
     ]
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         "--master",
         args.master,
     ]
-    analyze_args += ["--interval", "0.5"]
+    analyze_args += ["--interval", "0.5", "--overwrite"]
     print(f"== aiopurgatory analyze {' '.join(analyze_args)}", file=sys.stderr)
     status = analyze.main(analyze_args)
     if status:

@@ -21,7 +21,7 @@ The model (a quorum reading of ``acks=all``):
   A follower with a null or infinite delay never acknowledges. If the op is
   still pending at its deadline, the purgatory's timing wheel expires it
   (rounded up to the ``tick``, so ``lateness`` is in ``[0, tick)``).
-* Facts are the fields of :class:`aiopurgatory.events.EventRecorder` (schema 1),
+* Facts are the fields of :class:`aiopurgatory.events.EventRecorder` (schema 2),
   taken by a lean recorder on the purgatory's ``set_recorder`` hook, with the
   virtual clock as ``ts``; the tests check it against EventRecorder itself.
 
@@ -447,7 +447,7 @@ async def _run_plain(
         if kind == _ARRIVAL:
             op = ReplayedProduce(op_timeout, request_ids[i], required[i], i)
             ops[i] = op
-            watch(op, (keys[i],))
+            watch(op, [keys[i]])
         else:
             acked = ops[i]
             assert acked is not None
@@ -525,7 +525,7 @@ async def _run_batched(
             op.order = i
             op.acked = 1
             ops[i] = op
-            if not watch(op, (keys[i],)) and not staged:
+            if not watch(op, [keys[i]]) and not staged:
                 # Pending, so staged: the first since the last turn, the earliest deadline.
                 staged = True
                 deadline: float = op.deadline  # type: ignore[assignment]
@@ -682,6 +682,7 @@ def _facts(
             pa.array(watched_at),
             pa.array(now),
             labels.take(pa.array(code_index)),
+            pa.nulls(n, pa.string()),  # a replayed request has no error answer
             pa.array(now - watched_at),
             pa.array(np.where(late, now - deadline, 0.0), mask=~late),
             pa.array(now),

@@ -57,7 +57,9 @@ _SUMMARY_COLUMNS = [
     ("expired", "expired", "int"),
     ("cancelled", "cancelled", "int"),
     ("failed", "failed", "int"),
+    ("errors", "error answers", "int"),
     ("expiry_rate", "expiry rate", "pct"),
+    ("error_rate", "error rate", "pct"),
     ("wait_p50", "wait p50 ms", "ms"),
     ("wait_p99", "wait p99 ms", "ms"),
     ("wait_max", "wait max ms", "ms"),
@@ -83,12 +85,13 @@ def _plot_histograms(
     )
     for ax, scenario in zip(axes[:, 0], scenarios, strict=True):
         part = data[data["scenario"] == scenario]
-        groups = sorted(part["outcome"].unique()) if by_outcome else [None]
-        for outcome in groups:
-            rows = part if outcome is None else part[part["outcome"] == outcome]
+        answer = _answer_labels(part)
+        groups = sorted(answer.unique()) if by_outcome else [None]
+        for group in groups:
+            rows = part if group is None else part[answer == group]
             zero = int(rows[rows["bin"].isna()]["count"].sum())
             binned = rows[rows["bin"].notna()].groupby("bin")["count"].sum().sort_index()
-            label = outcome or metric
+            label = group or metric
             if zero:
                 label += f" ({zero:,} at 0)"
             if binned.empty:
@@ -110,6 +113,15 @@ def _plot_histograms(
     return True
 
 
+def _answer_labels(frame: pd.DataFrame) -> pd.Series:
+    """``outcome``, or ``outcome: error`` for rows with an error answer."""
+    outcome = frame["outcome"].astype(str)
+    if "error" not in frame:
+        return outcome
+    errors = frame["error"]
+    return outcome.where(errors.isna(), outcome + ": " + errors.astype(str))
+
+
 def _plot_expiries(rollups: pd.DataFrame, path: Path, interval: float) -> bool:
     import matplotlib
 
@@ -118,14 +130,30 @@ def _plot_expiries(rollups: pd.DataFrame, path: Path, interval: float) -> bool:
 
     if rollups.empty:
         return False
-    per = rollups.groupby(["scenario", "interval_start"])[["expired", "ops"]].sum().reset_index()
+    columns = ["expired", "errors", "ops"]
+    per = rollups.groupby(["scenario", "interval_start"])[columns].sum().reset_index()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
     for scenario in sorted(per["scenario"].unique())[:MAX_PANELS]:
         part = per[per["scenario"] == scenario].sort_values("interval_start")
-        top.plot(part["interval_start"], part["expired"], label=str(scenario))
-        bottom.plot(part["interval_start"], part["expired"] / part["ops"], label=str(scenario))
-    top.set_ylabel(f"expired per {interval:g} s")
-    bottom.set_ylabel("expiry rate")
+        (line,) = top.plot(part["interval_start"], part["expired"], label=f"{scenario} expired")
+        bottom.plot(part["interval_start"], part["expired"] / part["ops"], color=line.get_color())
+        if part["errors"].any():
+            # Ops answered with an error (whatever their outcome): dashed, same colour.
+            top.plot(
+                part["interval_start"],
+                part["errors"],
+                linestyle="--",
+                color=line.get_color(),
+                label=f"{scenario} error answers",
+            )
+            bottom.plot(
+                part["interval_start"],
+                part["errors"] / part["ops"],
+                linestyle="--",
+                color=line.get_color(),
+            )
+    top.set_ylabel(f"ops per {interval:g} s")
+    bottom.set_ylabel("share of ops")
     bottom.set_xlabel("finished_at (loop time, s)")
     top.legend(fontsize=8)
     fig.tight_layout()
@@ -145,6 +173,8 @@ def write_report(
     quality: Quality | None,
     interval: float,
     extra: dict[str, Any],
+    answers: pd.DataFrame | None = None,
+    top: int = 10,
 ) -> Path:
     """Write ``out/report.md`` and its plots (PNG, next to it); return the report's path."""
     out.mkdir(parents=True, exist_ok=True)
@@ -157,17 +187,46 @@ def write_report(
             f"{quality.events:,}; other events skipped: {quality.other:,}; "
             f"**malformed: {quality.malformed:,}**",
         ]
+        if quality.schema1:
+            parts.append(
+                f"- op events of schema 1: {quality.schema1:,} (written before events carried "
+                "the answer's error: an error answer there counts as none)"
+            )
     parts += ["", "## Summary", "", markdown_table(summary, _SUMMARY_COLUMNS), ""]
+    if answers is not None and not answers.empty:
+        shown = answers.assign(error=answers["error"].where(answers["error"].notna(), "(none)"))
+        parts += [
+            "## Outcomes and answers",
+            "",
+            "Ops by outcome and by the error their answer carried: an op that completed "
+            "with an error answer is not a success.",
+            "",
+            markdown_table(
+                shown,
+                [
+                    ("scenario", "scenario", "str"),
+                    ("purgatory", "purgatory", "str"),
+                    ("outcome", "outcome", "str"),
+                    ("error", "error", "str"),
+                    ("ops", "ops", "int"),
+                    ("share", "share", "pct"),
+                    ("wait_p50", "wait p50 ms", "ms"),
+                    ("wait_p99", "wait p99 ms", "ms"),
+                    ("wait_max", "wait max ms", "ms"),
+                ],
+            ),
+            "",
+        ]
 
     plots: list[tuple[str, str, Callable[[Path], bool]]] = [
         (
             "wait_by_outcome.png",
-            "Wait distribution by outcome",
+            "Wait distribution by outcome and error answer",
             lambda p: _plot_histograms(histograms, "wait", p, "wait (s)", by_outcome=True),
         ),
         (
             "expiries_over_time.png",
-            "Expiries over time",
+            "Expiries (and error answers, dashed) over time",
             lambda p: _plot_expiries(rollups, p, interval),
         ),
         (
@@ -184,9 +243,10 @@ def write_report(
             parts += [f"### {caption}", "", "(no data)", ""]
 
     if not rollups.empty:
-        worst = rollups.sort_values(["expiry_rate", "expired"], ascending=False).head(10)
+        failing = rollups.assign(_worst=rollups[["expiry_rate", "error_rate"]].max(axis=1))
+        worst = failing.sort_values(["_worst", "expired", "errors"], ascending=False).head(10)
         parts += [
-            f"## Worst {interval:g} s intervals by expiry rate",
+            f"## Worst {interval:g} s intervals by expiry or error rate",
             "",
             markdown_table(
                 worst,
@@ -197,6 +257,8 @@ def write_report(
                     ("ops", "ops", "int"),
                     ("expired", "expired", "int"),
                     ("expiry_rate", "expiry rate", "pct"),
+                    ("errors", "error answers", "int"),
+                    ("error_rate", "error rate", "pct"),
                     ("wait_p99", "wait p99 ms", "ms"),
                     ("lateness_max", "lateness max ms", "ms"),
                 ],
@@ -210,14 +272,15 @@ def write_report(
             ("key", "key", "str"),
             ("ops", "ops", "int"),
             ("expired", "expired", "int"),
+            ("errors", "error answers", "int"),
             ("wait_p99", "wait p99 ms", "ms"),
         ]
-        by_ops = hot_keys[hot_keys["rank_by_ops"] <= 10].sort_values(["scenario", "rank_by_ops"])
-        by_exp = hot_keys[hot_keys["rank_by_expired"].fillna(1e18) <= 10].sort_values(
+        by_ops = hot_keys[hot_keys["rank_by_ops"] <= top].sort_values(["scenario", "rank_by_ops"])
+        by_exp = hot_keys[hot_keys["rank_by_expired"].fillna(1e18) <= top].sort_values(
             ["scenario", "rank_by_expired"]
         )
-        parts += ["## Hot keys by ops (top 10)", "", markdown_table(by_ops, key_columns), ""]
-        parts += ["## Hot keys by expiries (top 10)", ""]
+        parts += [f"## Hot keys by ops (top {top})", "", markdown_table(by_ops, key_columns), ""]
+        parts += [f"## Hot keys by expiries (top {top})", ""]
         parts += [markdown_table(by_exp, key_columns) if not by_exp.empty else "(no expiries)", ""]
 
     if quality is not None and quality.malformed:
@@ -241,7 +304,8 @@ def write_report(
         ]
     parts += [
         "Percentiles: Spark `percentile_approx` (nearest rank; rank error at most 1/10000 of "
-        "the group). Tables: `facts/`, `rollups/`, `hot_keys/`, `summary/` (Parquet).",
+        "the group). Tables: `facts/`, `rollups/`, `summary/`, `answers/`, `hot_keys/` "
+        "(Parquet).",
         "",
     ]
     path = out / "report.md"
@@ -283,6 +347,16 @@ def print_summary(result: AnalysisResult) -> None:
             console.print(
                 f"  {example['source']}:{example['line']}: {example['problem']}",
                 markup=False,
+                highlight=False,
+            )
+    answers = getattr(result, "answers", None)
+    if answers is not None and not answers.empty:
+        with_error = answers[answers["error"].notna()]
+        for row in with_error.to_dict("records"):
+            console.print(
+                f"[bold red]error answers[/bold red] {row['scenario']} {row['purgatory']}: "
+                f"{row['outcome']} {row['error']}: {row['ops']:,} ops "
+                f"({_fmt(row['share'], 'pct')})",
                 highlight=False,
             )
     timings = "  ".join(f"{name} {seconds:.1f}s" for name, seconds in result.seconds.items())

@@ -29,7 +29,8 @@ OUTCOMES: Final = ("completed", "expired", "cancelled", "failed")
 #: Where Spark's PERMISSIVE JSON parser puts a line it cannot parse.
 CORRUPT_COLUMN: Final = "_corrupt_record"
 
-#: Event log schema 1 (see ``docs/events.md``): field name -> Spark SQL type.
+#: Event log schema 2 (see ``docs/events.md``): field name -> Spark SQL type. Schema 1
+#: is the same without ``error`` (read as null).
 EVENT_FIELDS: Final[dict[str, str]] = {
     "schema": "bigint",
     "event": "string",
@@ -42,13 +43,15 @@ EVENT_FIELDS: Final[dict[str, str]] = {
     "watched_at": "double",
     "finished_at": "double",
     "outcome": "string",
+    "error": "string",
     "wait": "double",
     "lateness": "double",
 }
 
 #: The per-op fact table written by both ``analyze`` and ``replay``: name -> Spark SQL type.
 #: ``scenario`` is ``"observed"`` for event logs and the parameter set for replays;
-#: ``source`` is the event log file or the trace; the rest are the event's fields.
+#: ``source`` is the event log file or the trace; the rest are the event's fields
+#: (``error`` null for no error, and for events of schema 1, which had no answer).
 FACT_COLUMNS: Final[dict[str, str]] = {
     "scenario": "string",
     "source": "string",
@@ -60,6 +63,7 @@ FACT_COLUMNS: Final[dict[str, str]] = {
     "watched_at": "double",
     "finished_at": "double",
     "outcome": "string",
+    "error": "string",
     "wait": "double",
     "lateness": "double",
     "ts": "double",

@@ -27,8 +27,11 @@ class Quality:
     events: int = 0
     #: Valid JSON with another ``event`` name (e.g. other structlog events): skipped.
     other: int = 0
-    #: Lines that are not valid schema-1 op events.
+    #: Lines that are not valid op events.
     malformed: int = 0
+    #: Op events of schema 1 (among ``events``): written before events carried the
+    #: answer's ``error``, so an error answer there reads as no error.
+    schema1: int = 0
     #: Up to :data:`MALFORMED_DETAIL_LIMIT` of them: file, line, reason, text.
     examples: list[dict[str, Any]] = field(default_factory=list)
 
@@ -40,6 +43,7 @@ class AnalysisResult:
     out: Path
     summary: Any
     hot_keys: Any
+    answers: Any
     quality: Quality | None
     report: Path | None
     seconds: dict[str, float]

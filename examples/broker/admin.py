@@ -10,9 +10,11 @@
     state            ISR / HW / LEO of every partition, follower states
     stats            purgatory statistics
     groups           consumer groups: state, generation, leader, members
+    help             the commands
 
-Every command gets one line back, starting with ``ok`` or ``error``. Loopback
-only by default: there is no authentication.
+Every command gets one line back, starting with ``ok`` or ``error``; an unknown
+command's error names the known ones, a known one with the wrong arguments its
+usage. Loopback only by default: there is no authentication.
 """
 
 from __future__ import annotations
@@ -22,9 +24,23 @@ import json
 
 from .server import Broker
 
-__all__ = ["execute", "start_admin_server"]
+__all__ = ["COMMANDS", "execute", "start_admin_server"]
 
 _MAX_LINE = 1024
+
+#: Each command and its usage (what follows the command word).
+COMMANDS = {
+    "stall": "FOLLOWER",
+    "resume": "FOLLOWER",
+    "crash": "FOLLOWER",
+    "restart": "FOLLOWER",
+    "lag": "FOLLOWER SECONDS",
+    "state": "",
+    "stats": "",
+    "groups": "",
+    "help": "",
+}
+_KNOWN = ", ".join(f"{name} {usage}".strip() for name, usage in COMMANDS.items())
 
 
 async def execute(broker: Broker, line: str) -> str:
@@ -35,6 +51,8 @@ async def execute(broker: Broker, line: str) -> str:
     command, args = words[0].lower(), words[1:]
     try:
         if command in ("stall", "resume", "crash", "restart") and len(args) == 1:
+            if not args[0].isdigit():
+                return _usage(command)
             follower_id = int(args[0])
             if command == "stall":
                 broker.stall_follower(follower_id)
@@ -46,8 +64,12 @@ async def execute(broker: Broker, line: str) -> str:
                 broker.restart_follower(follower_id)
             return f"ok {command} {follower_id}"
         if command == "lag" and len(args) == 2:
-            broker.set_follower_lag(int(args[0]), float(args[1]))
-            return f"ok lag {args[0]} {float(args[1])}"
+            try:
+                follower_id, seconds = int(args[0]), float(args[1])
+            except ValueError:
+                return _usage(command)
+            broker.set_follower_lag(follower_id, seconds)
+            return f"ok lag {follower_id} {seconds}"
         if command == "state" and not args:
             state = {
                 "followers": {f.id: f.state for f in broker.followers},
@@ -75,9 +97,17 @@ async def execute(broker: Broker, line: str) -> str:
             return "ok " + json.dumps(stats)
         if command == "groups" and not args:
             return "ok " + json.dumps(broker.coordinator.describe())
+        if command == "help" and not args:
+            return f"ok commands: {_KNOWN}"
     except ValueError as exc:
         return f"error {exc}"
-    return f"error unknown command {line.strip()[:80]!r}"
+    if command in COMMANDS:
+        return _usage(command)
+    return f"error unknown command {words[0][:80]!r}; commands: {_KNOWN}"
+
+
+def _usage(command: str) -> str:
+    return f"error usage: {command} {COMMANDS[command]}".rstrip()
 
 
 async def start_admin_server(broker: Broker, host: str, port: int) -> asyncio.Server:

@@ -332,7 +332,11 @@ class Broker:
     # -- life cycle -------------------------------------------------------------------------
 
     async def start(self) -> Broker:
-        """Create the configured topics, start followers and listen. Returns self."""
+        """Create the configured topics, start followers and listen. Returns self.
+
+        Raises:
+            OSError: the port cannot be listened on (the followers are stopped).
+        """
         if self._server is not None:
             raise RuntimeError("broker already started")
         cfg = self.config
@@ -340,7 +344,13 @@ class Broker:
             self.create_topic(topic, count)
         for follower in self.followers:
             follower.start()
-        self._server = await asyncio.start_server(self._on_connect, cfg.host, cfg.port)
+        try:
+            self._server = await asyncio.start_server(self._on_connect, cfg.host, cfg.port)
+        except OSError:
+            # Not started: nothing to shut down gracefully, nothing logged.
+            for follower in self.followers:
+                await follower.crash()
+            raise
         self.port = self._server.sockets[0].getsockname()[1]
         loop = asyncio.get_running_loop()
         self._background.append(loop.create_task(self._isr_checker(), name="broker-isr"))

@@ -11,6 +11,10 @@
   topic; a POST calls ``check_and_complete(topic)``.
 * ``GET /metrics`` (Prometheus), ``GET /healthz`` and a small page at ``/``.
 
+Careless and hostile clients are bounded: a request's head has a deadline and a
+size (:mod:`examples.longpoll.protocol`, on uvicorn's httptools protocol), a POST
+body a deadline and a size; a client hanging up is counted, never logged as an error.
+
 ``--waiter asyncio`` serves the same protocol with the waiting written the way
 asyncio users write it today (``asyncio.wait_for`` on a per-request future);
 :mod:`examples.longpoll.loadtest` measures the two side by side. See

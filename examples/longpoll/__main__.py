@@ -1,4 +1,5 @@
-"""Command line: ``python -m examples.longpoll [--port 8080] [--waiter purgatory|asyncio]``.
+"""Command line: ``python -m examples.longpoll [--port 8080] [--waiter purgatory|asyncio]
+[--redis URL [--workers N]]``.
 
 Serves until SIGTERM or SIGINT, then stops accepting connections, answers every
 parked GET with what its topic holds, lets the responses go out and exits 0.
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -22,9 +24,14 @@ import uvicorn
 
 from .app import create_app
 from .feed import Feed, Settings
-from .waiters import WAITERS, make_waiter
+from .protocol import bounded_protocol
+from .waiters import WAITERS, Waiter, make_waiter
 
-__all__ = ["LongPollServer", "build_parser", "main", "serve"]
+__all__ = ["REDIS_ENV", "LongPollServer", "build_parser", "listen", "main", "serve"]
+
+#: The environment variable read when ``--redis`` is not given (keeps a password out
+#: of the process list; ``--workers`` passes the URL to its workers this way).
+REDIS_ENV = "LONGPOLL_REDIS"
 
 LOOPS = ("auto", "asyncio", "uvloop")
 
@@ -63,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--waiter",
         choices=sorted(WAITERS),
         default="purgatory",
-        help="purgatory: a DelayedOperation per GET; asyncio: asyncio.wait_for on a future",
+        help="purgatory: a DelayedOperation per GET; asyncio: asyncio.wait_for on a future "
+        "(%(default)s)",
     )
     p.add_argument(
         "--loop",
@@ -71,15 +79,90 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="event loop; auto: uvloop when installed (%(default)s)",
     )
-    p.add_argument("--default-wait", type=float, default=d.default_wait, help="seconds")
-    p.add_argument("--max-wait", type=float, default=d.max_wait, help="seconds")
-    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
-    p.add_argument("--max-response-bytes", type=int, default=d.max_response_bytes)
-    p.add_argument("--retain", type=int, default=d.retain, help="messages kept per topic")
-    p.add_argument("--max-topics", type=int, default=d.max_topics)
-    p.add_argument("--max-parked", type=int, default=d.max_parked, help="GETs waiting at once")
+    p.add_argument(
+        "--default-wait",
+        type=float,
+        default=d.default_wait,
+        help="seconds a GET without wait= waits (%(default)s)",
+    )
+    p.add_argument(
+        "--max-wait", type=float, default=d.max_wait, help="largest wait=, seconds (%(default)s)"
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=d.max_body_bytes,
+        help="largest POST body; larger: 413 (%(default)s)",
+    )
+    p.add_argument(
+        "--max-response-bytes",
+        type=int,
+        default=d.max_response_bytes,
+        help="messages per answer up to this many bytes, at least one (%(default)s)",
+    )
+    p.add_argument(
+        "--retain", type=int, default=d.retain, help="messages kept per topic (%(default)s)"
+    )
+    p.add_argument(
+        "--max-topics",
+        type=int,
+        default=d.max_topics,
+        help="topics held; a POST creating one more: 409 (%(default)s)",
+    )
+    p.add_argument(
+        "--max-parked",
+        type=int,
+        default=d.max_parked,
+        help="GETs waiting at once; one more: 503 (%(default)s)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=d.body_timeout,
+        help="seconds for a POST body to arrive whole, else 408 (%(default)s)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds for a request's head (request line, headers) to arrive whole, "
+        "else 408 or close (%(default)s)",
+    )
+    p.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=16 * 1024,
+        help="largest request head; larger: 431 (%(default)s)",
+    )
     p.add_argument("--backlog", type=int, default=4096, help="listen backlog (%(default)s)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="of the JSON log lines on stderr (%(default)s)",
+    )
+    p.add_argument(
+        "--redis",
+        metavar="URL",
+        default=None,
+        help="keep the feed in Redis, shared with other processes: "
+        "redis://[[user]:password@]host[:port][/db]; when not given, $LONGPOLL_REDIS, "
+        "else the feed in this process's memory (%(default)s)",
+    )
+    p.add_argument(
+        "--redis-prefix",
+        default="longpoll",
+        help="prefix of the feed's Redis keys and trigger channel (%(default)s)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes serving one port (SO_REUSEPORT), each with its own purgatory; "
+        "more than 1 needs --redis (%(default)s)",
+    )
+    # A worker of --workers N: bind with SO_REUSEPORT beside its siblings.
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -115,21 +198,55 @@ def loop_factory(choice: str) -> tuple[str, Callable[[], asyncio.AbstractEventLo
     return "asyncio", asyncio.new_event_loop
 
 
-async def serve(args: argparse.Namespace, settings: Settings, loop_name: str) -> None:
-    """Listen, serve until SIGTERM/SIGINT, then shut down gracefully."""
+def listen(host: str, port: int, backlog: int, *, reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (0: a free port).
+
+    Listening at once: connections queue until uvicorn serves them, so the port
+    is usable as soon as it is logged. ``reuse_port``: ``SO_REUSEPORT``, so that
+    the workers of ``--workers N`` listen on one port side by side.
+
+    Raises:
+        OSError: the port is taken, the host is not an address of this machine, ...
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve(
+    args: argparse.Namespace,
+    settings: Settings,
+    loop_name: str,
+    sock: socket.socket | None = None,
+    redis_url: str | None = None,
+) -> None:
+    """Serve on ``sock`` (default: :func:`listen` on ``args.host`` and ``args.port``)
+    until SIGTERM/SIGINT, then shut down gracefully; with ``redis_url``, the feed
+    kept in Redis (:mod:`examples.longpoll.redisfeed`)."""
     log = structlog.get_logger("examples.longpoll")
-    waiter = make_waiter(args.waiter)
+    waiter: Waiter
+    if redis_url is None:
+        waiter = make_waiter(args.waiter)
+    else:
+        from .redisfeed import RedisWaiter
+
+        waiter = RedisWaiter(redis_url, prefix=args.redis_prefix)
     app = create_app(settings, waiter)
     feed: Feed = app.state.feed
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
-    # Listening now: connections queue until uvicorn serves them, so the port
-    # logged below is usable at once.
-    sock.listen(args.backlog)
+    if sock is None:
+        sock = listen(args.host, args.port, args.backlog, reuse_port=args.reuse_port)
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         app,
+        http=bounded_protocol(args.header_timeout, args.max_header_bytes, app.state.refused_heads),
         log_config=None,
         access_log=False,
         lifespan="on",
@@ -144,7 +261,8 @@ async def serve(args: argparse.Namespace, settings: Settings, loop_name: str) ->
         url=f"http://{args.host}:{port}/",
         waiter=waiter.name,
         loop=loop_name,
-        http=config.http if isinstance(config.http, str) else "custom",
+        http="httptools",
+        **_redis_fields(redis_url, args),
     )
     loop = asyncio.get_running_loop()
 
@@ -163,14 +281,38 @@ async def serve(args: argparse.Namespace, settings: Settings, loop_name: str) ->
         "longpoll.stopped",
         answers=feed.answers,
         disconnects=feed.disconnected,
+        incomplete_bodies=app.state.incomplete_bodies,
+        refused_heads=app.state.refused_heads,
         messages=feed.messages_posted,
     )
 
 
+def _redis_fields(redis_url: str | None, args: argparse.Namespace) -> dict[str, object]:
+    if redis_url is None:
+        return {}
+    from .redisfeed import redact
+
+    return {"redis": redact(redis_url), "redis_prefix": args.redis_prefix, "pid": os.getpid()}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code (2 for bad arguments)."""
+    """Entry point; returns the process exit code.
+
+    2 for bad arguments; 1 when the port cannot be listened on, or when Redis
+    (``--redis``) is unreachable or refuses the credentials at start, with one line
+    on stderr naming the cause.
+    """
     args = build_parser().parse_args(argv)
+    redis_url = args.redis or os.environ.get(REDIS_ENV) or None
     try:
+        if not 1 <= args.workers <= 64:
+            raise ValueError(f"workers must be in [1, 64], got {args.workers}")
+        if args.workers > 1 and redis_url is None:
+            raise ValueError(
+                "--workers N needs --redis URL: without Redis each process has its own topics"
+            )
+        if redis_url is not None and args.waiter != "purgatory":
+            raise ValueError("--redis serves with the purgatory waiter only (--waiter purgatory)")
         settings = Settings(
             default_wait=args.default_wait,
             max_wait=args.max_wait,
@@ -179,16 +321,39 @@ def main(argv: list[str] | None = None) -> int:
             retain=args.retain,
             max_topics=args.max_topics,
             max_parked=args.max_parked,
+            body_timeout=args.body_timeout,
         )
         if not 0 <= args.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {args.port}")
+        bounded_protocol(args.header_timeout, args.max_header_bytes, {})  # checks them
         loop_name, factory = loop_factory(args.loop)
     except (TypeError, ValueError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if redis_url is not None:
+        from .redisfeed import RedisUnavailable, check_redis
+
+        try:
+            check_redis(redis_url)
+        except RedisUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    if args.workers > 1:
+        from .workers import supervise
+
+        return supervise(args, redis_url)
+    try:
+        sock = listen(args.host, args.port, args.backlog, reuse_port=args.reuse_port)
+    except OSError as exc:
+        # A user's mistake (a busy port, a host not of this machine): one line.
+        print(
+            f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 1
     _configure_logging(args.log_level)
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(serve(args, settings, loop_name))
+        runner.run(serve(args, settings, loop_name, sock, redis_url))
     return 0
 
 

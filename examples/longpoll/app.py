@@ -4,6 +4,11 @@ Routes: ``POST /topics/{name}``, ``GET /topics/{name}``, ``GET /metrics``,
 ``GET /healthz`` and the page at ``/``. Every error is a 4xx or 5xx with a one-line
 JSON body ``{"error": "..."}``, unknown paths and methods included.
 
+A POST body must arrive whole within ``Settings.body_timeout`` seconds of its
+headers, else a 408 that closes the connection. A client that hangs up before
+its body is whole is counted (``longpoll_incomplete_bodies_total``), like a
+parked GET's client that goes away: careless clients are traffic, not errors.
+
 A parked GET also listens for its client going away: ASGI says so with an
 ``http.disconnect`` message, which a task per parked GET awaits; on it, the
 handler's task is cancelled, which withdraws the wait at once (for the purgatory
@@ -15,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -23,34 +28,45 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from aiopurgatory.metrics.prometheus import PurgatoryCollector
 
 from .feed import Feed, FeedError, Settings
+from .protocol import REFUSED_HEAD_REASONS
 from .waiters import PurgatoryWaiter, Waiter
 
-__all__ = ["FeedCollector", "create_app", "parse_fetch"]
+__all__ = ["INCOMPLETE_BODY_REASONS", "FeedCollector", "create_app", "parse_fetch"]
 
 _PAGE = Path(__file__).with_name("page.html")
 _INT = re.compile(r"[0-9]{1,15}")
-_SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})?")
+# A decimal number as people write one: 30, 2.5, .5, 5., 5e-1 (no sign, no
+# "inf"/"nan", no "_" or spaces, which float() would take).
+_SECONDS = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_MAX_NUMBER_CHARS = 32
 _FETCH_PARAMS = frozenset(("offset", "wait", "min_bytes"))
 
+#: Why a POST body did not arrive whole: its client hung up, or it missed
+#: ``Settings.body_timeout``.
+INCOMPLETE_BODY_REASONS = ("disconnect", "timeout")
 
-def error(status: int, message: str) -> JSONResponse:
-    """A one-line JSON error response."""
-    return JSONResponse({"error": message}, status_code=status)
+
+def error(status: int, message: str, *, close: bool = False) -> JSONResponse:
+    """A one-line JSON error response; ``close``: the connection is closed after it."""
+    headers = {"connection": "close"} if close else None
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def parse_fetch(query: Iterable[tuple[str, str]], settings: Settings) -> tuple[int, float, int]:
     """``offset``, ``wait`` and ``min_bytes`` from a query string's pairs.
 
     Raises:
-        FeedError: 400 for an unknown or repeated parameter, or a value that is not
-            a non-negative number, or a wait over ``settings.max_wait``.
+        FeedError: 400 for an unknown or repeated parameter, an offset or min_bytes
+            that is not a non-negative integer, a wait that is not a finite
+            non-negative decimal number (``30``, ``2.5``, ``.5``, ``5e-1``), or a
+            wait over ``settings.max_wait``.
     """
     values: dict[str, str] = {}
     for name, value in query:
@@ -64,12 +80,14 @@ def parse_fetch(query: Iterable[tuple[str, str]], settings: Settings) -> tuple[i
     text = values.get("wait")
     if text is None:
         wait = settings.default_wait
-    elif _SECONDS.fullmatch(text):
+    elif len(text) <= _MAX_NUMBER_CHARS and _SECONDS.fullmatch(text):
         wait = float(text)
-        if wait > settings.max_wait:
+        if wait > settings.max_wait:  # 1e999 is inf: over the (finite) maximum too
             raise FeedError(400, f"wait must be at most {settings.max_wait:g} seconds, got {text}")
     else:
-        raise FeedError(400, f"wait must be a non-negative number of seconds, got {text!r}")
+        raise FeedError(
+            400, f"wait must be a finite non-negative number of seconds, got {text[:40]!r}"
+        )
     return offset, wait, min_bytes
 
 
@@ -83,10 +101,19 @@ def _parse_int(values: dict[str, str], name: str, default: int) -> int:
 
 
 class FeedCollector(Collector):
-    """Prometheus families of the feed: parked GETs, answers by reason, topics, messages."""
+    """Prometheus families of the feed: parked GETs, answers by reason, topics, messages;
+    POST bodies that never arrived whole (``incomplete_bodies``) and connections
+    refused before a request's head was whole (``refused_heads``), by reason."""
 
-    def __init__(self, feed: Feed) -> None:
+    def __init__(
+        self,
+        feed: Feed,
+        incomplete_bodies: dict[str, int] | None = None,
+        refused_heads: dict[str, int] | None = None,
+    ) -> None:
         self._feed = feed
+        self._incomplete = incomplete_bodies
+        self._refused_heads = refused_heads
 
     def collect(self) -> list[Metric]:
         feed = self._feed
@@ -106,24 +133,59 @@ class FeedCollector(Collector):
         )
         gone.add_metric([feed.waiter.name], feed.disconnected)
         topics = GaugeMetricFamily("longpoll_topics", "Topics held.")
-        topics.add_metric([], len(feed.topics))
+        topics.add_metric([], feed.topic_count())
         posted = CounterMetricFamily("longpoll_messages", "Messages posted.")
         posted.add_metric([], feed.messages_posted)
-        return [parked, answers, gone, topics, posted]
+        families: list[Metric] = [parked, answers, gone, topics, posted]
+        if self._incomplete is not None:
+            incomplete = CounterMetricFamily(
+                "longpoll_incomplete_bodies",
+                "POST bodies that never arrived whole: the client hung up (disconnect) "
+                "or missed the body deadline (timeout, answered 408).",
+                labels=["reason"],
+            )
+            for reason, count in self._incomplete.items():
+                incomplete.add_metric([reason], count)
+            families.append(incomplete)
+        if self._refused_heads is not None:
+            heads = CounterMetricFamily(
+                "longpoll_refused_heads",
+                "Connections closed before a request's head (request line and headers) was "
+                "whole: nothing arrived in time (idle), part did (timeout, 408), or it was "
+                "too large (too_large, 431).",
+                labels=["reason"],
+            )
+            for reason, count in self._refused_heads.items():
+                heads.add_metric([reason], count)
+            families.append(heads)
+        families += feed.metric_families()
+        return families
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with a 413 as soon as it is over ``limit`` bytes."""
+async def _read_body(request: Request, limit: int, seconds: float) -> bytes:
+    """The request body, refused with a 413 as soon as it is over ``limit`` bytes, or
+    with a 408 unless it is whole within ``seconds``.
+
+    Raises:
+        FeedError: 413 or 408.
+        starlette.requests.ClientDisconnect: the client hung up first.
+    """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise FeedError(413, f"the body is over {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise FeedError(413, f"the body is over {limit} bytes")
-        chunks.append(chunk)
+    # One deadline for the whole body, not one per read: a client trickling a
+    # byte a second would otherwise hold the connection as long as it likes.
+    try:
+        async with asyncio.timeout(seconds):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise FeedError(413, f"the body is over {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise FeedError(408, f"the body did not arrive within {seconds:g} seconds") from None
     return b"".join(chunks)
 
 
@@ -135,13 +197,21 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
         waiter: how GETs wait (default: a :class:`PurgatoryWaiter`). The
             application enters it (``async with``) for its lifespan.
 
-    The feed is ``app.state.feed``; ``app.state.registry`` the Prometheus registry.
+    The feed is ``app.state.feed``; ``app.state.registry`` the Prometheus registry;
+    ``app.state.incomplete_bodies`` counts POST bodies that never arrived whole, by
+    reason (:data:`INCOMPLETE_BODY_REASONS`); ``app.state.refused_heads`` is for the
+    server's protocol to count heads it refused
+    (:func:`examples.longpoll.protocol.bounded_protocol`).
     """
     settings = Settings() if settings is None else settings
     waiter = PurgatoryWaiter() if waiter is None else waiter
-    feed = Feed(settings, waiter)
+    # A waiter that keeps the feed elsewhere (RedisWaiter: in Redis) makes its own.
+    make_feed = getattr(waiter, "make_feed", None)
+    feed: Feed = Feed(settings, waiter) if make_feed is None else make_feed(settings)
+    incomplete_bodies = dict.fromkeys(INCOMPLETE_BODY_REASONS, 0)
+    refused_heads = dict.fromkeys(REFUSED_HEAD_REASONS, 0)
     registry = CollectorRegistry()
-    registry.register(FeedCollector(feed))
+    registry.register(FeedCollector(feed, incomplete_bodies, refused_heads))
     if isinstance(waiter, PurgatoryWaiter):
         PurgatoryCollector([waiter.purgatory], registry=registry)
     page = _PAGE.read_text(encoding="utf-8")
@@ -149,30 +219,38 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
     async def post(request: Request) -> Response:
         name = request.path_params["name"]
         try:
-            body = await _read_body(request, settings.max_body_bytes)
-            offset = feed.post(name, body)
+            body = await _read_body(request, settings.max_body_bytes, settings.body_timeout)
+            offset = await feed.append(name, body)
+        except ClientDisconnect:
+            incomplete_bodies["disconnect"] += 1
+            return Response(status_code=499)  # the client is gone: nobody reads this
         except FeedError as exc:
-            return error(exc.status, exc.message)
+            if exc.status == 408:
+                incomplete_bodies["timeout"] += 1
+            # The rest of a refused body is not read: close rather than parse it
+            # as the next request.
+            return error(exc.status, exc.message, close=exc.status in (408, 413))
         return JSONResponse({"offset": offset})
 
     async def fetch(request: Request) -> Response:
         name = request.path_params["name"]
         try:
             offset, wait, min_bytes = parse_fetch(request.query_params.multi_items(), settings)
-            feed.check_fetch(name, offset)
-            parked = not feed.answerable(name, offset, wait, min_bytes)
-            if parked and not await _park(request, feed, name, offset, wait, min_bytes):
-                return Response(status_code=499)  # the client is gone: nobody reads this
+            fetched = await feed.fetch(
+                name, offset, wait, min_bytes, park=lambda waiting: _park(request, waiting)
+            )
         except FeedError as exc:
             return error(exc.status, exc.message)
-        return JSONResponse(feed.read(name, offset).as_dict())
+        if fetched is None:
+            return Response(status_code=499)  # the client is gone: nobody reads this
+        return JSONResponse(fetched.as_dict())
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(request: Request) -> Response:
-        body = {"status": "stopping" if feed.closing else "ok", "waiter": waiter.name}
-        return JSONResponse(body, status_code=503 if feed.closing else 200)
+        status, body = feed.health()
+        return JSONResponse(body, status_code=status)
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page)
@@ -203,13 +281,13 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
     )
     app.state.feed = feed
     app.state.registry = registry
+    app.state.incomplete_bodies = incomplete_bodies
+    app.state.refused_heads = refused_heads
     return app
 
 
-async def _park(
-    request: Request, feed: Feed, name: str, offset: int, wait: float, min_bytes: int
-) -> bool:
-    """Park a fetch; return False if its client went away meanwhile (the wait withdrawn)."""
+async def _park(request: Request, waiting: Awaitable[None]) -> bool:
+    """Await a fetch's wait; return False if its client went away meanwhile (the wait withdrawn)."""
     task = asyncio.current_task()
     assert task is not None
     state = {"waiting": True, "gone": False}
@@ -223,7 +301,7 @@ async def _park(
 
     watcher = asyncio.create_task(watch_disconnect())
     try:
-        await feed.wait(name, offset, wait, min_bytes)
+        await waiting
     except asyncio.CancelledError:
         if state["gone"] and task.uncancel() == 0:
             return False

@@ -13,16 +13,18 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .waiters import Waiter
 
 __all__ = ["REASONS", "Feed", "FeedError", "Fetched", "Settings", "TopicLog"]
 
-#: Topic names: what fits in a URL path segment unescaped.
-TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
+#: Topic names: what fits in a URL path segment unescaped, but not dots only
+#: (``.`` and ``..`` are path segments that clients and proxies resolve).
+TOPIC_NAME = re.compile(r"(?!\.*$)[A-Za-z0-9._-]{1,100}")
 
 #: Why a parked fetch was answered: enough data, its wait passed, the server is
 #: shutting down, or (a bug, counted so the load test can show it is 0) before its
@@ -53,14 +55,19 @@ class Settings:
     max_topics: int = 10_000
     #: GETs parked at once; one more gets a 503.
     max_parked: int = 100_000
+    #: A POST body must arrive whole within this many seconds of the end of its
+    #: headers; else a 408 and the connection is closed.
+    body_timeout: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("default_wait", "max_wait"):
+        for name in ("default_wait", "max_wait", "body_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
             if not 0 <= value < math.inf:
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+        if self.body_timeout == 0:
+            raise ValueError("body_timeout must be > 0, got 0")
         if self.default_wait > self.max_wait:
             raise ValueError(
                 f"default_wait must not exceed max_wait, got {self.default_wait} > {self.max_wait}"
@@ -184,15 +191,7 @@ class Feed:
         Raises:
             FeedError: a bad name, an empty, oversized or non-UTF-8 body, or one topic too many.
         """
-        check_topic(name)
-        if not body:
-            raise FeedError(400, "the body must not be empty")
-        if len(body) > self.settings.max_body_bytes:
-            raise FeedError(413, f"the body is over {self.settings.max_body_bytes} bytes")
-        try:
-            text = body.decode()
-        except UnicodeDecodeError:
-            raise FeedError(400, "the body must be UTF-8 text") from None
+        text = self.check_body(name, body)
         topic = self.topics.get(name)
         if topic is None:
             if len(self.topics) >= self.settings.max_topics:
@@ -203,6 +202,26 @@ class Feed:
         if name in self.parked_by_topic and not self.closing:
             self.waiter.notify(name)
         return offset
+
+    async def append(self, name: str, body: bytes) -> int:
+        """:meth:`post`, as the application calls it (a feed kept elsewhere awaits its store).
+
+        Raises:
+            FeedError: see :meth:`post`.
+        """
+        return self.post(name, body)
+
+    def check_body(self, name: str, body: bytes) -> str:
+        """The text of a post to ``name``, or FeedError (400 or 413) saying what is wrong."""
+        check_topic(name)
+        if not body:
+            raise FeedError(400, "the body must not be empty")
+        if len(body) > self.settings.max_body_bytes:
+            raise FeedError(413, f"the body is over {self.settings.max_body_bytes} bytes")
+        try:
+            return body.decode()
+        except UnicodeDecodeError:
+            raise FeedError(400, "the body must be UTF-8 text") from None
 
     # -- fetching --------------------------------------------------------------------------
 
@@ -273,16 +292,45 @@ class Feed:
             reason = "early"
         self.answers[reason] += 1
 
-    async def fetch(self, name: str, offset: int, wait: float, min_bytes: int) -> Fetched:
+    async def fetch(
+        self,
+        name: str,
+        offset: int,
+        wait: float,
+        min_bytes: int,
+        park: Callable[[Awaitable[None]], Awaitable[bool]] | None = None,
+    ) -> Fetched | None:
         """Answer a fetch: at once if it is answerable, else after parking it.
+
+        ``park``, when given, awaits the wait on the caller's terms (the application
+        watches for the client going away) and returns False if the client went
+        away; the fetch then returns None.
 
         Raises:
             FeedError: see :meth:`check_fetch` and :meth:`wait`.
         """
         self.check_fetch(name, offset)
         if not self.answerable(name, offset, wait, min_bytes):
-            await self.wait(name, offset, wait, min_bytes)
+            waiting = self.wait(name, offset, wait, min_bytes)
+            if park is None:
+                await waiting
+            elif not await park(waiting):
+                return None
         return self.read(name, offset)
+
+    def topic_count(self) -> int:
+        """Topics held."""
+        return len(self.topics)
+
+    def metric_families(self) -> list[Any]:
+        """Prometheus families of this kind of feed beyond the common ones (none here)."""
+        return []
+
+    def health(self) -> tuple[int, dict[str, object]]:
+        """``/healthz``: the status code and the JSON body."""
+        if self.closing:
+            return 503, {"status": "stopping", "waiter": self.waiter.name}
+        return 200, {"status": "ok", "waiter": self.waiter.name}
 
     def shutdown(self) -> int:
         """Answer every parked fetch now and park no more; return how many were parked."""
@@ -296,4 +344,4 @@ class Feed:
 def check_topic(name: str) -> None:
     """Raise FeedError(400) unless ``name`` is a valid topic name."""
     if not TOPIC_NAME.fullmatch(name):
-        raise FeedError(400, "a topic name is 1 to 100 of A-Z a-z 0-9 . _ -")
+        raise FeedError(400, "a topic name is 1 to 100 of A-Z a-z 0-9 . _ -, not dots only")

@@ -24,7 +24,8 @@ waiter and the ratio purgatory / asyncio. Everything is bounded in count and tim
     python -m examples.longpoll.loadtest                       # 10,000 GETs, 3 rounds
     python -m examples.longpoll.loadtest --parked 500 --seconds 3 --rounds 1
 
-Prints one JSON line per run, then the summary (``--json`` for one JSON object).
+Prints one JSON line per run as it ends, then the summary; with ``--json``, one
+JSON object at the end instead: ``{"runs": [...], "summary": {...}}``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Load", "RunResult", "main", "run_once"]
+__all__ = ["Load", "RunResult", "build_parser", "main", "run_once"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -369,15 +370,66 @@ def summarize(results: list[RunResult]) -> dict[str, Any]:
     return {"medians": medians, "ratios_purgatory_to_asyncio": ratios, "early_answers": early}
 
 
-async def run_all(waiters: list[str], load: Load, rounds: int) -> list[RunResult]:
-    """``rounds`` runs of each waiter, alternating; each result printed as it comes."""
+async def run_all(
+    waiters: list[str], load: Load, rounds: int, *, echo: bool = True
+) -> list[RunResult]:
+    """``rounds`` runs of each waiter, alternating; with ``echo``, each result printed
+    as a JSON line as it comes."""
     results = []
     for _ in range(rounds):
         for waiter in waiters:
             result = await run_once(waiter, load)
-            print(json.dumps(asdict(result)), flush=True)
+            if echo:
+                print(json.dumps(asdict(result)), flush=True)
             results.append(result)
     return results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; its defaults are :class:`Load`'s."""
+    d = Load()
+    p = argparse.ArgumentParser(
+        prog="python -m examples.longpoll.loadtest",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--parked", type=int, default=d.parked, help="concurrent GETs, 1-15000 (%(default)s)"
+    )
+    p.add_argument(
+        "--topics", type=int, default=d.topics, help="topics they spread over (%(default)s)"
+    )
+    p.add_argument(
+        "--post-rate", type=float, default=d.post_rate, help="posts per second (%(default)s)"
+    )
+    p.add_argument(
+        "--seconds", type=float, default=d.seconds, help="the posting window (%(default)s)"
+    )
+    p.add_argument(
+        "--short-share",
+        type=float,
+        default=d.short_share,
+        help="share of GETs that wait 1 to 5 s per poll, 0-1 (%(default)s)",
+    )
+    p.add_argument("--rounds", type=int, default=3, help="runs per waiter, 1-10 (%(default)s)")
+    p.add_argument(
+        "--waiters",
+        default="purgatory,asyncio",
+        help="waiters to run, comma-separated (%(default)s)",
+    )
+    p.add_argument(
+        "--loop",
+        choices=["auto", "asyncio", "uvloop"],
+        default=d.loop,
+        help="the server's event loop (%(default)s)",
+    )
+    p.add_argument("--seed", type=int, default=d.seed, help="of the GETs' waits (%(default)s)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object at the end (runs and summary) instead of JSON lines",
+    )
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -386,18 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     Early answers of the asyncio waiter are reported, not failed: ``asyncio.wait_for``
     on uvloop has them (uvloop's timers can fire up to ~1.4 ms before their time).
     """
-    d = Load()
-    p = argparse.ArgumentParser(prog="python -m examples.longpoll.loadtest", description=__doc__)
-    p.add_argument("--parked", type=int, default=d.parked, help="concurrent GETs (%(default)s)")
-    p.add_argument("--topics", type=int, default=d.topics)
-    p.add_argument("--post-rate", type=float, default=d.post_rate, help="posts per second")
-    p.add_argument("--seconds", type=float, default=d.seconds, help="posting window")
-    p.add_argument("--short-share", type=float, default=d.short_share)
-    p.add_argument("--rounds", type=int, default=3, help="runs per waiter (%(default)s)")
-    p.add_argument("--waiters", default="purgatory,asyncio")
-    p.add_argument("--loop", choices=["auto", "asyncio", "uvloop"], default=d.loop)
-    p.add_argument("--seed", type=int, default=d.seed)
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     waiters = args.waiters.split(",")
     try:
         load = Load(
@@ -423,9 +464,12 @@ def main(argv: list[str] | None = None) -> int:
 
         factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
-        results = runner.run(run_all(waiters, load, args.rounds))
+        results = runner.run(run_all(waiters, load, args.rounds, echo=not args.json))
     summary = summarize(results)
-    print(json.dumps(summary))
+    if args.json:
+        print(json.dumps({"runs": [asdict(r) for r in results], "summary": summary}))
+    else:
+        print(json.dumps(summary))
     failed = any(r.exit_status != 0 or r.errors for r in results)
     early = summary["early_answers"].get("purgatory", {})
     return 1 if failed or any(early.values()) else 0

@@ -65,7 +65,7 @@ BAD_LINES = [
     ("not json at all", "not JSON"),
     ('{"event": "aiopurgatory.op_finished", "schema": 1, "wait": "slow"}', "not JSON"),
     ('{"event": "aiopurgatory.op_finished", "schema": 1, "outcome": "completed"}', "missing field"),
-    ('{"event": "aiopurgatory.op_finished", "schema": 2, "purgatory": "p"}', "unsupported schema"),
+    ('{"event": "aiopurgatory.op_finished", "schema": 3, "purgatory": "p"}', "unsupported schema"),
     ('{"schema": 1, "purgatory": "p"}', "missing field: event"),
     ('{"event": "aiopurgatory.purgatory_closed", "purgatory": "p"}', None),
 ]

@@ -1,0 +1,39 @@
+"""Triggers and watermarks across processes and machines, through Redis.
+
+:class:`RedisTriggers` connects a process's :class:`~aiopurgatory.Purgatory` to a
+Redis channel: a trigger made in any process (``check_and_complete(key)``,
+``advance(key, value)``) reaches the operations waiting in every process, and
+watermarks are kept in Redis so that a process that was disconnected catches up
+when it reconnects. See the documentation page "Across processes (Redis)".
+
+Needs the ``redis`` extra (redis-py's asyncio client, and hiredis for speed):
+``pip install 'aiopurgatory[redis]'``; Redis 7 as the server (Valkey
+speaks the same commands; it is not tested here).
+"""
+
+from __future__ import annotations
+
+try:
+    import redis.asyncio  # noqa: F401
+except ImportError as exc:  # pragma: no cover - the extra is part of the test install
+    raise ImportError(
+        "aiopurgatory.redis needs redis-py: pip install 'aiopurgatory[redis]'"
+    ) from exc
+
+from ._triggers import (
+    DEFAULT_CHANNEL,
+    MAX_MESSAGE_TRIGGERS,
+    RedisTriggers,
+    RedisTriggersClosedError,
+    RedisTriggersError,
+    RedisTriggersStatistics,
+)
+
+__all__ = [
+    "DEFAULT_CHANNEL",
+    "MAX_MESSAGE_TRIGGERS",
+    "RedisTriggers",
+    "RedisTriggersClosedError",
+    "RedisTriggersError",
+    "RedisTriggersStatistics",
+]

@@ -1,0 +1,241 @@
+"""What crosses the wire between processes: keys, values, messages, Redis key names.
+
+Sans-IO: no sockets, no loop, no clock. :class:`Batch` gathers the triggers of one
+loop iteration (check keys in first-trigger order, the highest value per advanced
+key); :func:`encode` turns a batch into one message, :func:`decode` turns a
+message back into triggers, refusing anything malformed as a whole.
+
+A message is JSON, a list of four::
+
+    [1, "<sender id>", [check keys...], [key, value, key, value, ...]]
+
+Keys keep their type across processes, so ``"1"``, ``1`` and ``b"1"`` stay three
+keys, as they are in a purgatory: a ``str`` is a JSON string, an ``int`` a JSON
+integer, and ``bytes`` an object ``{"b": "<the bytes as latin-1 text>"}`` (latin-1
+maps each byte to one character and back, so every byte string survives).
+Values are JSON numbers: ints stay ints and floats stay floats (``repr`` round
+trips). In Redis, a watermark lives under ``{<channel>}:wm:`` followed by a
+type letter (``s``, ``i``, ``b``) and the key's bytes (UTF-8 for a str, decimal
+for an int); the braces put every key of a channel in one Redis Cluster slot,
+which the one-round-trip script needs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Hashable, Iterable
+from typing import Final, TypeAlias
+
+__all__ = [
+    "MAX_EXACT_INT",
+    "VERSION",
+    "Batch",
+    "Key",
+    "MalformedMessage",
+    "Value",
+    "check_key",
+    "check_value",
+    "decode",
+    "encode",
+    "parse_stored",
+    "redis_key",
+    "stored",
+    "watermark_prefix",
+    "wire_keys",
+]
+
+Key: TypeAlias = str | bytes | int
+Value: TypeAlias = int | float
+
+VERSION: Final = 1
+#: Redis compares watermarks in Lua, whose numbers are doubles: larger ints
+#: would compare inexactly, so they are refused.
+MAX_EXACT_INT: Final = 2**53
+
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode
+_loads = json.loads
+
+
+class MalformedMessage(ValueError):
+    """A message on the channel that this version cannot read (nothing applied)."""
+
+
+def check_key(key: object, argument: str = "key") -> Key:
+    """``key`` if it can cross the wire (str, bytes or int, not bool), else TypeError."""
+    if isinstance(key, str | bytes) or (isinstance(key, int) and not isinstance(key, bool)):
+        return key
+    raise TypeError(
+        f"{argument} must be a str, bytes or int to be sent to other processes, "
+        f"got {type(key).__name__}"
+    )
+
+
+def check_value(value: object, argument: str = "value") -> Value:
+    """``value`` if it is a finite int or float within +-2**53, else TypeError/ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{argument} must be an int or float, got {type(value).__name__}")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{argument} must be finite, got {value!r}")
+    elif not -MAX_EXACT_INT <= value <= MAX_EXACT_INT:
+        raise ValueError(
+            f"{argument} must be within +-2**53 (Redis compares watermarks as doubles), "
+            f"got {value!r}"
+        )
+    return value
+
+
+class Batch:
+    """Triggers gathered for one message: check keys, and the highest value per advanced key."""
+
+    __slots__ = ("advances", "checks")
+
+    def __init__(self) -> None:
+        # dicts as ordered sets: a key triggered twice is sent once.
+        self.checks: dict[Key, None] = {}
+        self.advances: dict[Key, Value] = {}
+
+    def __len__(self) -> int:
+        return len(self.checks) + len(self.advances)
+
+    def check(self, key: Key) -> None:
+        self.checks[key] = None
+
+    def advance(self, key: Key, value: Value) -> None:
+        advances = self.advances
+        current = advances.get(key)
+        if current is None or value > current:
+            advances[key] = value
+
+    def merge(self, newer: Batch) -> None:
+        """Add ``newer``'s triggers to this batch (it was gathered after this one)."""
+        self.checks.update(newer.checks)
+        for key, value in newer.advances.items():
+            self.advance(key, value)
+
+    def split(self, size: int) -> list[Batch]:
+        """This batch as batches of at most ``size`` triggers each (itself if it fits)."""
+        if len(self) <= size:
+            return [self]
+        parts: list[Batch] = []
+        part = Batch()
+        for key in self.checks:
+            if len(part) == size:
+                parts.append(part)
+                part = Batch()
+            part.checks[key] = None
+        for key, value in self.advances.items():
+            if len(part) == size:
+                parts.append(part)
+                part = Batch()
+            part.advances[key] = value
+        parts.append(part)
+        return parts
+
+
+def _wire_key(key: Key) -> object:
+    if type(key) is str or type(key) is int:
+        return key
+    if isinstance(key, bytes):
+        return {"b": key.decode("latin-1")}
+    # str and int subclasses (StrEnum, IntEnum): their plain value, which is
+    # equal to them and hashes the same, so the receiving purgatory finds them.
+    return str.__str__(key) if isinstance(key, str) else int(key)
+
+
+def encode(sender: str, batch: Batch) -> bytes:
+    """One message carrying ``batch`` from ``sender``."""
+    advances: list[object] = []
+    for key, value in batch.advances.items():
+        advances.append(_wire_key(key))
+        advances.append(value)
+    return _dumps([VERSION, sender, [_wire_key(key) for key in batch.checks], advances]).encode(
+        "ascii"
+    )
+
+
+def _key_from_wire(item: object) -> Key:
+    kind = type(item)
+    if kind is str or kind is int:
+        return item  # type: ignore[return-value]
+    if kind is dict and len(item) == 1:  # type: ignore[arg-type]
+        text = item.get("b")  # type: ignore[attr-defined]
+        if type(text) is str:
+            try:
+                return text.encode("latin-1")
+            except UnicodeEncodeError:
+                pass
+    raise MalformedMessage(f"not a key: {item!r:.80}")
+
+
+def decode(data: bytes | str) -> tuple[str, list[Key], list[tuple[Key, Value]]]:
+    """``(sender, check keys, [(key, value), ...])`` from a message.
+
+    Raises:
+        MalformedMessage: not a message of this version; nothing of it is usable.
+    """
+    try:
+        message = _loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedMessage(f"not JSON: {exc}") from None
+    if type(message) is not list or len(message) != 4 or message[0] != VERSION:
+        raise MalformedMessage(f"not a version {VERSION} message: {data!r:.80}")
+    _, sender, checks, flat = message
+    if type(sender) is not str or type(checks) is not list or type(flat) is not list:
+        raise MalformedMessage(f"not a version {VERSION} message: {data!r:.80}")
+    if len(flat) % 2:
+        raise MalformedMessage("advances must be key, value pairs")
+    keys = [_key_from_wire(item) for item in checks]
+    advances: list[tuple[Key, Value]] = []
+    for i in range(0, len(flat), 2):
+        value = flat[i + 1]
+        kind = type(value)
+        if kind is not int and kind is not float:
+            raise MalformedMessage(f"not a value: {value!r:.80}")
+        advances.append((_key_from_wire(flat[i]), value))
+    return sender, keys, advances
+
+
+def redis_key(prefix: bytes, key: Key) -> bytes:
+    """The Redis key holding ``key``'s watermark under ``prefix``."""
+    if isinstance(key, str):
+        return prefix + b"s" + str.__str__(key).encode("utf-8", "surrogatepass")
+    if isinstance(key, bytes):
+        return prefix + b"b" + key
+    return prefix + b"i" + str(int(key)).encode("ascii")
+
+
+def watermark_prefix(channel: str) -> bytes:
+    """The prefix of the Redis keys holding ``channel``'s watermarks (one Cluster slot)."""
+    return b"{" + channel.encode("utf-8", "surrogatepass") + b"}:wm:"
+
+
+def parse_stored(raw: bytes | str | None) -> Value | None:
+    """A watermark as stored in Redis (an int or float in decimal), or None if absent or garbled."""
+    if raw is None:
+        return None
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def stored(value: Value) -> bytes:
+    """``value`` as written to Redis: decimal digits, a float keeping its ``repr``."""
+    return repr(value).encode("ascii")
+
+
+def wire_keys(keys: Iterable[Hashable]) -> list[Key]:
+    """The keys of ``keys`` that can cross the wire, in order (others are skipped)."""
+    return [
+        key
+        for key in keys
+        if isinstance(key, str | bytes) or (isinstance(key, int) and not isinstance(key, bool))
+    ]

@@ -1,0 +1,391 @@
+"""Long polling across processes through Redis: delivery latency and 1 against 2 processes.
+
+``python -m examples.longpoll.crossbench`` starts its own ``redis-server``
+(loopback, free port, temporary directory, ``appendfsync always``), then for each
+scenario starts long-poll servers with ``--redis``, parks ``--parked`` GETs (one
+keep-alive connection each, spread over ``--topics`` topics, each re-polling
+from the offset its answer gave, waiting 30 s), posts ``--post-rate`` messages a
+second for ``--seconds`` (round robin over the topics; each post answers the
+GETs parked on its topic), and measures the delivery latency from a post being
+sent to each parked GET receiving the message, the CPU seconds of the servers
+and of Redis over the posting window, and errors. Scenarios:
+
+* ``across``: two servers (two processes, two ports), the GETs split evenly, every
+  POST sent to the first: deliveries to the second server's GETs crossed
+  processes (``remote``), those to the first's did not (``local``).
+* ``one``: one server process (``--redis``) takes all GETs and POSTs.
+* ``two``: one port served by two processes (``--redis --workers 2``).
+
+Everything is bounded in count and time, loopback only::
+
+    python -m examples.longpoll.crossbench                         # 10,000 GETs, all scenarios
+    python -m examples.longpoll.crossbench --parked 1000 --scenarios across
+
+Prints one JSON line per scenario (``--out FILE`` also writes them as a JSON list).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .loadtest import _cpu_seconds, _drain, _percentile, _raise_fd_limit, _read_response
+
+__all__ = ["SCENARIOS", "Bench", "main", "run_scenario"]
+
+_ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = ("across", "one", "two")
+LONG_WAIT = 30.0
+
+
+@dataclass(frozen=True)
+class Bench:
+    """The shape of the load (counts, messages per second, seconds)."""
+
+    parked: int = 10_000
+    topics: int = 100
+    post_rate: float = 5.0
+    seconds: float = 20.0
+    loop: str = "auto"
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("parked", "topics"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 15_000:
+                raise ValueError(f"{name} must be an int in [1, 15000], got {value!r}")
+        if not 0 < self.post_rate <= 1000:
+            raise ValueError(f"post_rate must be in (0, 1000], got {self.post_rate!r}")
+        if not 0 < self.seconds <= 300:
+            raise ValueError(f"seconds must be in (0, 300], got {self.seconds!r}")
+
+
+@dataclass
+class ScenarioResult:
+    """What one scenario measured (latencies in milliseconds, CPU in seconds)."""
+
+    scenario: str
+    processes: int
+    parked: int
+    posts: int
+    delivered: int
+    deliveries_per_s: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+    latency_max_ms: float
+    server_cpu_s: float
+    redis_cpu_s: float
+    cpu_us_per_delivery: float
+    errors: int
+    exit_status: int
+    by_server: dict[str, Any] = field(default_factory=dict)
+
+
+class _Redis:
+    """A throwaway redis-server for the benchmark."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit(
+                "error: redis-server is not installed (as root: apt-get install -y redis-server)"
+            )
+        self.dir = Path(tempfile.mkdtemp(prefix="crossbench-redis-"))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+             "--save", "", "--appendonly", "yes", "--appendfsync", "always",
+             "--logfile", str(self.dir / "redis.log")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise SystemExit("error: redis-server did not start")
+            time.sleep(0.05)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def flush(self) -> None:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+            s.sendall(b"FLUSHALL\r\n")
+            s.recv(16)
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class _Server:
+    """One ``python -m examples.longpoll --redis`` (with ``--workers``: its workers' pids)."""
+
+    def __init__(self, redis_url: str, bench: Bench, workers: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "examples.longpoll", "--port", "0", "--redis", redis_url,
+             "--workers", str(workers), "--loop", bench.loop,
+             "--max-parked", str(bench.parked + 100)],
+            cwd=_ROOT,
+            stderr=subprocess.PIPE,
+            preexec_fn=_raise_fd_limit,
+            text=True,
+        )  # fmt: skip
+        assert self.proc.stderr is not None
+        while True:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise SystemExit(f"error: a server exited at start ({self.proc.wait()})")
+            first = json.loads(line)
+            if first["event"] == "longpoll.listening":
+                break
+        self.port: int = first["port"]
+        self.pids: list[int] = first.get("pids") or [self.proc.pid]
+        self.log_tail: list[str] = []
+        self.drain = threading.Thread(
+            target=_drain, args=(self.proc.stderr, self.log_tail), daemon=True
+        )
+        self.drain.start()
+
+    def cpu(self) -> float:
+        return sum(_cpu_seconds(pid) for pid in self.pids)
+
+    def parked(self) -> int:
+        """GETs parked over all its processes (each /healthz reaches one: ask until all did)."""
+        seen: dict[int, int] = {}
+        for _ in range(200):
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.port}/healthz", timeout=30
+            ) as response:
+                body = json.loads(response.read())
+            seen[body["pid"]] = body["parked"]
+            if len(seen) == len(self.pids):
+                break
+        return sum(seen.values())
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            status = self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            status = self.proc.wait()
+        self.drain.join(timeout=10)
+        return status
+
+
+class _Client:
+    def __init__(self, bench: Bench) -> None:
+        self.bench = bench
+        self.recording = False
+        self.stopping = False
+        self.latencies: dict[int, list[float]] = {}
+        self.errors = 0
+        self.posts = 0
+
+    async def poller(self, port: int, n: int, connected: asyncio.Semaphore) -> None:
+        topic = f"topic-{n % self.bench.topics}"
+        async with connected:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        mine = self.latencies.setdefault(port, [])
+        offset = 0
+        try:
+            while not self.stopping:
+                writer.write(
+                    f"GET /topics/{topic}?offset={offset}&wait={LONG_WAIT} HTTP/1.1\r\n"
+                    "Host: crossbench\r\n\r\n".encode()
+                )
+                status, body = await _read_response(reader)
+                received = time.monotonic()
+                if status != 200:
+                    self.errors += 1
+                    break
+                answer = json.loads(body)
+                offset = answer["next_offset"]
+                if self.recording and not self.stopping:
+                    mine.extend(received - float(m) for m in answer["messages"])
+        except (asyncio.IncompleteReadError, ConnectionError):
+            if not self.stopping:
+                self.errors += 1
+        finally:
+            writer.close()
+
+    async def poster(self, port: int, lane: int, lanes: int, start: float) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        loop = asyncio.get_running_loop()
+        total = round(self.bench.seconds * self.bench.post_rate)
+        try:
+            for i in range(lane, total, lanes):
+                delay = start + i / self.bench.post_rate - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                body = f"{time.monotonic():.6f}".encode()
+                writer.write(
+                    f"POST /topics/topic-{i % self.bench.topics} HTTP/1.1\r\nHost: crossbench\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                status, _ = await _read_response(reader)
+                if status != 200:
+                    self.errors += 1
+                self.posts += 1
+        finally:
+            writer.close()
+
+
+async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioResult:
+    """Start the scenario's servers, load them, stop them; what it measured."""
+    redis.flush()
+    if scenario == "across":
+        servers = [_Server(redis.url, bench, 1), _Server(redis.url, bench, 1)]
+    elif scenario == "one":
+        servers = [_Server(redis.url, bench, 1)]
+    else:
+        servers = [_Server(redis.url, bench, 2)]
+    pollers: list[asyncio.Task[None]] = []
+    try:
+        client = _Client(bench)
+        connected = asyncio.Semaphore(256)
+        rng = random.Random(bench.seed)
+        order = list(range(bench.parked))
+        rng.shuffle(order)
+        for n in order:
+            port = servers[n % len(servers)].port
+            pollers.append(asyncio.create_task(client.poller(port, n, connected)))
+        deadline = time.monotonic() + 180
+        while sum(await asyncio.gather(*(asyncio.to_thread(s.parked) for s in servers))) < (
+            bench.parked
+        ):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {bench.parked} GETs parked in time")
+            await asyncio.sleep(0.3)
+        await asyncio.sleep(0.5)
+        cpu0 = [s.cpu() for s in servers]
+        redis_cpu0 = _cpu_seconds(redis.proc.pid)
+        client.recording = True
+        lanes = 4
+        start = asyncio.get_running_loop().time()
+        target = servers[0].port
+        await asyncio.gather(*(client.poster(target, k, lanes, start) for k in range(lanes)))
+        await asyncio.sleep(1.0)  # the last posts' deliveries
+        cpu = sum(s.cpu() - c for s, c in zip(servers, cpu0, strict=True))
+        redis_cpu = _cpu_seconds(redis.proc.pid) - redis_cpu0
+        client.stopping = True
+        statuses = [s.stop() for s in servers]
+        await asyncio.wait(pollers, timeout=30)
+    finally:
+        for task in pollers:
+            task.cancel()
+        for s in servers:
+            if s.proc.poll() is None:
+                s.proc.kill()
+                s.proc.wait()
+    every = sorted(v for values in client.latencies.values() for v in values)
+    by_server: dict[str, Any] = {}
+    names = ["local", "remote"] if scenario == "across" else ["all"]
+    for name, server in zip(names, servers, strict=False):
+        values = sorted(client.latencies.get(server.port, []))
+        by_server[name] = {
+            "delivered": len(values),
+            "latency_p50_ms": round(1000 * _percentile(values, 0.5), 2),
+            "latency_p99_ms": round(1000 * _percentile(values, 0.99), 2),
+        }
+    processes = sum(len(s.pids) for s in servers)
+    return ScenarioResult(
+        scenario=scenario,
+        processes=processes,
+        parked=bench.parked,
+        posts=client.posts,
+        delivered=len(every),
+        deliveries_per_s=round(len(every) / bench.seconds, 1),
+        latency_p50_ms=round(1000 * _percentile(every, 0.5), 2),
+        latency_p99_ms=round(1000 * _percentile(every, 0.99), 2),
+        latency_max_ms=round(1000 * every[-1], 2) if every else float("nan"),
+        server_cpu_s=round(cpu, 2),
+        redis_cpu_s=round(redis_cpu, 2),
+        cpu_us_per_delivery=round(1e6 * (cpu + redis_cpu) / len(every), 1) if every else 0.0,
+        errors=client.errors,
+        exit_status=max(statuses),
+        by_server=by_server,
+    )
+
+
+async def run_all(scenarios: list[str], bench: Bench) -> list[ScenarioResult]:
+    redis = _Redis()
+    try:
+        results = []
+        for scenario in scenarios:
+            result = await run_scenario(scenario, bench, redis)
+            print(json.dumps(asdict(result)), flush=True)
+            results.append(result)
+        return results
+    finally:
+        redis.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; exit status 1 if a scenario had errors or a server did not exit 0."""
+    d = Bench()
+    p = argparse.ArgumentParser(prog="python -m examples.longpoll.crossbench", description=__doc__)
+    p.add_argument("--parked", type=int, default=d.parked, help="concurrent GETs (%(default)s)")
+    p.add_argument("--topics", type=int, default=d.topics)
+    p.add_argument("--post-rate", type=float, default=d.post_rate, help="posts per second")
+    p.add_argument("--seconds", type=float, default=d.seconds, help="posting window")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--loop", choices=["auto", "asyncio", "uvloop"], default=d.loop)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--out", type=Path, help="also write the results here (JSON)")
+    args = p.parse_args(argv)
+    scenarios = args.scenarios.split(",")
+    try:
+        bench = Bench(
+            parked=args.parked,
+            topics=args.topics,
+            post_rate=args.post_rate,
+            seconds=args.seconds,
+            loop=args.loop,
+            seed=args.seed,
+        )
+        if not scenarios or not set(scenarios) <= set(SCENARIOS):
+            raise ValueError(f"scenarios must name some of {SCENARIOS}, got {args.scenarios!r}")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _raise_fd_limit()
+    factory = asyncio.new_event_loop
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        results = runner.run(run_all(scenarios, bench))
+    if args.out is not None:
+        args.out.write_text(json.dumps([asdict(r) for r in results], indent=1) + "\n")
+    return 1 if any(r.errors or r.exit_status for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,565 @@
+"""The long-poll feed kept in Redis, so that several processes serve the same topics.
+
+``python -m examples.longpoll --redis URL [--workers N]`` uses :class:`RedisFeed`
+instead of the in-memory :class:`~examples.longpoll.feed.Feed`:
+
+* **The log is in Redis.** Per topic, a hash ``{prefix}:{t:NAME}:meta`` (``start``:
+  the oldest retained offset, ``next``: the offset the next message gets,
+  ``bytes``: the UTF-8 bytes ever appended) and a list ``{prefix}:{t:NAME}:log``
+  whose element ``i`` is the message at offset ``start + i``, stored as
+  ``"<bytes up to and including it>:<text>"``. A POST is one Lua script
+  (:data:`APPEND`): it assigns the offset, appends, trims to ``--retain`` and
+  answers ``(offset, bytes)`` atomically, so an offset names the same message in
+  every process and every acknowledged POST is in the log exactly once. A POST is
+  acknowledged only after Redis answered the script (with ``appendfsync always``:
+  after the write reached its disk). A GET reads with one script (:data:`READ`).
+* **The wait is a threshold watch.** A topic's watermark is its ``bytes`` count. A
+  GET from offset ``N`` with ``min_bytes=B`` is answerable once the watermark
+  reaches ``position(N) + B`` (``position(N)``: the bytes before message ``N``), so
+  it parks as an :class:`aiopurgatory.WatermarkOperation` watched under the topic
+  with that threshold, in the process's own purgatory. A POST on any process advances the topic's
+  watermark through :class:`aiopurgatory.redis.RedisTriggers`: at once in its own
+  purgatory, by one PUBLISH in every other process's.
+* **Redis down.** Commands have short timeouts and no retries (a retried append
+  could store a message twice): a POST answers 503 within ``command_timeout`` and
+  is never acknowledged unless Redis answered the script; a new GET answers 503;
+  a parked GET answers at its wait with what the process read when it parked it;
+  ``/healthz`` says ``degraded``. A monitor pings Redis every second; when Redis
+  answers again, the process re-reads the watermark of every topic it has GETs
+  parked on (a POST whose notice was lost meanwhile completes them then), and
+  :class:`~aiopurgatory.redis.RedisTriggers` resubscribes by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import urllib.parse
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import redis.asyncio as aioredis
+import redis.exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+import aiopurgatory as ap
+
+from .feed import Feed, FeedError, Fetched, Settings, check_topic
+from .waiters import PurgatoryWaiter
+
+__all__ = [
+    "APPEND",
+    "READ",
+    "Coalescer",
+    "RedisFeed",
+    "RedisUnavailable",
+    "RedisWaiter",
+    "check_redis",
+    "redact",
+]
+
+#: KEYS: meta, log, topics set. ARGV: name, body, retain, max_topics.
+#: Returns {offset, bytes} or {-1, 0} when the topic would be one too many.
+APPEND = """
+local meta, log, topics = KEYS[1], KEYS[2], KEYS[3]
+local body = ARGV[2]
+local retain, max_topics = tonumber(ARGV[3]), tonumber(ARGV[4])
+if redis.call('EXISTS', meta) == 0 then
+  local known = redis.call('SISMEMBER', topics, ARGV[1]) == 1
+  if not known and redis.call('SCARD', topics) >= max_topics then
+    return {-1, 0}
+  end
+  redis.call('SADD', topics, ARGV[1])
+end
+local offset = redis.call('HINCRBY', meta, 'next', 1) - 1
+local total = redis.call('HINCRBY', meta, 'bytes', #body)
+redis.call('RPUSH', log, string.format('%d:', total) .. body)
+local length = redis.call('LLEN', log)
+if length >= 2 * retain then
+  local drop = length - retain
+  redis.call('LTRIM', log, drop, -1)
+  redis.call('HINCRBY', meta, 'start', drop)
+end
+return {offset, total}
+"""
+
+#: KEYS: meta, log. ARGV: offset, max_bytes.
+#: Returns {start, next, bytes, position of the first message returned, text...}:
+#: the messages from max(offset, start) up to max_bytes (at least one); position is
+#: the bytes before the first one (``bytes`` when there is none).
+READ = """
+local meta, log = KEYS[1], KEYS[2]
+local offset, max_bytes = tonumber(ARGV[1]), tonumber(ARGV[2])
+local m = redis.call('HMGET', meta, 'start', 'next', 'bytes')
+local start, last, total = tonumber(m[1]) or 0, tonumber(m[2]) or 0, tonumber(m[3]) or 0
+local out = {start, last, total, total}
+local first = math.max(offset, start)
+if first >= last then
+  return out
+end
+local index, size, taken = first - start, 0, 0
+while true do
+  local items = redis.call('LRANGE', log, index, index + 63)
+  if #items == 0 then
+    return out
+  end
+  for _, item in ipairs(items) do
+    local sep = string.find(item, ':', 1, true)
+    local text = string.sub(item, sep + 1)
+    if taken == 0 then
+      out[4] = tonumber(string.sub(item, 1, sep - 1)) - #text
+    elseif size + #text > max_bytes then
+      return out
+    end
+    taken = taken + 1
+    size = size + #text
+    out[4 + taken] = text
+  end
+  index = index + 64
+end
+"""
+
+T = TypeVar("T")
+
+#: Errors that mean "Redis is not there now" (the connection, not the command).
+REDIS_DOWN: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    TimeoutError,
+    OSError,
+)
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for logs and error messages)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port is not None else ""
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+
+
+def _scrub(message: str, url: str) -> str:
+    password = urllib.parse.urlsplit(url).password
+    if password:
+        message = message.replace(password, "***")
+        unquoted = urllib.parse.unquote(password)
+        if unquoted:
+            message = message.replace(unquoted, "***")
+    return message
+
+
+class RedisUnavailable(Exception):
+    """Redis cannot be used at start: the message names the cause, never the password."""
+
+
+def check_redis(url: str, timeout: float = 3.0) -> None:
+    """Connect, authenticate and PING once (blocking), as the server does before it starts.
+
+    Raises:
+        RedisUnavailable: one line naming the cause (unreachable, authentication,
+            anything else Redis refused), with the URL redacted.
+    """
+    import redis as syncredis
+
+    shown = redact(url)
+    try:
+        client = syncredis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=None
+        )
+    except ValueError as exc:
+        raise RedisUnavailable(f"bad --redis URL {shown}: {_scrub(str(exc), url)}") from None
+    try:
+        client.ping()
+    except redis.exceptions.AuthenticationError as exc:
+        cause = f"authentication failed ({_scrub(str(exc), url)})"
+    except redis.exceptions.ResponseError as exc:
+        text = _scrub(str(exc), url)
+        if "NOAUTH" in text or "HELLO must be called" in text:
+            cause = "authentication required: the server wants a password, the URL has none"
+        elif "AUTH" in text or "WRONGPASS" in text:
+            cause = f"authentication failed ({text})"
+        else:
+            cause = f"refused: {text}"
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+        cause = f"unreachable ({_scrub(str(exc), url)})"
+    else:
+        return
+    finally:
+        client.close()
+    raise RedisUnavailable(f"redis at {shown}: {cause}")
+
+
+class Coalescer:
+    """Calls for one key made in the same loop iteration share one call, issued after them all.
+
+    The first caller starts a task; callers for the same key that come before the
+    task's first step (the same loop iteration: the GETs one POST completed, wakened
+    together) join it. The task forgets its key before it issues the call, so a
+    later caller never gets a result read before it asked: what a joined read
+    returns is at least as new as a read of its own would be.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[Hashable, asyncio.Task[Any]] = {}
+        #: Calls made, calls joined.
+        self.calls = 0
+        self.joined = 0
+
+    async def run(self, key: Hashable, make: Callable[[], Awaitable[T]]) -> T:
+        task = self._pending.get(key)
+        if task is None:
+            task = asyncio.create_task(self._call(key, make))
+            self._pending[key] = task
+            self.calls += 1
+        else:
+            self.joined += 1
+        # shield: a caller cancelled (its client gone) leaves the call to the others.
+        result: T = await asyncio.shield(task)
+        return result
+
+    async def _call(self, key: Hashable, make: Callable[[], Awaitable[T]]) -> T:
+        del self._pending[key]
+        return await make()
+
+
+@dataclass(frozen=True)
+class _View:
+    """One READ: the topic's bounds and the messages from the requested offset."""
+
+    start: int
+    next: int
+    bytes: int
+    position: int  # bytes before the first message in ``fetched``
+    fetched: Fetched
+
+    @property
+    def readable(self) -> int:
+        return self.bytes - self.position
+
+
+class RedisWaiter(PurgatoryWaiter):
+    """A purgatory whose triggers cross processes through Redis, and the Redis client.
+
+    ``async with`` connects (one command pool, one subscription through
+    :class:`~aiopurgatory.redis.RedisTriggers`) and starts the health monitor.
+
+    Args:
+        url: ``redis://[[user]:password@]host[:port][/db]`` (or ``rediss://``).
+        prefix: the prefix of every key and of the trigger channel.
+        command_timeout: seconds a command may take before Redis counts as down.
+    """
+
+    name = "purgatory"
+
+    def __init__(self, url: str, *, prefix: str = "longpoll", command_timeout: float = 2.0) -> None:
+        super().__init__()
+        self.url = url
+        self.prefix = prefix
+        self.command_timeout = command_timeout
+        self.client: aioredis.Redis | None = None
+        self.triggers: Any = None
+        #: False from a connection error until Redis answers again.
+        self.redis_ok = True
+        self.last_error: str | None = None
+        self.redis_errors = 0
+        self.resyncs = 0
+        self._monitor: asyncio.Task[None] | None = None
+        self._on_recovery: Callable[[], Coroutine[Any, Any, None]] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        #: Topics in Redis, as the monitor last counted them.
+        self.topic_total = 0
+
+    def make_feed(self, settings: Settings) -> RedisFeed:
+        """The feed the application serves (see :func:`~examples.longpoll.app.create_app`)."""
+        return RedisFeed(settings, self)
+
+    def key(self, name: str, part: str) -> str:
+        # One hash tag per topic: a topic's keys share a Redis Cluster slot.
+        return f"{self.prefix}:{{t:{name}}}:{part}"
+
+    async def __aenter__(self) -> Self:
+        from aiopurgatory.redis import RedisTriggers
+
+        await super().__aenter__()
+        pool = aioredis.BlockingConnectionPool.from_url(
+            self.url,
+            max_connections=64,
+            timeout=self.command_timeout,
+            socket_timeout=self.command_timeout,
+            socket_connect_timeout=self.command_timeout,
+            # No retries: an append retried after its reply was lost is stored twice.
+            retry=Retry(NoBackoff(), 0),
+        )
+        self.client = aioredis.Redis.from_pool(pool)
+        self.append_script = self.client.register_script(APPEND)
+        self.read_script = self.client.register_script(READ)
+        self.triggers = RedisTriggers(self.purgatory, self.url, channel=f"{self.prefix}:triggers")
+        await self.triggers.__aenter__()
+        self._monitor = asyncio.create_task(self._watch_health())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+        try:
+            if self.triggers is not None:
+                await self.triggers.aclose()
+            if self.client is not None:
+                await self.client.aclose()
+        finally:
+            await super().__aexit__(exc_type, exc, tb)
+
+    async def call(self, make: Callable[[], Awaitable[Any]]) -> Any:
+        """Run one Redis command; a connection problem marks Redis down and is a 503.
+
+        Raises:
+            FeedError: 503 when Redis is unreachable or slower than ``command_timeout``.
+        """
+        try:
+            async with asyncio.timeout(self.command_timeout + 0.5):
+                result = await make()
+        except REDIS_DOWN as exc:
+            self.mark_down(exc)
+            raise FeedError(503, f"redis unavailable ({type(exc).__name__})") from None
+        if not self.redis_ok:
+            self.mark_up()
+        return result
+
+    def mark_down(self, exc: BaseException) -> None:
+        self.redis_errors += 1
+        self.last_error = _scrub(f"{type(exc).__name__}: {exc}", self.url)
+        self.redis_ok = False
+
+    def mark_up(self) -> None:
+        if not self.redis_ok:
+            self.redis_ok = True
+            if self._on_recovery is not None:
+                self.resyncs += 1
+                task = asyncio.create_task(self._on_recovery())
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+
+    async def _watch_health(self) -> None:
+        assert self.client is not None
+        client = self.client
+        topics = f"{self.prefix}:topics"
+        while True:
+            with contextlib.suppress(FeedError):
+                self.topic_total = int(await self.call(lambda: client.scard(topics)))
+            await asyncio.sleep(1.0)
+
+    @property
+    def subscribed(self) -> bool:
+        """The trigger subscription is connected (as far as the triggers know)."""
+        if self.triggers is None:
+            return False
+        return bool(getattr(self.triggers.statistics(), "connected", True))
+
+
+class RedisFeed(Feed):
+    """Topics in Redis, GETs parked in this process's purgatory (see the module's docs).
+
+    Args:
+        settings: limits; ``retain`` and ``max_topics`` are applied in Redis (every
+            process of one feed should be given the same).
+        waiter: the connected :class:`RedisWaiter`.
+    """
+
+    waiter: RedisWaiter
+
+    def __init__(self, settings: Settings, waiter: RedisWaiter) -> None:
+        super().__init__(settings, waiter)
+        self.redis = waiter
+        waiter._on_recovery = self._resync
+        # GETs of one topic and offset asking in one loop iteration share one read.
+        self._reads = Coalescer()
+        self._byte_reads = Coalescer()
+
+    # -- posting ---------------------------------------------------------------------------
+
+    def post(self, name: str, body: bytes) -> int:
+        raise TypeError("a RedisFeed posts asynchronously: await feed.append(name, body)")
+
+    async def append(self, name: str, body: bytes) -> int:
+        """Append ``body`` to topic ``name`` in Redis; its offset once Redis stored it.
+
+        Raises:
+            FeedError: bad input (400/413), one topic too many (409), Redis down (503).
+        """
+        self.check_body(name, body)
+        w = self.redis
+        keys = [w.key(name, "meta"), w.key(name, "log"), f"{w.prefix}:topics"]
+        args: list[str | bytes | int] = [name, body, self.settings.retain, self.settings.max_topics]
+        offset, total = await w.call(lambda: w.append_script(keys=keys, args=args))
+        if offset < 0:
+            raise FeedError(409, f"the feed already holds {self.settings.max_topics} topics")
+        self.messages_posted += 1
+        # Stored: tell every process (this one at once) that the topic grew.
+        w.triggers.advance(name, int(total))
+        return int(offset)
+
+    # -- fetching --------------------------------------------------------------------------
+
+    async def _read(self, name: str, offset: int) -> _View:
+        w = self.redis
+        keys = [w.key(name, "meta"), w.key(name, "log")]
+        args = [offset, self.settings.max_response_bytes]
+        reply = await self._reads.run(
+            (name, offset), lambda: w.call(lambda: w.read_script(keys=keys, args=args))
+        )
+        start, end, total, position = (int(v) for v in reply[:4])
+        messages = [m.decode() for m in reply[4:]]
+        first = max(offset, start)
+        return _View(start, end, total, position, Fetched(first, messages, first + len(messages)))
+
+    async def fetch(
+        self,
+        name: str,
+        offset: int,
+        wait: float,
+        min_bytes: int,
+        park: Callable[[Awaitable[None]], Awaitable[bool]] | None = None,
+    ) -> Fetched | None:
+        """Answer a fetch from Redis, parking it first if it is not answerable yet.
+
+        Returns None if ``park`` said the client went away.
+
+        Raises:
+            FeedError: a bad name or an offset past the end (400), too many parked
+                (503), Redis down (503).
+        """
+        check_topic(name)
+        view = await self._read(name, offset)
+        if offset > view.next:
+            raise FeedError(400, f"offset {offset} is past the end of topic {name} ({view.next})")
+        if self.closing or wait == 0 or view.readable >= min_bytes:
+            return view.fetched
+        waiting = self._wait(name, wait, view.position + min_bytes)
+        if park is None:
+            await waiting
+        elif not await park(waiting):
+            return None
+        if not self.redis.redis_ok:
+            return view.fetched  # what this process has: its read at park time
+        try:
+            return (await self._read(name, offset)).fetched
+        except FeedError:
+            return view.fetched
+
+    async def _wait(self, name: str, wait: float, threshold: int) -> None:
+        if self.parked >= self.settings.max_parked:
+            raise FeedError(503, f"{self.settings.max_parked} requests are waiting already")
+        purgatory: ap.Purgatory[Any] = self.redis.purgatory
+        # Completes once the topic's watermark reaches the threshold: advance() checks
+        # it then and never before; its own check reads the purgatory's watermark.
+        op = ap.WatermarkOperation(wait)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        self.parked += 1
+        self.parked_by_topic[name] = self.parked_by_topic.get(name, 0) + 1
+        try:
+            if not purgatory.try_complete_else_watch(op, {name: threshold}):
+                # A post stored after our read whose notice arrived before the
+                # watch was in place advanced nothing here: read the end again.
+                with contextlib.suppress(FeedError):
+                    total = await self._topic_bytes(name)
+                    if total is not None:
+                        purgatory.advance(name, total)
+                await op
+        except asyncio.CancelledError:
+            op.cancel()
+            self.disconnected += 1
+            raise
+        finally:
+            self.parked -= 1
+            left = self.parked_by_topic[name] - 1
+            if left:
+                self.parked_by_topic[name] = left
+            else:
+                del self.parked_by_topic[name]
+        if op.outcome is ap.Outcome.COMPLETED:
+            reason = "data"
+        elif self.closing:
+            reason = "shutdown"
+        elif loop.time() >= start + wait:
+            reason = "timeout"
+        else:
+            reason = "early"
+        self.answers[reason] += 1
+
+    async def _topic_bytes(self, name: str) -> int | None:
+        """The topic's byte count in Redis (its watermark), None for a topic not posted to."""
+        w = self.redis
+        client = w.client
+        assert client is not None
+        key = w.key(name, "meta")
+        total = await self._byte_reads.run(name, lambda: w.call(lambda: client.hget(key, "bytes")))
+        return None if total is None else int(total)
+
+    async def _resync(self) -> None:
+        """Redis is back: re-read the watermark of every topic with parked GETs."""
+        purgatory: ap.Purgatory[Any] = self.redis.purgatory
+        for name in list(self.parked_by_topic):
+            try:
+                total = await self._topic_bytes(name)
+            except FeedError:
+                return
+            if total is not None:
+                purgatory.advance(name, total)
+
+    # -- state -----------------------------------------------------------------------------
+
+    def topic_count(self) -> int:
+        """Topics in Redis, as the health monitor last counted them (every second)."""
+        return self.redis.topic_total
+
+    def metric_families(self) -> list[Any]:
+        """Redis up, connection errors, resyncs (``longpoll_redis_*``)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        w = self.redis
+        up = GaugeMetricFamily("longpoll_redis_up", "1 while Redis answers this process.")
+        up.add_metric([], 1 if w.redis_ok else 0)
+        errors = CounterMetricFamily(
+            "longpoll_redis_errors", "Redis commands that failed for a connection problem."
+        )
+        errors.add_metric([], w.redis_errors)
+        resyncs = CounterMetricFamily(
+            "longpoll_redis_resyncs", "Times Redis came back and parked topics were re-read."
+        )
+        resyncs.add_metric([], w.resyncs)
+        return [up, errors, resyncs]
+
+    def health(self) -> tuple[int, dict[str, object]]:
+        if self.closing:
+            return 503, {"status": "stopping", "waiter": self.waiter.name}
+        w = self.redis
+        body: dict[str, object] = {
+            "status": "ok",
+            "waiter": self.waiter.name,
+            "redis": "up" if w.redis_ok else "down",
+            "subscribed": w.subscribed,
+            "pid": os.getpid(),
+            "parked": self.parked,
+        }
+        if w.redis_ok and w.subscribed:
+            return 200, body
+        body["status"] = "degraded"
+        body["error"] = w.last_error
+        return 503, body
