@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import shutil
 import signal
@@ -93,6 +94,7 @@ class ScenarioResult:
     cpu_us_per_delivery: float
     errors: int
     exit_status: int
+    error_kinds: dict[str, int] = field(default_factory=dict)
     by_server: dict[str, Any] = field(default_factory=dict)
 
 
@@ -145,9 +147,11 @@ class _Server:
     """One ``python -m examples.longpoll --redis`` (with ``--workers``: its workers' pids)."""
 
     def __init__(self, redis_url: str, bench: Bench, workers: int) -> None:
+        profile = os.environ.get("CROSSBENCH_PROFILE")  # a file: cProfile the (single) server
+        prefix = ["-m", "cProfile", "-o", profile] if profile and workers == 1 else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "examples.longpoll", "--port", "0", "--redis", redis_url,
-             "--workers", str(workers), "--loop", bench.loop,
+            [sys.executable, *prefix, "-m", "examples.longpoll", "--port", "0",
+             "--redis", redis_url, "--workers", str(workers), "--loop", bench.loop,
              "--max-parked", str(bench.parked + 100)],
             cwd=_ROOT,
             stderr=subprocess.PIPE,
@@ -204,7 +208,12 @@ class _Client:
         self.stopping = False
         self.latencies: dict[int, list[float]] = {}
         self.errors = 0
+        self.error_kinds: dict[str, int] = {}
         self.posts = 0
+
+    def error(self, kind: str) -> None:
+        self.errors += 1
+        self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
 
     async def poller(self, port: int, n: int, connected: asyncio.Semaphore) -> None:
         topic = f"topic-{n % self.bench.topics}"
@@ -221,15 +230,16 @@ class _Client:
                 status, body = await _read_response(reader)
                 received = time.monotonic()
                 if status != 200:
-                    self.errors += 1
-                    break
+                    self.error(f"GET {status}: {body[:80].decode(errors='replace')}")
+                    await asyncio.sleep(0.1)
+                    continue
                 answer = json.loads(body)
                 offset = answer["next_offset"]
                 if self.recording and not self.stopping:
                     mine.extend(received - float(m) for m in answer["messages"])
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
             if not self.stopping:
-                self.errors += 1
+                self.error(f"GET {type(exc).__name__}")
         finally:
             writer.close()
 
@@ -248,9 +258,9 @@ class _Client:
                     f"Content-Length: {len(body)}\r\n\r\n".encode()
                     + body
                 )
-                status, _ = await _read_response(reader)
+                status, answer = await _read_response(reader)
                 if status != 200:
-                    self.errors += 1
+                    self.error(f"POST {status}: {answer[:80].decode(errors='replace')}")
                 self.posts += 1
         finally:
             writer.close()
@@ -329,6 +339,7 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
         cpu_us_per_delivery=round(1e6 * (cpu + redis_cpu) / len(every), 1) if every else 0.0,
         errors=client.errors,
         exit_status=max(statuses),
+        error_kinds=client.error_kinds,
         by_server=by_server,
     )
 

@@ -271,6 +271,8 @@ class RedisWaiter(PurgatoryWaiter):
         self.redis_ok = True
         self.last_error: str | None = None
         self.redis_errors = 0
+        #: Request commands that timed out (counted, Redis not marked down for them).
+        self.timeouts = 0
         self.resyncs = 0
         self._monitor: asyncio.Task[None] | None = None
         self._on_recovery: Callable[[], Coroutine[Any, Any, None]] | None = None
@@ -292,7 +294,7 @@ class RedisWaiter(PurgatoryWaiter):
         await super().__aenter__()
         pool = aioredis.BlockingConnectionPool.from_url(
             self.url,
-            max_connections=64,
+            max_connections=256,
             timeout=self.command_timeout,
             socket_timeout=self.command_timeout,
             socket_connect_timeout=self.command_timeout,
@@ -325,8 +327,12 @@ class RedisWaiter(PurgatoryWaiter):
         finally:
             await super().__aexit__(exc_type, exc, tb)
 
-    async def call(self, make: Callable[[], Awaitable[Any]]) -> Any:
-        """Run one Redis command; a connection problem marks Redis down and is a 503.
+    async def call(self, make: Callable[[], Awaitable[Any]], *, probe: bool = False) -> Any:
+        """Run one Redis command; a connection problem is a 503 and marks Redis down.
+
+        A timeout marks Redis down only for the health monitor's ``probe``: a request's
+        command can time out because this process is overloaded (its loop late), which
+        is no news about Redis.
 
         Raises:
             FeedError: 503 when Redis is unreachable or slower than ``command_timeout``.
@@ -335,7 +341,10 @@ class RedisWaiter(PurgatoryWaiter):
             async with asyncio.timeout(self.command_timeout + 0.5):
                 result = await make()
         except REDIS_DOWN as exc:
-            self.mark_down(exc)
+            if probe or not isinstance(exc, TimeoutError | redis.exceptions.TimeoutError):
+                self.mark_down(exc)
+            else:
+                self.timeouts += 1
             raise FeedError(503, f"redis unavailable ({type(exc).__name__})") from None
         if not self.redis_ok:
             self.mark_up()
@@ -361,7 +370,7 @@ class RedisWaiter(PurgatoryWaiter):
         topics = f"{self.prefix}:topics"
         while True:
             with contextlib.suppress(FeedError):
-                self.topic_total = int(await self.call(lambda: client.scard(topics)))
+                self.topic_total = int(await self.call(lambda: client.scard(topics), probe=True))
             await asyncio.sleep(1.0)
 
     @property
@@ -540,11 +549,16 @@ class RedisFeed(Feed):
             "longpoll_redis_errors", "Redis commands that failed for a connection problem."
         )
         errors.add_metric([], w.redis_errors)
+        timeouts = CounterMetricFamily(
+            "longpoll_redis_timeouts",
+            "Request commands slower than the command timeout (Redis not marked down).",
+        )
+        timeouts.add_metric([], w.timeouts)
         resyncs = CounterMetricFamily(
             "longpoll_redis_resyncs", "Times Redis came back and parked topics were re-read."
         )
         resyncs.add_metric([], w.resyncs)
-        return [up, errors, resyncs]
+        return [up, errors, timeouts, resyncs]
 
     def health(self) -> tuple[int, dict[str, object]]:
         if self.closing:
