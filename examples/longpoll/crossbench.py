@@ -94,7 +94,9 @@ class ScenarioResult:
     cpu_us_per_delivery: float
     errors: int
     exit_status: int
+    stop_s: float = 0.0  # SIGTERM to exit, the slowest server
     error_kinds: dict[str, int] = field(default_factory=dict)
+    log_tail: list[str] = field(default_factory=list)
     by_server: dict[str, Any] = field(default_factory=dict)
 
 
@@ -191,12 +193,14 @@ class _Server:
         return sum(seen.values())
 
     def stop(self) -> int:
+        started = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
         try:
             status = self.proc.wait(60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             status = self.proc.wait()
+        self.stop_seconds = round(time.monotonic() - started, 2)
         self.drain.join(timeout=10)
         return status
 
@@ -304,7 +308,8 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
         cpu = sum(s.cpu() - c for s, c in zip(servers, cpu0, strict=True))
         redis_cpu = _cpu_seconds(redis.proc.pid) - redis_cpu0
         client.stopping = True
-        statuses = [s.stop() for s in servers]
+        # Stop them in threads: the client's loop must go on reading the answers.
+        statuses = await asyncio.gather(*(asyncio.to_thread(s.stop) for s in servers))
         await asyncio.wait(pollers, timeout=30)
     finally:
         for task in pollers:
@@ -340,6 +345,8 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
         errors=client.errors,
         exit_status=max(statuses),
         error_kinds=client.error_kinds,
+        stop_s=max(s.stop_seconds for s in servers),
+        log_tail=[line for s in servers for line in s.log_tail[-5:]] if max(statuses) else [],
         by_server=by_server,
     )
 

@@ -30,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from collections.abc import Set
 from typing import IO, Any
 
 __all__ = ["supervise"]
@@ -140,7 +141,9 @@ def supervise(args: argparse.Namespace, redis_url: str | None) -> int:
         for w in workers:
             if w.proc is not None and w.proc.poll() is None:
                 w.proc.send_signal(signal.SIGTERM)
+                signalled.add(w.proc.pid)
 
+    signalled: set[int] = set()
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         for w in workers:
@@ -182,7 +185,7 @@ def supervise(args: argparse.Namespace, redis_url: str | None) -> int:
                     w.start()
                     emit("longpoll.worker_restarted", worker=w.index, pid=w.proc.pid)
             stopping.wait(0.2)
-        statuses = _stop_all(workers)
+        statuses = _stop_all(workers, signalled=signalled)
         emit("longpoll.stopped", workers=statuses)
         return 0 if all(s == 0 for s in statuses) else 1
     finally:
@@ -191,10 +194,13 @@ def supervise(args: argparse.Namespace, redis_url: str | None) -> int:
         holder.close()
 
 
-def _stop_all(workers: list[_Worker], timeout: float = 60.0) -> list[int | None]:
-    """SIGTERM to the workers still running; their exit statuses (killed past ``timeout``)."""
+def _stop_all(
+    workers: list[_Worker], timeout: float = 60.0, *, signalled: Set[int] = frozenset()
+) -> list[int | None]:
+    """SIGTERM to the workers still running (except the pids ``signalled`` already); their
+    exit statuses (killed past ``timeout``)."""
     for w in workers:
-        if w.proc is not None and w.proc.poll() is None:
+        if w.proc is not None and w.proc.poll() is None and w.proc.pid not in signalled:
             w.proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout
     statuses: list[int | None] = []
