@@ -28,9 +28,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Set
 from pathlib import Path
 from types import FrameType
-from collections.abc import Set
 from typing import IO, Any
 
 __all__ = ["supervise"]
