@@ -272,6 +272,8 @@ async def serve(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    # SIGUSR1: every task's stack on stderr (what a server that does not stop waits for).
+    loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
     try:
         await server.serve(sockets=[sock])
     finally:
@@ -285,6 +287,13 @@ async def serve(
         refused_heads=app.state.refused_heads,
         messages=feed.messages_posted,
     )
+
+
+def _dump_tasks() -> None:
+    for task in asyncio.all_tasks():
+        print(f"--- {task!r}", file=sys.stderr)
+        task.print_stack(limit=12, file=sys.stderr)
+    sys.stderr.flush()
 
 
 def _redis_fields(redis_url: str | None, args: argparse.Namespace) -> dict[str, object]:

@@ -277,6 +277,7 @@ class RedisWaiter(PurgatoryWaiter):
         self._monitor: asyncio.Task[None] | None = None
         self._on_recovery: Callable[[], Coroutine[Any, Any, None]] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._closing = False
         #: Topics in Redis, as the monitor last counted them.
         self.topic_total = 0
 
@@ -315,10 +316,11 @@ class RedisWaiter(PurgatoryWaiter):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._closing = True
         if self._monitor is not None:
             self._monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor
+            # Bounded: a close must never wait on the monitor (it also stops at _closing).
+            await asyncio.wait([self._monitor], timeout=self.command_timeout + 1)
         try:
             if self.triggers is not None:
                 await self.triggers.aclose()
@@ -341,6 +343,11 @@ class RedisWaiter(PurgatoryWaiter):
             async with asyncio.timeout(self.command_timeout + 0.5):
                 result = await make()
         except REDIS_DOWN as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # A cancellation that met a timeout (ours or redis-py's) in flight can
+                # surface as TimeoutError: never swallow it (the task is being cancelled).
+                raise asyncio.CancelledError from None
             if probe or not isinstance(exc, TimeoutError | redis.exceptions.TimeoutError):
                 self.mark_down(exc)
             else:
@@ -368,7 +375,7 @@ class RedisWaiter(PurgatoryWaiter):
         assert self.client is not None
         client = self.client
         topics = f"{self.prefix}:topics"
-        while True:
+        while not self._closing:
             with contextlib.suppress(FeedError):
                 self.topic_total = int(await self.call(lambda: client.scard(topics), probe=True))
             await asyncio.sleep(1.0)
