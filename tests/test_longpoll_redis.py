@@ -493,3 +493,23 @@ async def test_calls_of_one_loop_iteration_share_one_call_issued_after_them() ->
     assert await b == 2
     assert issued == [1, 1, 1, 2, 2]
     assert coalescer.calls == 5
+
+
+async def test_a_cancelled_redis_call_is_cancelled_not_taken_for_redis_down() -> None:
+    from examples.longpoll.redisfeed import RedisWaiter
+
+    waiter = RedisWaiter("redis://127.0.0.1:1/0")  # never connected: the call is faked
+
+    async def command() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            # what a timeout meeting the cancellation in flight can turn it into
+            raise TimeoutError from None
+
+    task = asyncio.create_task(waiter.call(command))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (waiter.redis_ok, waiter.timeouts, waiter.redis_errors) == (True, 0, 0)
