@@ -85,6 +85,7 @@ class ScenarioResult:
     parked: int
     posts: int
     delivered: int
+    expected: int
     deliveries_per_s: float
     latency_p50_ms: float
     latency_p99_ms: float
@@ -215,6 +216,9 @@ class _Client:
         self.error_kinds: dict[str, int] = {}
         self.posts = 0
 
+    def delivered(self) -> int:
+        return sum(len(values) for values in self.latencies.values())
+
     def error(self, kind: str) -> None:
         self.errors += 1
         self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
@@ -304,7 +308,15 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
         start = asyncio.get_running_loop().time()
         target = servers[0].port
         await asyncio.gather(*(client.poster(target, k, lanes, start) for k in range(lanes)))
-        await asyncio.sleep(1.0)  # the last posts' deliveries
+        # The last posts' deliveries: every parked GET of a post's topic gets it.
+        per_topic = [0] * bench.topics
+        for n in range(bench.parked):
+            per_topic[n % bench.topics] += 1
+        expected = sum(per_topic[i % bench.topics] for i in range(client.posts))
+        for _ in range(300):  # at most 30 s
+            if client.delivered() >= expected:
+                break
+            await asyncio.sleep(0.1)
         cpu = sum(s.cpu() - c for s, c in zip(servers, cpu0, strict=True))
         redis_cpu = _cpu_seconds(redis.proc.pid) - redis_cpu0
         client.stopping = True
@@ -335,6 +347,7 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
         parked=bench.parked,
         posts=client.posts,
         delivered=len(every),
+        expected=expected,
         deliveries_per_s=round(len(every) / bench.seconds, 1),
         latency_p50_ms=round(1000 * _percentile(every, 0.5), 2),
         latency_p99_ms=round(1000 * _percentile(every, 0.99), 2),
@@ -365,7 +378,8 @@ async def run_all(scenarios: list[str], bench: Bench) -> list[ScenarioResult]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; exit status 1 if a scenario had errors or a server did not exit 0."""
+    """Entry point; exit status 1 if a scenario had errors, missed a delivery (30 s after
+    the last post) or a server did not exit 0."""
     d = Bench()
     p = argparse.ArgumentParser(prog="python -m examples.longpoll.crossbench", description=__doc__)
     p.add_argument("--parked", type=int, default=d.parked, help="concurrent GETs (%(default)s)")
@@ -402,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         results = runner.run(run_all(scenarios, bench))
     if args.out is not None:
         args.out.write_text(json.dumps([asdict(r) for r in results], indent=1) + "\n")
-    return 1 if any(r.errors or r.exit_status for r in results) else 0
+    failed = any(r.errors or r.exit_status or r.delivered < r.expected for r in results)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
