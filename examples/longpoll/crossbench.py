@@ -64,6 +64,8 @@ class Bench:
     seconds: float = 20.0
     loop: str = "auto"
     seed: int = 1
+    #: More arguments for every server (e.g. ``("--gc-threshold", "python")``).
+    server_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("parked", "topics"):
@@ -81,6 +83,7 @@ class ScenarioResult:
     """What one scenario measured (latencies in milliseconds, CPU in seconds)."""
 
     scenario: str
+    server_args: str
     processes: int
     parked: int
     posts: int
@@ -155,7 +158,7 @@ class _Server:
         self.proc = subprocess.Popen(
             [sys.executable, *prefix, "-m", "examples.longpoll", "--port", "0",
              "--redis", redis_url, "--workers", str(workers), "--loop", bench.loop,
-             "--max-parked", str(bench.parked + 100)],
+             "--max-parked", str(bench.parked + 100), *bench.server_args],
             cwd=_ROOT,
             stderr=subprocess.PIPE,
             preexec_fn=_raise_fd_limit,
@@ -171,6 +174,7 @@ class _Server:
                 break
         self.port: int = first["port"]
         self.pids: list[int] = first.get("pids") or [self.proc.pid]
+        self.stop_seconds = 0.0
         self.log_tail: list[str] = []
         self.drain = threading.Thread(
             target=_drain, args=(self.proc.stderr, self.log_tail), daemon=True
@@ -202,8 +206,14 @@ class _Server:
             self.proc.kill()
             status = self.proc.wait()
         self.stop_seconds = round(time.monotonic() - started, 2)
-        self.drain.join(timeout=10)
+        self.close()
         return status
+
+    def close(self) -> None:
+        """Its log read to the end (it has exited), the pipe closed."""
+        self.drain.join(timeout=10)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
 
 
 class _Client:
@@ -291,7 +301,8 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
         order = list(range(bench.parked))
         rng.shuffle(order)
         for n in order:
-            port = servers[n % len(servers)].port
+            # A topic's GETs alternate between the servers: each post answers both.
+            port = servers[(n // bench.topics) % len(servers)].port
             pollers.append(asyncio.create_task(client.poller(port, n, connected)))
         deadline = time.monotonic() + 180
         while sum(await asyncio.gather(*(asyncio.to_thread(s.parked) for s in servers))) < (
@@ -330,6 +341,7 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
             if s.proc.poll() is None:
                 s.proc.kill()
                 s.proc.wait()
+            s.close()
     every = sorted(v for values in client.latencies.values() for v in values)
     by_server: dict[str, Any] = {}
     names = ["local", "remote"] if scenario == "across" else ["all"]
@@ -343,6 +355,7 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
     processes = sum(len(s.pids) for s in servers)
     return ScenarioResult(
         scenario=scenario,
+        server_args=" ".join(bench.server_args),
         processes=processes,
         parked=bench.parked,
         posts=client.posts,
@@ -383,13 +396,26 @@ def main(argv: list[str] | None = None) -> int:
     d = Bench()
     p = argparse.ArgumentParser(prog="python -m examples.longpoll.crossbench", description=__doc__)
     p.add_argument("--parked", type=int, default=d.parked, help="concurrent GETs (%(default)s)")
-    p.add_argument("--topics", type=int, default=d.topics)
-    p.add_argument("--post-rate", type=float, default=d.post_rate, help="posts per second")
-    p.add_argument("--seconds", type=float, default=d.seconds, help="posting window")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS))
-    p.add_argument("--loop", choices=["auto", "asyncio", "uvloop"], default=d.loop)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--out", type=Path, help="also write the results here (JSON)")
+    p.add_argument("--topics", type=int, default=d.topics, help="GETs spread over (%(default)s)")
+    p.add_argument(
+        "--post-rate", type=float, default=d.post_rate, help="posts per second (%(default)s)"
+    )
+    p.add_argument("--seconds", type=float, default=d.seconds, help="posting window (%(default)s)")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated (%(default)s)")
+    p.add_argument(
+        "--loop",
+        choices=["auto", "asyncio", "uvloop"],
+        default=d.loop,
+        help="the servers' (%(default)s)",
+    )
+    p.add_argument("--seed", type=int, default=d.seed, help="GET order (%(default)s)")
+    p.add_argument("--out", type=Path, help="also write the results here (JSON) (%(default)s)")
+    p.add_argument(
+        "--server-args",
+        default="",
+        help="more arguments for every server, one string, e.g. '--gc-threshold python' "
+        "(%(default)s)",
+    )
     args = p.parse_args(argv)
     scenarios = args.scenarios.split(",")
     try:
@@ -400,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             seconds=args.seconds,
             loop=args.loop,
             seed=args.seed,
+            server_args=tuple(args.server_args.split()),
         )
         if not scenarios or not set(scenarios) <= set(SCENARIOS):
             raise ValueError(f"scenarios must name some of {SCENARIOS}, got {args.scenarios!r}")

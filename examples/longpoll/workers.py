@@ -58,6 +58,8 @@ def _worker_argv(args: argparse.Namespace, port: int) -> list[str]:
         if not action.option_strings or action.dest in _NOT_PASSED:
             continue
         value = getattr(args, action.dest)
+        if action.dest == "gc_threshold":
+            value = "python" if value is None else ",".join(map(str, value))
         if isinstance(action, argparse._StoreTrueAction):
             if value:
                 argv.append(action.option_strings[-1])
