@@ -531,3 +531,16 @@ def test_a_small_crossbench_run(capsys: pytest.CaptureFixture[str]) -> None:
     # across: half the GETs on the server that took no POST, delivered across processes
     assert runs[0]["by_server"]["remote"]["delivered"] == 25
     assert crossbench.main(["--parked", "0"]) == 2
+
+
+def test_the_gc_threshold_option() -> None:
+    from examples.longpoll.__main__ import GC_THRESHOLD, build_parser
+
+    parser = build_parser()
+    assert parser.parse_args([]).gc_threshold == GC_THRESHOLD
+    assert parser.parse_args(["--gc-threshold", "700,10,10"]).gc_threshold == (700, 10, 10)
+    assert parser.parse_args(["--gc-threshold", "python"]).gc_threshold is None
+    for bad in ("1,2", "0,10,10", "a,b,c"):
+        with pytest.raises(SystemExit) as exited:
+            parser.parse_args(["--gc-threshold", bad])
+        assert exited.value.code == 2
