@@ -44,10 +44,16 @@ GaugeValues = dict[str, int]  # purgatory_size, delayed, pending, keys + outcome
 
 
 def expected(
-    size: int, delayed: int, pending: int, keys: int, done: tuple[int, int, int, int]
+    size: int,
+    delayed: int,
+    pending: int,
+    keys: int,
+    done: tuple[int, int, int, int],
+    advances: int = 0,
 ) -> GaugeValues:
     completed, expired, cancelled, failed = done
     return {
+        "advances": advances,
         "size": size,
         "delayed": delayed,
         "pending": pending,
@@ -87,7 +93,14 @@ def scrape(registry: CollectorRegistry) -> dict[str, GaugeValues]:
                 assert sample.name == "aiopurgatory_operations_total"
                 values = result.setdefault(sample.labels["purgatory"], {})
                 values[sample.labels["outcome"]] = int(sample.value)
-    assert seen >= {*names, "aiopurgatory_operations"}
+        elif family.name == "aiopurgatory_advances":
+            assert family.type == "counter"
+            for sample in family.samples:
+                assert sample.name == "aiopurgatory_advances_total"
+                assert set(sample.labels) == {"purgatory"}
+                values = result.setdefault(sample.labels["purgatory"], {})
+                values["advances"] = int(sample.value)
+    assert seen >= {*names, "aiopurgatory_operations", "aiopurgatory_advances"}
     return result
 
 
@@ -266,13 +279,18 @@ def observe(reader: InMemoryMetricReader) -> dict[str, GaugeValues]:
                         assert kind == "Gauge"
                         assert attributes == {}
                         values[names[metric.name]] = int(point.value)  # type: ignore[union-attr]
+                    elif metric.name == "aiopurgatory.advances":
+                        assert kind == "Sum"
+                        assert metric.data.is_monotonic  # type: ignore[union-attr]
+                        assert attributes == {}
+                        values["advances"] = int(point.value)  # type: ignore[union-attr]
                     else:
                         assert metric.name == "aiopurgatory.operations"
                         assert kind == "Sum"
                         assert metric.data.is_monotonic  # type: ignore[union-attr]
                         values[str(attributes["outcome"])] = int(point.value)  # type: ignore[union-attr]
     if result:
-        assert seen == {*names, "aiopurgatory.operations"}
+        assert seen == {*names, "aiopurgatory.operations", "aiopurgatory.advances"}
     return result
 
 
@@ -324,3 +342,37 @@ def test_otel_without_sdk_is_a_no_op() -> None:
     purgatory: ap.Purgatory[Op] = ap.Purgatory("p")
     instruments = PurgatoryInstruments([purgatory], meter_provider=NoOpMeterProvider())
     assert instruments.purgatories == [purgatory]
+
+
+async def drive_advances(check: Any, purgatory: ap.Purgatory[ap.WatermarkOperation]) -> None:
+    """Watermark advances counted: those that raised a watermark, not the others."""
+    a, b = ap.WatermarkOperation(5.0), ap.WatermarkOperation(5.0)
+    assert not purgatory.try_complete_else_watch(a, {"orders-0": 10})
+    assert not purgatory.try_complete_else_watch(b, {"orders-0": 20, "orders-1": 5})
+    check(expected(size=3, delayed=2, pending=2, keys=2, done=(0, 0, 0, 0)))
+    assert purgatory.advance("orders-0", 12) == 1  # a completes
+    assert purgatory.advance("orders-0", 11) == 0  # lower: not an advance
+    assert purgatory.advance("nobody", 99) == 0  # an unwatched key keeps nothing
+    check(expected(size=2, delayed=1, pending=1, keys=2, done=(1, 0, 0, 0), advances=1))
+    assert purgatory.advance("orders-1", 5) == 1  # b completes on either key
+    check(expected(size=0, delayed=0, pending=0, keys=0, done=(2, 0, 0, 0), advances=2))
+
+
+@pytest.mark.virtual_time
+async def test_prometheus_and_otel_export_watermark_advances() -> None:
+    registry = CollectorRegistry()
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    try:
+        produce: ap.Purgatory[ap.WatermarkOperation] = ap.Purgatory("produce")
+        PurgatoryCollector([produce], registry=registry)
+        PurgatoryInstruments([produce], meter_provider=provider)
+
+        def check(values: GaugeValues) -> None:
+            assert scrape(registry) == {"produce": values}
+            assert observe(reader) == {"produce": values}
+            assert produce.statistics().advances == values["advances"]
+
+        await drive_advances(check, produce)
+    finally:
+        provider.shutdown()

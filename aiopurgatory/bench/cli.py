@@ -4,6 +4,7 @@ Usage::
 
     aiopurgatory bench timer [-n N] [--loop asyncio|uvloop|both|trio|all] [--repeat R] ...
     aiopurgatory bench purgatory [--num N] [--rate R] [--pct75 MS --pct50 MS] [--sweep] ...
+    aiopurgatory bench purgatory --acks-only [--acks 100,1000,...] [--acks-partitions P] ...
     aiopurgatory bench scale [--pending 1000,10000,...] [--ops N] ...
     aiopurgatory bench all [--quick]
 
@@ -26,11 +27,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._clitools import Parser, UsageError, check_output_file, fail, require
+from . import acks as acks_bench
 from . import purgatory as purgatory_bench
 from . import timer as timer_bench
 from ._common import TRIO_LOOPS, quiet_logging
 from ._report import _print_report
 from ._runner import _positive_int, _Runner
+from .suite_acks import DEFAULT_PENDINGS, _acks_args, acks_params, run_acks_suite
 from .suite_purgatory import (
     _DEFAULT_SWEEP,
     _headline_args,
@@ -150,6 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     _purgatory_args(p)
     _sweep_args(p)
     _headline_args(p)
+    _acks_args(p)
 
     p = command("scale", "cost per op as pending timers grow (asyncio loops)")
     _scale_args(p)
@@ -198,7 +202,10 @@ def _count_runs(args: argparse.Namespace, loops: Sequence[str]) -> int:
     if args.command == "timer":
         return timer_cells * repeat
     if args.command == "purgatory":
-        n = cells * 3 * repeat * len(_scenarios(args))
+        acks = len(_acks_pendings(args)) * len(args.acks_impls) * len(_scale_loops(loops)) * repeat
+        if args.acks_only:
+            return acks
+        n = acks + cells * 3 * repeat * len(_scenarios(args))
         if args.sweep:
             n += cells * 3 * len(args.sweep)
         if not args.no_headline:
@@ -209,14 +216,22 @@ def _count_runs(args: argparse.Namespace, loops: Sequence[str]) -> int:
         return scale_cells * 2 * (repeat * len(pendings) + (1 if args.memory_pending else 0))
     # all: timer, the headline (two completions of three impls), four purgatory
     # cases (two scenarios, check and clock completion) of three impls, a sweep of
-    # two impls, scale at its sizes + memory (not on trio)
+    # two impls, scale at its sizes + memory and acks=all at one size (not on trio)
     plan = _all_plan(args.quick)
     return (
         timer_cells * repeat
         + len(headline_loops(loops)) * 6 * repeat
         + cells * (12 * repeat + 2 * len(plan["sweep"]))
         + scale_cells * 2 * (len(plan["pending"]) * repeat + 1)
+        + scale_cells * len(acks_bench.IMPLS) * repeat
     )
+
+
+def _acks_pendings(args: argparse.Namespace) -> list[int]:
+    """The pending counts of the acks=all workload the command runs (none: not asked)."""
+    if args.acks:
+        return list(args.acks)
+    return list(DEFAULT_PENDINGS) if args.acks_only else []
 
 
 def _scale_loops(loops: Sequence[str]) -> list[str]:
@@ -256,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_logging()
     if args.command == "scale" and not _scale_loops(loops):
         parser.error("bench scale runs on asyncio loops only (asyncio, uvloop, virtual)")
+    if args.command == "purgatory" and args.acks_only and not _scale_loops(loops):
+        parser.error("the acks=all workload runs on asyncio loops only (asyncio, uvloop, virtual)")
     try:
         scenarios = _scenarios(args) if args.command == "purgatory" else []
     except ValueError as exc:
@@ -285,6 +302,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["timer"] = run_timer_suite(
                 loops, dict(params, seed=args.seed), args.repeat, runner
             )
+        elif args.command == "purgatory" and args.acks_only:
+            report["acks"] = run_acks_suite(
+                _scale_loops(loops),
+                _acks_pendings(args),
+                acks_params(args),
+                args.repeat,
+                runner,
+                impls=args.acks_impls,
+            )
         elif args.command == "purgatory":
             if not args.no_headline and headline_loops(loops):
                 # First: the case users have (see aiopurgatory.bench.realistic).
@@ -303,6 +329,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sweep=args.sweep or (),
                 sweep_params=dict(scenarios[0], num=args.sweep_num),
             )
+            if _acks_pendings(args) and _scale_loops(loops):
+                report["acks"] = run_acks_suite(
+                    _scale_loops(loops),
+                    _acks_pendings(args),
+                    acks_params(args),
+                    args.repeat,
+                    runner,
+                    impls=args.acks_impls,
+                )
         elif args.command == "scale":
             report["scale"] = run_scale_suite(
                 _scale_loops(loops),
@@ -340,6 +375,7 @@ def _all_plan(quick: bool) -> dict[str, Any]:
             "headline": {},
             "sweep": _DEFAULT_SWEEP,
             "pending": [10**3, 10**4, 10**5, 10**6],
+            "acks": {"pending": 1000},
         }
     return {
         "scale_down": 100,
@@ -347,6 +383,7 @@ def _all_plan(quick: bool) -> dict[str, Any]:
         "headline": {"timeout": 200.0, "pct75": 40.0, "pct50": 20.0},
         "sweep": _DEFAULT_SWEEP[:2],
         "pending": [10**3, 10**4],
+        "acks": {"pending": 100, "rounds": 50, "cpu_budget": 0.2},
     }
 
 
@@ -395,6 +432,9 @@ def _run_all(
     scale_loops = _scale_loops(loops)
     if not scale_loops:
         return
+    # acks=all (watermarks, issue 28) at the pending count of its targets.
+    acks = dict(acks_bench.DEFAULTS, **plan["acks"])
+    report["acks"] = run_acks_suite(scale_loops, [acks.pop("pending")], acks, args.repeat, runner)
     report["scale"] = run_scale_suite(
         scale_loops,
         plan["pending"],

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 from .. import Outcome, Purgatory, PurgatoryHistograms, PurgatoryStatistics
 
 __all__ = [
+    "ADVANCES",
     "GAUGES",
     "HISTOGRAM_EDGES",
     "Gauge",
@@ -97,6 +98,19 @@ GAUGES = (
         "Keys with a non-empty watch list.",
         "keys",
     ),
+)
+
+
+#: The running total of watermark advances both adapters export (a counter): the
+#: :meth:`~aiopurgatory.Purgatory.advance` calls that raised a key's watermark
+#: (``PurgatoryStatistics.advances``). Each checked only the operations it reached.
+ADVANCES = Gauge(
+    "aiopurgatory_advances",
+    "aiopurgatory.advances",
+    "{advance}",
+    "Watermark advances: Purgatory.advance calls that raised a key's watermark "
+    "(running total since the purgatory was created).",
+    "advances",
 )
 
 
