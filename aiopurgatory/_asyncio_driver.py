@@ -22,6 +22,10 @@ and, as static methods for the running loop (no driver needed):
 * ``running_owner()`` and ``running_time()``: the running loop and its clock;
 * ``new_waiter()``: something ``watch()`` and ``await op`` park the calling
   task on (``set_result(None)`` wakes it);
+* ``running_call_soon_threadsafe()``: the running loop's
+  ``call_soon_threadsafe`` (to log a failure nobody received, from a finalizer);
+* ``done_callback_scheduler()``: ``schedule(fn, op, context)``, which runs
+  ``fn(op)`` soon on the running loop (an operation's done callbacks);
 * ``deadline_scope()``: the block a :class:`~aiopurgatory.Timeout` may
   interrupt. Its ``enter()`` and ``exit(...)`` bracket the block (``exit``
   returns True when the block ended because of the scope's ``cancel()``, so the
@@ -116,6 +120,40 @@ class AsyncioDriver:
     def new_waiter() -> asyncio.Future[None]:
         """A future of the running loop to park a task on (RuntimeError if none)."""
         return asyncio.get_running_loop().create_future()
+
+    @staticmethod
+    def running_call_soon_threadsafe() -> Callable[..., object]:
+        """The running loop's ``call_soon_threadsafe`` (RuntimeError if none).
+
+        The function returned raises ``RuntimeError`` once the loop has stopped
+        running (not only once it is closed): a callback handed to a loop that is
+        never run again would be lost without a word.
+        """
+        loop = asyncio.get_running_loop()
+
+        def call_soon_threadsafe(fn: Callable[..., object], *args: Any) -> object:
+            if not loop.is_running():
+                raise RuntimeError("the loop is not running")
+            return loop.call_soon_threadsafe(fn, *args)
+
+        return call_soon_threadsafe
+
+    @staticmethod
+    def done_callback_scheduler() -> Callable[..., object]:
+        """``schedule(fn, op, context)``: ``loop.call_soon(fn, op, context=context)``.
+
+        Nothing once the loop is closed (it runs nothing more), so that finishing
+        an operation at shutdown (``close()`` after the loop) does not fail.
+        """
+        loop = asyncio.get_running_loop()
+        call_soon = loop.call_soon
+
+        def schedule(fn: Callable[[Any], object], op: Any, context: Any) -> object:
+            if loop.is_closed():
+                return None
+            return call_soon(fn, op, context=context)
+
+        return schedule
 
     @staticmethod
     def deadline_scope() -> AsyncioDeadlineScope:

@@ -27,8 +27,10 @@ __all__ = [
     "current_owner",
     "current_time",
     "deadline_scope",
+    "done_callback_scheduler",
     "new_driver",
     "new_waiter",
+    "running_call_soon_threadsafe",
 ]
 
 
@@ -96,6 +98,10 @@ class Driver(Protocol):
     def new_waiter() -> Any: ...
     @staticmethod
     def deadline_scope() -> DeadlineScope: ...
+    @staticmethod
+    def running_call_soon_threadsafe() -> Callable[..., object]: ...
+    @staticmethod
+    def done_callback_scheduler() -> Callable[[Callable[[Any], object], Any, Any], object]: ...
 
 
 def _driver_type() -> type[Driver]:
@@ -161,3 +167,28 @@ def deadline_scope() -> DeadlineScope:
         RuntimeError: no running event loop, or (asyncio) not inside a task.
     """
     return _driver_type().deadline_scope()
+
+
+def done_callback_scheduler() -> Callable[[Callable[[Any], object], Any, Any], object]:
+    """``schedule(fn, op, context)``: run ``fn(op)`` in ``context`` soon, on the running loop.
+
+    On asyncio ``loop.call_soon`` (an exception goes to the loop's exception
+    handler); on trio ``TrioToken.run_sync_soon`` (an exception is logged). Never
+    inside the calling code.
+
+    Raises:
+        RuntimeError: no running event loop.
+    """
+    return _driver_type().done_callback_scheduler()
+
+
+def running_call_soon_threadsafe() -> Callable[..., object] | None:
+    """``fn(*args)`` soon on the running loop, callable from any thread; None outside one.
+
+    ``loop.call_soon_threadsafe`` on asyncio, ``TrioToken.run_sync_soon`` on trio;
+    either raises ``RuntimeError`` once the loop is closed or the run has finished.
+    """
+    try:
+        return _driver_type().running_call_soon_threadsafe()
+    except RuntimeError:
+        return None

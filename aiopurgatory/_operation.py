@@ -11,9 +11,14 @@ An operation is *new* until a purgatory takes it, *pending* while watched, and
   awaiters are woken. Awaiters read the result from the operation itself, so an
   exception recorded after they were woken (``try_complete`` raising after it
   called ``force_complete``) still reaches them.
-* A callback that raises is contained: logged once as
-  ``aiopurgatory.callback_failed``, stored on the operation and raised to its
-  awaiters, never to the timer, to ``check_and_complete`` or to other operations.
+* A callback that raises is contained: stored on the operation and raised to
+  its awaiters, never to the timer, to ``check_and_complete`` or to other
+  operations. As asyncio does with a future's exception, it is logged (once, as
+  ``aiopurgatory.callback_failed``) only if nobody receives it: not if it was
+  raised to the caller of ``watch()``/``try_complete_else_watch()``, nor once
+  ``await op``, ``result()`` or ``exception()`` delivered it; otherwise when the
+  operation is garbage-collected. A second failure of one operation (only the
+  first is kept) and a failure outside any event loop are logged at once.
   Exceptions that are not ``Exception`` subclasses (``KeyboardInterrupt``,
   ``SystemExit``, ``CancelledError``) are not contained: they propagate, and an
   operation interrupted that way mid-callback may be left as it was (for
@@ -25,13 +30,15 @@ An operation is *new* until a purgatory takes it, *pending* while watched, and
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
 from asyncio import InvalidStateError
 from collections.abc import Callable, Generator, Hashable
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._backends import new_waiter
+from ._backends import done_callback_scheduler, new_waiter, running_call_soon_threadsafe
 from ._errors import as_seconds
 from ._logging import LazyLogger
 from ._timer import _TimerEntry
@@ -59,6 +66,108 @@ FAILED = Outcome.FAILED
 
 # Where failures of operations that have no purgatory are logged.
 _log = LazyLogger()
+
+
+class _Required:
+    """The default of ``DelayedOperation(timeout)``: the argument was not given.
+
+    A default rather than a required parameter, so that both cores name the class
+    and the argument when it is missing (the compiled one would otherwise say only
+    "takes exactly 1 positional argument").
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+_REQUIRED: Any = _Required()
+
+
+class _Unretrieved:
+    """A failure nobody has received yet; logged if it never is.
+
+    Kept beside the exception on the operation (asyncio keeps the same flag on a
+    future). Receiving the exception (``await op``, ``watch()``, ``result()``,
+    ``exception()``) clears it; if the operation is garbage-collected first, the
+    failure is logged then, as ``aiopurgatory.callback_failed``. It holds no
+    reference to the operation, so it does not keep it alive.
+
+    The log call is handed to the loop the failure happened on (thread-safe: a
+    collection may run in any thread), not made inside the garbage collector:
+    formatting a traceback there can re-enter the interpreter in places that do
+    not expect it. Only if that loop is no longer running is it logged on the spot.
+    """
+
+    __slots__ = ("callback", "exc", "logger", "op", "soon")
+
+    def __init__(
+        self, logger: Any, callback: str, op: str, exc: Exception, soon: Callable[..., object]
+    ) -> None:
+        self.logger = logger
+        self.callback = callback
+        self.op = op
+        self.exc: Exception | None = exc
+        self.soon = soon
+
+    def __del__(self) -> None:
+        exc = self.exc
+        if exc is None:
+            return
+        self.exc = None
+        args = (self.logger, self.callback, self.op, exc)
+        try:
+            self.soon(_log_failure_quietly, *args)
+        except Exception:  # the loop is closed, the trio run has finished
+            _log_failure_quietly(*args)
+
+
+def _log_failure(logger: Any, callback: str, op: str, exc: Exception) -> None:
+    logger.error(
+        "aiopurgatory.callback_failed",
+        callback=callback,
+        op=op,
+        error=repr(exc),
+        exc_info=exc,
+    )
+
+
+def _log_failure_quietly(logger: Any, callback: str, op: str, exc: Exception) -> None:
+    # From a loop callback or a finalizer: an application's logging configuration
+    # (or interpreter shutdown) must not make it raise there.
+    with contextlib.suppress(Exception):
+        _log_failure(logger, callback, op, exc)
+
+
+class _DoneCallback:
+    """A done callback of an operation, kept among its waiters.
+
+    Shaped like a waiter (``done()``, ``set_result()``), so that finishing the
+    operation schedules it with the waiters, in registration order, at no cost to
+    operations that have none.
+    """
+
+    __slots__ = ("context", "fn", "op", "schedule")
+
+    def __init__(
+        self,
+        op: DelayedOperation,
+        fn: Callable[[DelayedOperation], object],
+        context: contextvars.Context,
+        schedule: Callable[..., object],
+    ) -> None:
+        self.op = op
+        self.fn = fn
+        self.context = context
+        self.schedule = schedule
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, _result: None) -> None:
+        self.schedule(self.fn, self.op, self.context)
+        self.op = None  # type: ignore[assignment]  # scheduled: no cycle left behind
 
 
 class _Owner:
@@ -109,8 +218,19 @@ class DelayedOperation(_TimerEntry):
         "_waiters",
     )
 
-    def __init__(self, timeout: float) -> None:
+    if TYPE_CHECKING:
+
+        def __init__(self, timeout: float) -> None: ...
+
+    def __init__(self, timeout: float = _REQUIRED) -> None:  # type: ignore[no-redef]
         if type(timeout) is not float or timeout - timeout:
+            if timeout is _REQUIRED:
+                cls = type(self).__name__
+                subclass = "" if cls == "DelayedOperation" else f" (of {cls})"
+                raise TypeError(
+                    f"DelayedOperation.__init__(){subclass} missing 1 required argument: "
+                    "'timeout' (seconds from being watched until expiry)"
+                )
             timeout = as_seconds(timeout, "timeout")
         if timeout < 0:
             raise ValueError(f"timeout must not be negative, got {timeout!r}")
@@ -127,9 +247,11 @@ class DelayedOperation(_TimerEntry):
         self._outcome: Outcome | None = None
         # The failure and its traceback as recorded, raised again with that
         # traceback each time (as asyncio.Future does), so that repeated awaits
-        # do not grow it and keep their frames alive.
-        self._exception: tuple[Exception, TracebackType | None] | None = None
-        # asyncio futures, or trio waiters (aiopurgatory._trio_driver.TrioWaiter).
+        # do not grow it and keep their frames alive; and, until someone receives
+        # it, what logs it if nobody does (_Unretrieved).
+        self._exception: tuple[Exception, TracebackType | None, _Unretrieved | None] | None = None
+        # asyncio futures, or trio waiters (aiopurgatory._trio_driver.TrioWaiter),
+        # and done callbacks (_DoneCallback).
         self._waiters: list[Any] | None = None
 
     def __repr__(self) -> str:
@@ -150,24 +272,14 @@ class DelayedOperation(_TimerEntry):
 
     @property
     def keys(self) -> tuple[Hashable, ...]:
-        """The keys this operation is watched under (empty until a purgatory takes it).
+        """The keys this operation is (or was) watched under.
 
-        Already set when the purgatory's first ``try_complete()`` runs.
+        Empty until it joins its watch lists, and for good if its first check
+        (in ``try_complete_else_watch``) finished it: it was never watched.
         """
-        return self._keys
-
-    @property
-    def thresholds(self) -> dict[Hashable, float]:
-        """Each watch key's threshold, for a watch with thresholds; else empty.
-
-        ``watch(op, {key: threshold})`` sets it (already when the purgatory's
-        first ``try_complete()`` runs); a watch with plain keys leaves it empty.
-        A new dict on each access.
-        """
-        thresholds = self._thresholds
-        if thresholds is None:
-            return {}
-        return dict(zip(self._keys, thresholds, strict=True))
+        # ``_keys`` is set before that first check (WatermarkOperation reads it
+        # there); ``_key`` only once the operation joins its watch lists.
+        return self._keys if self._key else ()
 
     @property
     def is_completed(self) -> bool:
@@ -216,7 +328,54 @@ class DelayedOperation(_TimerEntry):
         if self._outcome is None:
             raise InvalidStateError(f"{self!r} has not finished")
         failure = self._exception
-        return None if failure is None else failure[0]
+        if failure is None:
+            return None
+        self._received()
+        return failure[0]
+
+    def add_done_callback(
+        self,
+        fn: Callable[[DelayedOperation], object],
+        *,
+        context: contextvars.Context | None = None,
+    ) -> None:
+        """Call ``fn(op)`` once the operation finishes, as ``asyncio.Future`` does.
+
+        ``fn`` is scheduled on the running loop (``loop.call_soon``), never called
+        inside this call or inside the call that finished the operation; on trio it
+        runs soon in the trio run (``TrioToken.run_sync_soon``; an exception from it
+        is logged as ``aiopurgatory.done_callback_failed``). If the operation has
+        already finished, it is scheduled at once. It runs in ``context`` if given,
+        else in a copy of the current context. ``asyncio.wait`` uses this.
+
+        Raises:
+            TypeError: ``fn`` is not callable.
+            RuntimeError: no running event loop (call it on the operation's loop).
+        """
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        schedule = done_callback_scheduler()
+        if context is None:
+            context = contextvars.copy_context()
+        if self._outcome is not None:
+            schedule(fn, self, context)
+        else:
+            self._add_waiter(_DoneCallback(self, fn, context, schedule))
+
+    def remove_done_callback(self, fn: Callable[[DelayedOperation], object]) -> int:
+        """Remove every pending ``fn`` added by :meth:`add_done_callback`.
+
+        Returns:
+            How many were removed (as ``asyncio.Future.remove_done_callback``).
+        """
+        waiters = self._waiters
+        if not waiters:
+            return 0
+        kept = [w for w in waiters if not (type(w) is _DoneCallback and w.fn == fn)]
+        removed = len(waiters) - len(kept)
+        if removed:
+            self._waiters = kept or None
+        return removed
 
     # -- to override -----------------------------------------------------------------
 
@@ -322,6 +481,7 @@ class DelayedOperation(_TimerEntry):
     def _result(self) -> Outcome:
         failure = self._exception
         if failure is not None:
+            self._received()
             raise failure[0].with_traceback(failure[1])
         assert self._outcome is not None
         return self._outcome
@@ -364,28 +524,53 @@ class DelayedOperation(_TimerEntry):
     def _timer_closed(self) -> None:
         self.cancel()
 
-    def _try_complete_failed(self, exc: Exception) -> None:
-        """``try_complete`` raised: finish as FAILED unless it already finished."""
+    def _try_complete_failed(self, exc: Exception, raised: bool = False) -> None:
+        """``try_complete`` raised: finish as FAILED unless it already finished.
+
+        ``raised``: the caller raises ``exc`` on (``try_complete_else_watch``), so
+        someone receives it and it is not logged.
+        """
         if self._outcome is None:
             self._outcome = FAILED
             purgatory = self._purgatory
             if purgatory is not None:
                 purgatory._detach(self, FAILED)
-            self._callback_failed(exc, "try_complete")
+            self._callback_failed(exc, "try_complete", raised)
             self._finished()
         else:
-            self._callback_failed(exc, "try_complete")
+            self._callback_failed(exc, "try_complete", raised)
 
-    def _callback_failed(self, exc: Exception, callback: str) -> None:
-        """Keep the first failure for awaiters; log each (``aiopurgatory.callback_failed``)."""
+    def _try_complete_raised(self, exc: Exception) -> None:
+        """:meth:`_try_complete_failed` for an exception the caller raises on."""
+        self._try_complete_failed(exc, True)
+
+    def _received(self) -> None:
+        """The failure reached someone: it will not be logged (see _Unretrieved)."""
+        failure = self._exception
+        if failure is not None and failure[2] is not None:
+            failure[2].exc = None
+            self._exception = (failure[0], failure[1], None)
+
+    def _callback_failed(self, exc: Exception, callback: str, raised: bool = False) -> None:
+        """Keep the first failure for whoever receives it; log one nobody can.
+
+        ``raised``: the caller raises ``exc`` on (someone receives it).
+        """
         if self._exception is None:
-            self._exception = (exc, exc.__traceback__)
-        purgatory = self._purgatory
-        logger = purgatory._logger if purgatory is not None else _log
-        logger.error(
-            "aiopurgatory.callback_failed",
-            callback=callback,
-            op=repr(self),
-            error=repr(exc),
-            exc_info=exc,
-        )
+            unretrieved = None
+            if not raised:
+                purgatory = self._purgatory
+                logger = purgatory._logger if purgatory is not None else _log
+                soon = running_call_soon_threadsafe()
+                if soon is None:
+                    # Outside any event loop nobody can be waiting for it (and no
+                    # loop could take the log call later): log it now.
+                    _log_failure(logger, callback, repr(self), exc)
+                else:
+                    unretrieved = _Unretrieved(logger, callback, repr(self), exc, soon)
+            self._exception = (exc, exc.__traceback__, unretrieved)
+        elif not raised:
+            # A later failure: only the first is kept, so nobody can receive it.
+            purgatory = self._purgatory
+            logger = purgatory._logger if purgatory is not None else _log
+            _log_failure(logger, callback, repr(self), exc)

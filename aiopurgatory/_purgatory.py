@@ -443,7 +443,7 @@ class _PurgatoryCore(_Owner):
             if op.try_complete() and op._outcome is None:
                 op.force_complete()  # "return True" without force_complete()
         except Exception as exc:
-            op._try_complete_failed(exc)
+            op._try_complete_raised(exc)  # raised to the caller: not logged
             raise
         outcome = op._outcome
         if outcome is not None:
@@ -1054,6 +1054,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             expired=self._expired,
             cancelled=self._cancelled,
             failed=self._failed,
+            advances=self._advances,
         )
 
     async def aclose(self, *, expire_pending: bool = False) -> None:

@@ -40,6 +40,7 @@ cdef class Timer:
     cdef public object _last_lag_log
     cdef public object _logger
     cdef public double _max_when
+    cdef public bint _shared
     cdef public list _staged
     cdef public double _tick
     cdef public object _time
@@ -59,8 +60,8 @@ cdef class Timer:
     cpdef _arm(self, expiration, not_before=*)
     cpdef _disarm(self)
     cpdef bint _insert(self, _TimerEntry entry) except -1
-    @cython.locals(entry=_TimerEntry, due_now=list)
-    cpdef _compact(self)
+    @cython.locals(entry=_TimerEntry, due_now=list, when=double)
+    cpdef _compact(self, double now)
     @cython.locals(wheel=TimingWheel, due=list)
     cpdef _drive(self, armed)
     @cython.locals(entry=_TimerEntry, i=Py_ssize_t)

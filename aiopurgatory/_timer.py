@@ -142,13 +142,15 @@ class TimerHandle(_TimerEntry):
                 timer._disarm()
 
     def _fire(self) -> None:
-        callback = self._callback
         args = self._args
         context = self._context
-        self._callback = self._args = self._context = None
+        self._args = self._context = None
         # A pending handle always has a context: the caller's, or a copy of the
-        # one current at scheduling time (as asyncio does).
-        context.run(callback, *args)  # type: ignore[arg-type, misc, union-attr]
+        # one current at scheduling time (as asyncio does). The callback is let go
+        # only once it has returned: a failure's report (the handle's repr, as
+        # asyncio's) names it.
+        context.run(self._callback, *args)  # type: ignore[arg-type, misc, union-attr]
+        self._callback = None
 
     def _timer_closed(self) -> None:
         self._cancelled = True
@@ -189,6 +191,7 @@ class Timer:
         "_last_lag_log",
         "_logger",
         "_max_when",
+        "_shared",
         "_staged",
         "_tick",
         "_time",
@@ -221,6 +224,8 @@ class Timer:
         self._staged: list[_TimerEntry] = []
         self._flush_requested = False
         self._closed = False
+        # The loop's shared timer (shared_timer()): not closed by users.
+        self._shared = False
         self._logger = LazyLogger(timer=id(self))
         self._last_lag_log = -inf
         self._early_wake = -inf  # loop time of the last early wake-up
@@ -382,7 +387,20 @@ class Timer:
 
         Pending :class:`TimerHandle` objects become cancelled; delayed operations
         scheduled on this timer are cancelled (``Outcome.CANCELLED``).
+
+        Raises:
+            RuntimeError: this is the loop's shared timer (:func:`shared_timer`):
+                every ``ap.timeout()`` on the loop uses it, so closing it would
+                cancel deadlines of code that does not own it (their tasks would
+                then never time out). It goes away with its loop; close your
+                purgatories instead, or use a ``Timer()`` of your own.
         """
+        if self._shared:
+            raise RuntimeError(
+                "the loop's shared timer (ap.shared_timer(), behind ap.timeout()) cannot be "
+                "closed: other code's timeouts use it, and it goes away with its loop; "
+                "close your purgatories instead, or give them a Timer() of your own to close"
+            )
         if self._closed:
             return
         self._closed = True
@@ -421,11 +439,17 @@ class Timer:
         best = self._wheel.next_expiration()
         if self._due_now:
             best = self._wheel.current
-        for entry in self._staged:
-            if entry._tick is not None:
-                e = self._tick_of(entry._when)
-                if best is None or e < best:
-                    best = e
+        staged = self._staged
+        if staged:
+            now = self._time()
+            for entry in staged:
+                if entry._tick is not None:
+                    when = entry._when
+                    # Already reached by the clock: it runs at the next flush,
+                    # now, not at its tick (see _compact).
+                    e = self._floor_tick(now) if when <= now else self._tick_of(when)
+                    if best is None or e < best:
+                        best = e
         return None if best is None else best * tick
 
     # -- the purgatory's interface (see the module documentation) ---------------------
@@ -559,7 +583,7 @@ class Timer:
         staged = self._staged
         staged.append(entry)
         if len(staged) >= _STAGE_LIMIT:
-            self._compact()
+            self._compact(self._time())
 
     def _request_flush(self) -> None:
         """Have the driver call :meth:`_on_flush` on a later loop iteration (once)."""
@@ -601,15 +625,21 @@ class Timer:
         entry._tick = self._tick_of(entry._when)
         return self._wheel.add(entry)
 
-    def _compact(self) -> None:
+    def _compact(self, now: float) -> None:
         # Move the live staged entries into the wheel: from _drive once per loop
         # iteration, and from _schedule when the stage fills up within one (so
         # that memory stays bounded). Entries already due wait in _due_now for
-        # _drive to run (never rescanned here: no quadratic cost).
+        # _drive to run (never rescanned here: no quadratic cost). Due means
+        # when <= now, the clock's own reading, as asyncio's call_later(0): a zero
+        # delay runs on the next loop iteration, not at the next tick (which may be
+        # hundreds of iterations later); comparing with the tick alone (the wheel's
+        # clock is rounded down) would keep it until the tick turns over.
         due_now = self._due_now
         for entry in self._staged:
-            if entry._tick is not None and not self._insert(entry):
-                due_now.append(entry)
+            if entry._tick is not None:
+                when = entry._when
+                if when <= now or not self._insert(entry):
+                    due_now.append(entry)
         self._staged = []
 
     def _drive(self, armed: float | None) -> None:
@@ -638,7 +668,7 @@ class Timer:
         # Staged entries into the wheel; those already due join the ones set
         # aside by earlier compactions, after the wheel's (scheduling order).
         if self._staged:
-            self._compact()
+            self._compact(now)
         if self._due_now:
             due.extend(self._due_now)
             self._due_now = []
@@ -700,6 +730,10 @@ _shared: weakref.WeakValueDictionary[int, Timer] = weakref.WeakValueDictionary()
 def shared_timer() -> Timer:
     """The running loop's (or trio run's) shared :class:`Timer`, created on demand.
 
+    ``ap.timeout()`` and ``ap.timeout_at()`` use it, and purgatories may
+    (``Purgatory(timer=ap.shared_timer())``). It cannot be closed
+    (``close()`` raises ``RuntimeError``): it goes away with its loop.
+
     Raises:
         RuntimeError: no running event loop.
     """
@@ -708,6 +742,7 @@ def shared_timer() -> Timer:
     if timer is None or timer._driver.owner is not owner:  # type: ignore[union-attr]
         timer = _shared[id(owner)] = Timer()
         timer._bind()
+        timer._shared = True
     return timer
 
 

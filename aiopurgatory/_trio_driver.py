@@ -162,6 +162,23 @@ class TrioDriver:
         return TrioWaiter()
 
     @staticmethod
+    def running_call_soon_threadsafe() -> Callable[..., object]:
+        """The running run's ``TrioToken.run_sync_soon`` (RuntimeError outside one)."""
+        return _current_trio_token().run_sync_soon
+
+    @staticmethod
+    def done_callback_scheduler() -> Callable[..., object]:
+        """``schedule(fn, op, context)``: ``fn(op)`` soon in this run (``run_sync_soon``)."""
+        run_sync_soon = _current_trio_token().run_sync_soon
+
+        def schedule(fn: Callable[[Any], object], op: Any, context: Any) -> None:
+            # A run that has finished runs nothing more, as a closed asyncio loop.
+            with contextlib.suppress(trio.RunFinishedError):
+                run_sync_soon(_run_done_callback, fn, op, context)
+
+        return schedule
+
+    @staticmethod
     def deadline_scope() -> TrioDeadlineScope:
         """A cancel scope for a timeout's block."""
         return TrioDeadlineScope()
@@ -306,6 +323,24 @@ async def _serve(ref: weakref.ref[TrioDriver], bed: _Bed) -> None:
         driver = _live(ref)
         if driver is not None and driver._flush:
             _serve_driver(ref)
+
+
+def _run_done_callback(fn: Callable[[Any], object], op: Any, context: Any) -> None:
+    """An operation's done callback, in the trio run: an exception from it is logged.
+
+    (Raised out of ``run_sync_soon`` it would end the run as a TrioInternalError;
+    asyncio hands it to the loop's exception handler, which logs it.)
+    """
+    try:
+        context.run(fn, op)
+    except Exception as exc:
+        _log.error(
+            "aiopurgatory.done_callback_failed",
+            callback=repr(fn),
+            op=repr(op),
+            error=repr(exc),
+            exc_info=exc,
+        )
 
 
 def _live(ref: weakref.ref[TrioDriver]) -> TrioDriver | None:

@@ -162,7 +162,9 @@ class EventRecorder:
             purgatory=purgatory.name,
             op_id=op_id,
             op_type=type(op).__name__,
-            keys=[str(key) for key in op.keys],
+            # An op that completed at once was never watched: no keys (op.keys
+            # holds them already while its first try_complete() runs).
+            keys=[] if deadline is None else [str(key) for key in op.keys],
             timeout=op.timeout,
             watched_at=watched_at,
             finished_at=finished_at,

@@ -20,9 +20,10 @@ asks for it, with the marker or the fixture::
 * The ``virtual_loop`` fixture gives the test its running virtual loop (to
   ``advance`` or ``advance_to`` the clock); asking for it implies the marker.
 
-It works through pytest-asyncio (1.4 or later), in both of its modes: in
-``auto`` mode the marker is enough, in ``strict`` mode add
-``@pytest.mark.asyncio`` as for any async test. It supplies the loop through
+It works through pytest-asyncio (1.4 or later), in both of its modes: the marker
+(or the fixture) is enough, also in ``strict`` mode, pytest-asyncio's default,
+where the plugin marks the test ``@pytest.mark.asyncio`` itself (a test with its
+own ``asyncio`` marker keeps it, ``loop_scope`` included). It supplies the loop through
 pytest-asyncio's ``pytest_asyncio_loop_factories`` hook, and overrides a project's
 own implementation of that hook (a loop matrix, say) only for the tests that ask
 for virtual time; the others keep the project's loops, or asyncio's default loop.
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
@@ -86,6 +88,44 @@ def _virtual_factory(start: float) -> asyncio.AbstractEventLoop:
     return VirtualTimeLoop(start)
 
 
+def _asks_for_virtual_time(collector: pytest.Collector, obj: object) -> bool:
+    """Whether the test function ``obj``, about to be collected, asks for virtual time.
+
+    Its own marks, those of its class or module, or a ``virtual_loop`` parameter.
+    """
+    marks = getattr(obj, "pytestmark", ())
+    if any(getattr(mark, "name", None) == MARKER for mark in marks):
+        return True
+    if collector.get_closest_marker(MARKER) is not None:
+        return True
+    try:
+        return _FIXTURE in inspect.signature(obj).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # pragma: no cover - not introspectable
+        return False
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pycollect_makeitem(
+    collector: pytest.Module | pytest.Class, name: str, obj: object
+) -> Generator[None, object, object]:
+    # Before pytest (and pytest-asyncio) make the item: in strict mode,
+    # pytest-asyncio takes only async tests marked asyncio, so a virtual-time
+    # test gets that mark here, as if the user had written it. Nothing else is
+    # touched: auto mode marks every async test anyway, and a test with its own
+    # asyncio mark (a loop_scope, say) keeps it.
+    if (
+        inspect.iscoroutinefunction(obj)
+        and collector.funcnamefilter(name)
+        and _asks_for_virtual_time(collector, obj)
+        and not any(
+            getattr(mark, "name", None) == "asyncio" for mark in getattr(obj, "pytestmark", ())
+        )
+        and collector.get_closest_marker("asyncio") is None
+    ):
+        pytest.mark.asyncio(obj)
+    return (yield)
+
+
 @pytest.hookimpl(wrapper=True, optionalhook=True)
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
@@ -123,8 +163,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if not is_async_test(item):
         pytest.fail(
             f"{item.nodeid}: virtual time applies to async tests that pytest-asyncio "
-            "runs: make the test 'async def' and, in strict mode, add "
-            "@pytest.mark.asyncio",
+            "runs: make the test 'async def'",
             pytrace=False,
         )
 

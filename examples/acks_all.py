@@ -8,12 +8,16 @@ lags more than ``replica.lag.time.max`` and grows it back when the follower
 catches up to the high watermark, which is the minimum log end offset over the
 ISR. Producers send ``acks=all`` requests at ``--rate``: the leader appends each
 batch, then parks a ``DelayedProduce`` in the produce purgatory, watched under its
-topic-partitions, until every partition's high watermark reaches the batch
+topic-partitions with the batch's end offset as threshold (``advance`` of a
+partition's high watermark checks only the requests it reached), until every
+partition's high watermark reaches the batch
 (``NONE``, or ``NOT_ENOUGH_REPLICAS_AFTER_APPEND`` if the ISR shrank below
 ``min.insync.replicas`` meanwhile) or the request timeout expires
 (``REQUEST_TIMED_OUT``). A partition whose ISR is already too small refuses the
 append (``NOT_ENOUGH_REPLICAS``). Follower fetches long-poll in a second
-purgatory (``FollowerFetch``, woken by appends) that shares the timing wheel.
+purgatory (``FollowerFetch``, watched with the fetch offset + 1 as threshold and
+woken by ``advance`` of the log end offset at each append) that shares the timing
+wheel.
 
 Runs on virtual time (fast, deterministic for a ``--seed``) unless ``--real-time``,
 on asyncio unless ``--loop`` says otherwise (uvloop, trio: the body is anyio code).
@@ -469,13 +473,20 @@ class Leader:
                 statuses[tp] = _PartitionStatus(-1, Errors.NOT_ENOUGH_REPLICAS)
                 continue
             statuses[tp] = _PartitionStatus(partition.append(records), Errors.NONE)
-            # New records: wake the followers' long-polling fetches.
-            self.fetch_purgatory.check_and_complete(tp)
+            # New records: wake the followers' long-polling fetches this reaches.
+            self.fetch_purgatory.advance(tp, partition.log_end_offset)
         op = DelayedProduce(request_id, self.config.request_timeout, statuses, self.partitions)
         self.ops.append(op)
-        # Requests refused everywhere complete inside watch() without waiting (Kafka
-        # answers them without the purgatory); going through it keeps one event per request.
-        outcome = await self.produce_purgatory.watch(op, list(statuses))
+        # Watched with thresholds: each appended partition's high watermark must reach
+        # the batch's end, so an advance of a partition's high watermark checks only
+        # the requests it reached (see Purgatory.advance), not every request waiting
+        # there. Requests refused everywhere complete inside watch() without waiting
+        # (Kafka answers them without the purgatory); going through it keeps one
+        # event per request.
+        thresholds = {
+            tp: status.required_offset for tp, status in statuses.items() if status.acks_pending
+        }
+        outcome = await self.produce_purgatory.watch(op, thresholds or list(statuses))
         assert op.response is not None
         return ProduceResponse(request_id, outcome, op.response, anyio.current_time() - started)
 
@@ -491,9 +502,10 @@ class Leader:
             if expanded:
                 self._isr_changed(now, partition, "expand", before)
             if moved:
-                self.produce_purgatory.check_and_complete(tp)
+                self.produce_purgatory.advance(tp, partition.high_watermark)
         op = FollowerFetch(self.config.replica_fetch_wait_max, offsets, self.partitions)
-        await self.fetch_purgatory.watch(op, list(offsets))
+        # fetch.min.bytes is one record: done once a log end passes the fetch offset.
+        await self.fetch_purgatory.watch(op, {tp: offset + 1 for tp, offset in offsets.items()})
         limit = self.config.replica_fetch_max_records
         return {
             tp: min(self.partitions[tp].log_end_offset, offset + limit)
@@ -516,7 +528,7 @@ class Leader:
                 # A smaller ISR can raise the high watermark: waiting produces may complete
                 # (with NOT_ENOUGH_REPLICAS_AFTER_APPEND if it fell below min.insync.replicas).
                 if partition.maybe_increment_high_watermark():
-                    self.produce_purgatory.check_and_complete(partition.tp)
+                    self.produce_purgatory.advance(partition.tp, partition.high_watermark)
 
     def _isr_changed(
         self, now: float, partition: Partition, kind: str, before: tuple[int, ...]
@@ -801,7 +813,16 @@ def print_summary(result: AcksAllResult, wall: float, file: IO[str] | None = Non
         console.print(f"  broker {broker} {what} at {when:.3f} s")
 
     table = Table(title="Purgatory statistics after the drain")
-    columns = ("completed", "expired", "cancelled", "failed", "pending", "watched", "delayed")
+    columns = (
+        "completed",
+        "expired",
+        "cancelled",
+        "failed",
+        "pending",
+        "watched",
+        "delayed",
+        "advances",
+    )
     table.add_column("purgatory")
     for column in columns:
         table.add_column(column, justify="right")

@@ -3,10 +3,12 @@
 Consumers fetch their partitions with ``fetch.min.bytes`` and ``fetch.max.wait``.
 The broker answers at once if at least ``min.bytes`` are readable past the
 requested offsets; otherwise it parks a ``DelayedFetch`` in the fetch purgatory,
-watched under the requested topic-partitions. Every append calls
-``check_and_complete(tp)``: the fetch completes as soon as enough bytes have
-accumulated, or expires after ``max.wait`` and returns whatever is there (possibly
-nothing). Raising ``min.bytes`` trades latency for fewer, fuller responses.
+watched under the requested topic-partitions, each with the fetch offset + 1 as
+threshold (the first record it waits for). Every append calls ``advance(tp,
+log_end_offset)``, which checks the fetches that some record reached: the fetch
+completes as soon as enough bytes have accumulated, or expires after
+``max.wait`` and returns whatever is there (possibly nothing). Raising
+``min.bytes`` trades latency for fewer, fuller responses.
 
 Runs on virtual time (fast, deterministic for a ``--seed``) unless ``--real-time``,
 on asyncio unless ``--loop`` says otherwise (uvloop, trio: the body is anyio code).
@@ -252,7 +254,7 @@ async def simulate(config: Config) -> FetchResult:
             tp = tps[rng.randrange(len(tps))]
             logs[tp].append(rng.randint(*config.record_bytes), now())
             # New bytes: fetches waiting on this partition may now have enough.
-            purgatory.check_and_complete(tp)
+            purgatory.advance(tp, logs[tp].log_end_offset)
 
     async def consumer(index: int) -> None:
         assigned = [tp for tp in tps if tp.partition % config.consumers == index]
@@ -270,7 +272,9 @@ async def simulate(config: Config) -> FetchResult:
             )
             ops.append(op)
             sent = now()
-            outcome = await purgatory.watch(op, assigned)
+            # Offsets count records, min.bytes counts bytes: the threshold is the
+            # first record past the position; advances past it check the bytes.
+            outcome = await purgatory.watch(op, {tp: position[tp] + 1 for tp in assigned})
             received = now()
             assert op.response is not None
             size = 0

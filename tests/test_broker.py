@@ -40,6 +40,9 @@ async def test_acks_all_produce_then_consume_in_order() -> None:
         stats = broker.statistics()["produce"]
         assert stats.pending == 0
         assert stats.completed >= 1  # acks=all went through the purgatory
+        # Each parked produce was completed by an advance of its partition's HW.
+        assert stats.advances >= 1
+        assert broker.statistics()["replica_fetch"].advances >= 1  # appends woke followers
         by_partition: dict[int, list[int]] = {}
         for i, md in enumerate(metadata):
             assert md.partition == i % 3

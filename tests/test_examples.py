@@ -159,6 +159,18 @@ def test_healthy_has_no_timeouts_and_no_isr_changes(loop: str) -> None:
     assert result.high_watermarks == result.log_end_offsets
 
 
+def test_produces_and_follower_fetches_complete_through_watermark_advances() -> None:
+    result = run_acks(small("healthy"))
+    # Every produce parks (the followers have not fetched its batch yet) and is
+    # completed by an advance of its partitions' high watermarks; the followers'
+    # parked fetches by advances of the log end offset (appends).
+    produce, fetch = result.statistics, result.fetch_statistics
+    assert produce.completed == result.requests
+    assert produce.advances > 0
+    assert fetch.advances > 0
+    assert fetch.completed > 0
+
+
 @pytest.mark.parametrize("loop", VIRTUAL)
 def test_follower_crash_shrinks_the_isr_and_still_succeeds(loop: str) -> None:
     result = run_acks(small("follower-crash"), loop)

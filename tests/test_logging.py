@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import subprocess
 import sys
@@ -36,6 +37,9 @@ async def _routine_and_failing_work() -> None:
     failing = FailingOp(1.0)
     purgatory.try_complete_else_watch(failing, ["k"])
     failing.force_complete()
+    del failing  # its failure reached nobody: logged once it is collected
+    await asyncio.sleep(0)  # (the timer lets go of it on its next flush)
+    gc.collect()
     timer = ap.Timer()
     timer.call_later(0.001, lambda: None)
     await asyncio.sleep(0)
@@ -166,6 +170,10 @@ def test_structlog_set_up_after_the_purgatory_was_made_is_followed() -> None:
             op = FailingOp(1.0)
             purgatory.try_complete_else_watch(op, ["k"])
             op.force_complete()
+            del op
+            await asyncio.sleep(0)
+            gc.collect()
+            await asyncio.sleep(0)
         assert [entry["event"] for entry in logs] == ["aiopurgatory.callback_failed"]
 
     simulation.run(main())

@@ -157,6 +157,10 @@ def test_a_post_on_any_server_answers_gets_parked_on_every_server(
     for conn in conns:
         assert answer(conn) == (200, {"offset": 1, "messages": ["second"], "next_offset": 2})
 
+    metrics = a.metrics()
+    assert metrics["longpoll_redis_up"] == 1
+    connected = [v for k, v in metrics.items() if k.startswith("aiopurgatory_redis_connected")]
+    assert connected == [1]  # its RedisTriggers, through aiopurgatory.metrics.prometheus
     for server in servers:
         status, lines = server.stop()
         assert status == 0

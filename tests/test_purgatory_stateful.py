@@ -81,14 +81,21 @@ class Expected:
 
     keys: tuple[str, ...]
     deadline_q: int | None  # quanta; None if it never reached the timer
+    watched_q: int | None = None  # quanta: when it was watched
     outcome: ap.Outcome | None = None
     finished_at_q: int | None = None
 
     @property
     def fire_q(self) -> int | None:
-        """The instant the op must expire at: its deadline rounded up to the tick."""
+        """The instant the op must expire at: its deadline rounded up to the tick.
+
+        Unless it was due when watched (a zero timeout): then at once, on the
+        timer's next flush, as ``loop.call_later(0)`` would run (issue 30).
+        """
         if self.deadline_q is None:
             return None
+        if self.watched_q is not None and self.deadline_q <= self.watched_q:
+            return self.deadline_q
         return -(-self.deadline_q // TICK_Q) * TICK_Q
 
 
@@ -196,7 +203,7 @@ class PurgatoryMachine(RuleBasedStateMachine):
             assert result is False
             assert op.tries == 1
             assert op.deadline == (self.now_q + timeout_q) * QUANTUM
-            self.expected[number] = Expected(unique, self.now_q + timeout_q)
+            self.expected[number] = Expected(unique, self.now_q + timeout_q, self.now_q)
             for key in unique:
                 self.watch_order[key].append(number)
         else:

@@ -78,7 +78,44 @@ def test_marked_tests_run_on_virtual_time_in_strict_mode(pytester: pytest.Pytest
     result.assert_outcomes(passed=5)
 
 
-def test_strict_mode_without_the_asyncio_marker_says_what_is_missing(
+def test_in_strict_mode_the_marker_or_the_fixture_is_enough(pytester: pytest.Pytester) -> None:
+    # Issue 30: pytest-asyncio's default mode is strict; virtual_time alone must do.
+    pytester.makepyfile(
+        test_users="""
+        import asyncio
+
+        import pytest
+
+        from aiopurgatory.simulation import VirtualTimeLoop
+
+
+        @pytest.mark.virtual_time
+        async def test_marked():
+            assert isinstance(asyncio.get_running_loop(), VirtualTimeLoop)
+
+
+        async def test_fixture_only(virtual_loop):
+            assert asyncio.get_running_loop() is virtual_loop
+
+
+        @pytest.mark.virtual_time
+        class TestMarkedClass:
+            async def test_method(self):
+                await asyncio.sleep(5)
+                assert asyncio.get_running_loop().time() == 5.0
+
+
+        @pytest.mark.virtual_time
+        @pytest.mark.asyncio(loop_scope="function")
+        async def test_own_asyncio_marker_kept():
+            assert isinstance(asyncio.get_running_loop(), VirtualTimeLoop)
+        """
+    )
+    result = pytester.runpytest_subprocess(*STRICT, "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4)
+
+
+def test_a_sync_test_marked_for_virtual_time_says_what_is_missing(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(
@@ -86,13 +123,13 @@ def test_strict_mode_without_the_asyncio_marker_says_what_is_missing(
         import pytest
 
         @pytest.mark.virtual_time
-        async def test_forgot_asyncio_marker():
+        def test_not_async():
             pass
         """
     )
     result = pytester.runpytest_subprocess(*STRICT, "-p", "no:cacheprovider")
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*in strict mode, add @pytest.mark.asyncio*"])
+    result.stdout.fnmatch_lines(["*virtual time applies to async tests*"])
 
 
 def test_a_projects_loop_matrix_is_overridden_only_for_virtual_tests(
@@ -161,6 +198,19 @@ def _docs_test_file(name: str) -> str:
 def test_the_how_to_pages_tests_pass_as_shown(
     pytester: pytest.Pytester, snippet: str, tests: int
 ) -> None:
+    # As in a user's project: its own configuration file, pytest-asyncio in its
+    # default (strict) mode, nothing passed on the command line but -W error.
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
     pytester.makepyfile(test_from_docs=_docs_test_file(snippet))
-    result = pytester.runpytest_subprocess(*AUTO, "-p", "no:cacheprovider", "-W", "error")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error")
     result.assert_outcomes(passed=tests)
+    result.stdout.fnmatch_lines(["*asyncio: mode=Mode.STRICT*"])
+
+
+def test_the_how_to_pages_tests_pass_with_an_empty_configuration(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_from_docs=_docs_test_file("testing-howto"))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,33 @@ async def eventually(condition: Callable[[], bool], within: float = 5.0) -> None
         if loop.time() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.01)
+
+
+async def until(condition: Callable[[], Awaitable[bool]], within: float = 5.0) -> None:
+    """Poll an async ``condition`` (e.g. a look at Redis) until it holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not await condition():
+        if loop.time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+def gate_reconnects(triggers: RedisTriggers) -> asyncio.Event:
+    """Hold ``triggers``' re-subscriptions until the returned event is set.
+
+    Makes a gap certain: what is published before the event is set reaches the
+    subscriber only through the resync.
+    """
+    gate = asyncio.Event()
+    subscribe = triggers._subscribe
+
+    async def gated() -> Any:
+        await gate.wait()
+        return await subscribe()
+
+    triggers._subscribe = gated  # type: ignore[method-assign]
+    return gate
 
 
 async def subscribers(client: aioredis.Redis, channel: str) -> int:
@@ -233,9 +260,12 @@ async def test_close_sends_pending_and_leaves_nothing(
         triggers.advance("k", 5)  # pending at close: sent by aclose
     assert await redis_client.get(watermark_prefix("c") + b"sk") == b"5"
     assert set(asyncio.all_tasks()) == before
-    await eventually(lambda: True)
-    assert await subscribers(redis_client, "c") == 0
-    assert await client_names(redis_client) == []
+
+    async def gone() -> bool:
+        # Redis notices a closed connection on its next event-loop turn.
+        return await subscribers(redis_client, "c") == 0 and not await client_names(redis_client)
+
+    await until(gone)
     assert not triggers.connected
     with pytest.raises(RedisTriggersClosedError, match="closed"):
         triggers.advance("k", 6)
@@ -254,11 +284,10 @@ async def test_redis_killed_and_restarted_heals_at_reconnect(
     purgatory: ap.Purgatory[Flagged] = ap.Purgatory("here")
     url = redis_server.url
     async with (
-        # The subscriber comes back at least 1 s after a loss: time for the
-        # publisher to publish into the gap.
-        RedisTriggers(purgatory, url, channel="c", reconnect_delay=(2.0, 2.0)) as sub,
+        RedisTriggers(purgatory, url, channel="c", reconnect_delay=(0.05, 0.1)) as sub,
         RedisTriggers(None, url, channel="c", reconnect_delay=(0.05, 0.05)) as pub,
     ):
+        gate = gate_reconnects(sub)
         first = Flagged(30, lambda: offsets["k"] >= 5)
         second = Flagged(30, lambda: offsets["k"] >= 10)
         waiting = [asyncio.ensure_future(purgatory.watch(op, ["k"])) for op in (first, second)]
@@ -280,6 +309,7 @@ async def test_redis_killed_and_restarted_heals_at_reconnect(
         assert await subscribers(redis_client, "c") == 0
         assert not second.done()
         # ... and completes the operation from the stored watermark at its resync.
+        gate.set()
         assert await asyncio.wait_for(waiting[1], 10) is ap.Outcome.COMPLETED
         stats = sub.statistics()
         assert stats.connected
@@ -636,3 +666,113 @@ async def test_rediss_with_a_password_passes_through(
         async with RedisTriggers(None, plain):
             pass
     assert_no_password(*texts, logged(logs))
+
+
+# -- the benchmark command --------------------------------------------------------------
+
+
+def test_the_benchmark_command_measures_every_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiopurgatory.redis import bench
+
+    output = tmp_path / "bench.json"
+    argv = ["--triggers", "300", "--loop", "asyncio", "--keys", "1000", "--parked", "50"]
+    argv += ["--batch", "-1", "--batch", "0", "--batch", "10", "--output", str(output)]
+    assert bench.main(argv) == 0
+    floor, alone, batched = json.loads(output.read_text())
+    for result in (floor, alone, batched):
+        assert result["subscriber_applied"] == 301  # every advance, and the final check
+        for side in ("publisher", "subscriber", "redis"):
+            assert result[f"{side}_cpu_us_per_trigger"] > 0
+    assert alone["messages"] == 300  # one per trigger
+    assert batched["messages"] < 300  # coalesced
+    assert capsys.readouterr().out.count("CPU per trigger") == 3
+
+
+async def test_a_loop_that_dies_of_a_bug_is_not_silent(
+    redis_server: RedisServer, logs: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    purgatory: ap.Purgatory[Flagged] = ap.Purgatory("here")
+    async with RedisTriggers(purgatory, redis_server.url, reconnect_delay=(0.05, 0.1)) as sub:
+
+        def broken(attempt: int) -> float:
+            raise ZeroDivisionError("a bug")
+
+        monkeypatch.setattr(sub, "_backoff", broken)
+        redis_server.kill()  # the subscriber reconnects: its backoff raises
+        await eventually(lambda: "ZeroDivisionError" in (sub.statistics().last_error or ""))
+        assert not sub.connected
+    assert "aiopurgatory.redis.task_ended" in logged(logs)
+
+
+def test_a_missing_redis_server_fails_the_tests_and_says_how_to_install() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from aiopurgatory.redis.testing import INSTALL_HINT
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "AIOPURGATORY_REDIS_SERVER": "/nonexistent/redis-server"}
+    run = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA"),
+            "tests/test_redis.py::test_publisher_only_does_not_subscribe",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1, run.stdout
+    assert "2 errors" in run.stdout or "2 failed" in run.stdout
+    assert "skipped" not in run.stdout
+    assert "apt-get install -y redis-server" in run.stdout
+    assert INSTALL_HINT.split(":")[0] in run.stdout
+
+
+async def test_a_password_changed_under_a_running_subscriber(
+    redis_server_factory: Callable[..., RedisServer], logs: pytest.LogCaptureFixture
+) -> None:
+    server = redis_server_factory(password=PASSWORD)
+    admin = aioredis.from_url(server.url)
+    purgatory: ap.Purgatory[Flagged] = ap.Purgatory("here")
+    try:
+        async with RedisTriggers(purgatory, server.url, reconnect_delay=(0.05, 0.1)) as sub:
+            await admin.config_set("requirepass", "rotated-elsewhere")
+            await admin.client_kill_filter(_type="pubsub")
+            await eventually(lambda: "Authentication" in (sub.statistics().last_error or ""))
+            await eventually(lambda: sub.statistics().connection_errors >= 4)
+            assert not sub.connected
+            await admin.config_set("requirepass", PASSWORD)
+            await eventually(lambda: sub.connected)
+            assert sub.statistics().reconnects == 1
+    finally:
+        await admin.aclose()
+    warnings = [r.getMessage() for r in logs.records if r.levelname == "WARNING"]
+    # One line for the loss, one per distinct cause of failed attempts, one for the return.
+    assert sum("reconnect_failed" in line for line in warnings) == 1
+    assert sum("reconnected" in line for line in warnings) == 1
+    assert_no_password(logged(logs), "\n".join(warnings))
+
+
+async def test_a_cancelled_close_still_leaves_nothing(
+    redis_server: RedisServer, redis_client: aioredis.Redis
+) -> None:
+    purgatory: ap.Purgatory[Flagged] = ap.Purgatory("here")
+    triggers = RedisTriggers(purgatory, redis_server.url, channel="c", close_timeout=30)
+    await triggers.__aenter__()
+    redis_server.kill()
+    await eventually(lambda: not triggers.connected)
+    triggers.advance("k", 1)  # cannot be sent: aclose() would wait up to 30 s
+    closing = asyncio.ensure_future(triggers.aclose())
+    await asyncio.sleep(0.1)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert [t for t in asyncio.all_tasks() if "aiopurgatory-redis" in t.get_name()] == []
+    assert triggers.statistics().connected is False
+    with pytest.raises(RedisTriggersClosedError):
+        triggers.advance("k", 2)

@@ -11,7 +11,7 @@ import aiopurgatory as ap
 from aiopurgatory.redis import RedisTriggers
 from aiopurgatory.redis.testing import RedisServer
 from tests.redis_helpers import Worker, encode_key
-from tests.test_redis import eventually, subscribers
+from tests.test_redis import eventually, gate_reconnects, subscribers
 
 pytestmark = pytest.mark.realtime
 
@@ -64,9 +64,10 @@ async def test_a_threshold_reached_during_a_gap_completes_at_the_resync(
     purgatory: ap.Purgatory[ap.WatermarkOperation] = ap.Purgatory("here")
     url = redis_server.url
     async with (
-        RedisTriggers(purgatory, url, channel="c", reconnect_delay=(2.0, 2.0)) as sub,
+        RedisTriggers(purgatory, url, channel="c", reconnect_delay=(0.05, 0.1)) as sub,
         RedisTriggers(None, url, channel="c", reconnect_delay=(0.05, 0.05)) as pub,
     ):
+        gate = gate_reconnects(sub)
         op = ap.WatermarkOperation(30)
         waiting = asyncio.ensure_future(purgatory.watch(op, {"offsets": 100}))
         await asyncio.sleep(0)
@@ -77,6 +78,9 @@ async def test_a_threshold_reached_during_a_gap_completes_at_the_resync(
         pub.advance("offsets", 100)
         await asyncio.wait_for(pub.flush(), 5)
         assert await subscribers(redis_client, "c") == 0  # the subscriber missed it
+        await asyncio.sleep(0.1)
+        assert not op.done()
+        gate.set()
         assert await asyncio.wait_for(waiting, 10) is ap.Outcome.COMPLETED
         assert sub.statistics().reconnects == 1
 
@@ -112,4 +116,37 @@ async def test_watch_catches_up_with_an_advance_made_before_it(redis_server: Red
         with pytest.raises(asyncio.CancelledError):
             await waiting
         assert cancelled.cancelled()
+        assert purgatory.keys() == []
+
+
+async def test_a_killed_subscription_resyncs_thousands_of_keys(
+    redis_server: RedisServer, redis_client: aioredis.Redis
+) -> None:
+    purgatory: ap.Purgatory[ap.WatermarkOperation] = ap.Purgatory("here")
+    url = redis_server.url
+    n = 2_500  # three MGETs at the resync, three messages from the publisher
+    async with (
+        RedisTriggers(purgatory, url, channel="c", reconnect_delay=(0.05, 0.1)) as sub,
+        RedisTriggers(None, url, channel="c") as pub,
+    ):
+        gate = gate_reconnects(sub)
+        ops = [ap.WatermarkOperation(60) for _ in range(n)]
+        for i, op in enumerate(ops):
+            assert not purgatory.try_complete_else_watch(op, {i: 1})
+        # Redis drops the subscriber's connection (as an output-buffer limit would).
+        killed = await redis_client.client_kill_filter(_type="pubsub")
+        assert killed == 1
+        await eventually(lambda: not sub.connected)
+        for i in range(n):
+            pub.advance(i, 1)
+        await pub.flush()
+        assert pub.statistics().published == 3
+        assert await subscribers(redis_client, "c") == 0
+        assert not any(op.done() for op in ops)
+        gate.set()
+        await eventually(lambda: all(op.done() for op in ops), within=10)
+        assert all(op.outcome is ap.Outcome.COMPLETED for op in ops)
+        stats = sub.statistics()
+        assert (stats.reconnects, stats.resyncs, stats.received) == (1, 2, 0)
+        assert stats.completed == n
         assert purgatory.keys() == []

@@ -56,10 +56,15 @@ class Expected:
     keys: tuple[str, ...]
     thresholds: dict[str, int] | None
     deadline_q: int
+    watched_q: int
     outcome: ap.Outcome | None = None
 
     @property
     def fire_q(self) -> int:
+        if self.deadline_q <= self.watched_q:
+            # Due when the timer first sees it (a zero timeout): at once, as
+            # loop.call_later(0) would be, not at the next tick (issue 30).
+            return self.deadline_q
         return -(-self.deadline_q // TICK_Q) * TICK_Q
 
 
@@ -173,7 +178,12 @@ class WatermarkMachine(RuleBasedStateMachine):
         self.log.clear()
         self.ops.append(op)
         self.expected.append(
-            Expected(tuple(keys), None if thresholds is None else spec, self.now_q + timeout_q)
+            Expected(
+                tuple(keys),
+                None if thresholds is None else spec,
+                self.now_q + timeout_q,
+                self.now_q,
+            )
         )
         assert result is op.completable
         if result:

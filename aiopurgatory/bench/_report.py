@@ -155,7 +155,9 @@ def _print_report(report: dict[str, Any]) -> None:
                     _ms(m["expiry_lateness.p50"]),
                     _ms(m["expiry_lateness.p99"]),
                     _fmt(m["peak_rss_mib"]),
-                    _fmt(m["memory_per_pending_op_bytes"]),
+                    "skipped"
+                    if c.get("memory_skipped")
+                    else _fmt(m["memory_per_pending_op_bytes"]),
                 )
             )
         print_table(
@@ -194,7 +196,7 @@ def _print_report(report: dict[str, Any]) -> None:
                         r["loop"],
                         _fmt(r["cpu_hand_over_ap"]),
                         _fmt(r["cpu_ap_over_floor"]),
-                        _fmt(r["memory_ap_over_hand"]),
+                        "skipped" if r.get("memory_skipped") else _fmt(r["memory_ap_over_hand"]),
                     )
                     for r in trio_rows
                 ),
@@ -235,20 +237,56 @@ def _print_report(report: dict[str, Any]) -> None:
                 f"{_fmt(row['traced_per_pending_bytes'])} B per pending timer "
                 f"({row['pending']:,} pending)"
             )
-    targets = [
-        t for part in report.values() if isinstance(part, dict) for t in part.get("targets", [])
-    ]
-    if targets:
-        print_table(
-            "targets (issue 11)",
-            ("target", "measured", "goal", "met"),
+    if "acks" in report:
+        _print_acks(report["acks"], print_table)
+    # The project's own performance targets stay in the JSON report (--json), for
+    # its benchmark pages; users are shown results and baselines.
+
+
+def _print_acks(a: dict[str, Any], print_table: Any) -> None:
+    """The acks=all tables: CPU per trigger of every implementation, then the ratios."""
+    params = a["params"]
+    impls: list[str] = a["impls"]
+    medians = {
+        (c["loop"], c["pending"], c["impl"]): c["median"]["cpu_us_per_trigger"] for c in a["cells"]
+    }
+    compiled = a.get("compiled")
+    core = "compiled core" if compiled else "pure-Python core" if compiled is False else ""
+    print_table(
+        f"bench purgatory, acks=all: {params.get('partitions')} partitions, high watermark "
+        f"+{params.get('step')} per trigger, tasks await their requests; CPU us per trigger, "
+        f"median of {a['repeat']} ({core})",
+        ("loop", "pending / partition", *impls),
+        (
             (
-                (
-                    t["name"],
-                    _fmt(t["value"]),
-                    (">= " if t["higher_is_better"] else "<= ") + _fmt(t["target"]),
-                    "yes" if t["met"] else "NO",
-                )
-                for t in targets
-            ),
-        )
+                loop,
+                f"{pending:,}",
+                *(_fmt(medians.get((loop, pending, impl))) for impl in impls),
+            )
+            for loop, pending in dict.fromkeys((r["loop"], r["pending"]) for r in a["ratios"])
+        ),
+    )
+    print_table(
+        "acks=all: ratios of medians (CPU per trigger)",
+        (
+            "loop",
+            "pending",
+            "advance / heap",
+            "WatermarkOperation / heap",
+            "list scan / advance",
+            "check_and_complete / advance",
+            "threshold / plain watch (own cost)",
+        ),
+        (
+            (
+                r["loop"],
+                f"{r['pending']:,}",
+                _fmt(r["advance_over_heap"]),
+                _fmt(r["wm_over_heap"]),
+                _fmt(r["scan_over_advance"]),
+                _fmt(r["check_over_advance"]),
+                _fmt(r["threshold_over_plain_own"]),
+            )
+            for r in a["ratios"]
+        ),
+    )

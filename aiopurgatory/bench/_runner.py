@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,9 +28,11 @@ __all__ = [
     "_Runner",
     "_cell",
     "_cells",
+    "_fraction",
     "_int_list",
     "_interleaved",
     "_non_negative_float",
+    "_non_negative_int",
     "_positive_float",
     "_positive_int",
     "_rate_list",
@@ -52,13 +56,23 @@ MEMORY_VS_HAND = 0.4
 
 
 class _Runner:
-    """Runs specs with an optional rich progress bar on stderr."""
+    """Runs specs with progress on stderr: a rich bar on a terminal, else (a CI
+    log, a pipe) a plain line when a benchmark starts and at least every
+    :data:`_LINE_EVERY` seconds, flushed at once."""
 
     def __init__(self, total: int, *, isolate: bool, progress: bool) -> None:
         self.isolate = isolate
         self._progress: Any = None
         self._task: Any = None
-        if progress and total:
+        self._lines = False
+        self._total = total
+        self._done = 0
+        self._started = time.perf_counter()
+        self._last_line = -math.inf
+        self._last_bench = ""
+        if progress and total and not sys.stderr.isatty():
+            self._lines = True
+        elif progress and total:
             from rich.console import Console
             from rich.progress import (
                 BarColumn,
@@ -80,24 +94,41 @@ class _Runner:
             self._progress.start()
 
     def run(self, spec: Spec) -> Result:
+        params = spec.get("params", {})
+        detail = ", ".join(f"{k}={v}" for k, v in params.items() if k in _SHOWN_PARAMS)
+        description = f"{spec['bench']} {spec['impl']} on {spec['loop']} {detail}"
         if self._progress is not None:
-            params = spec.get("params", {})
-            detail = ", ".join(f"{k}={v}" for k, v in params.items() if k in _SHOWN_PARAMS)
-            self._progress.update(
-                self._task,
-                description=f"{spec['bench']} {spec['impl']} on {spec['loop']} {detail}",
-            )
+            self._progress.update(self._task, description=description)
+        elif self._lines:
+            now = time.perf_counter()
+            if spec["bench"] != self._last_bench or now - self._last_line >= _LINE_EVERY:
+                self._line(f"run {self._done + 1}/{self._total}: {description}")
+                self._last_bench = spec["bench"]
         result = execute(spec, isolate=self.isolate)
+        self._done += 1
         if self._progress is not None:
             self._progress.advance(self._task)
         return result
 
+    def _line(self, text: str) -> None:
+        now = time.perf_counter()
+        self._last_line = now
+        print(
+            f"aiopurgatory bench [{now - self._started:6.1f} s] {text}",
+            file=sys.stderr,
+            flush=True,
+        )
+
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
+        elif self._lines:
+            self._line(f"{self._done} runs done")
 
 
 _SHOWN_PARAMS = ("n", "num", "rate", "pct50", "pending")
+#: Without a terminal, a progress line at least this often (seconds).
+_LINE_EVERY = 5.0
 
 
 def _interleaved(
@@ -178,13 +209,15 @@ def _ratio(numerator: float, denominator: float) -> float:
 
 
 def _target(name: str, value: float, target: float, *, higher_is_better: bool) -> dict[str, Any]:
+    """A target and whether it was met: ``met`` is None when nothing was measured
+    (a NaN value: a skipped measurement is neither met nor missed)."""
     met = (value >= target) if higher_is_better else (value <= target)
     return {
         "name": name,
         "value": value,
         "target": target,
         "higher_is_better": higher_is_better,
-        "met": bool(met) and not math.isnan(value),
+        "met": None if math.isnan(value) else bool(met),
     }
 
 
@@ -207,6 +240,23 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _non_negative_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1], got {text}")
     return value
 
 

@@ -4,6 +4,7 @@ Usage::
 
     aiopurgatory bench timer [-n N] [--loop asyncio|uvloop|both|trio|all] [--repeat R] ...
     aiopurgatory bench purgatory [--num N] [--rate R] [--pct75 MS --pct50 MS] [--sweep] ...
+    aiopurgatory bench purgatory --acks-only [--acks 100,1000,...] [--acks-partitions P] ...
     aiopurgatory bench scale [--pending 1000,10000,...] [--ops N] ...
     aiopurgatory bench all [--quick]
 
@@ -19,16 +20,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .._clitools import Parser, UsageError, check_output_file, fail, require
+from . import acks as acks_bench
 from . import purgatory as purgatory_bench
 from . import timer as timer_bench
 from ._common import TRIO_LOOPS, quiet_logging
 from ._report import _print_report
 from ._runner import _positive_int, _Runner
+from .suite_acks import DEFAULT_PENDINGS, _acks_args, acks_params, run_acks_suite
 from .suite_purgatory import (
     _DEFAULT_SWEEP,
     _headline_args,
@@ -61,54 +66,105 @@ _LOOP_CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it says it already.
+
+    Flags that are off unless given, and options that are unset unless given
+    (None), say nothing more: their help says what giving them does.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_ = action.help or ""
+        default = action.default
+        if (
+            "default" in help_
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or not action.option_strings
+        ):
+            return help_
+        if isinstance(default, list | tuple):
+            shown = ",".join(str(x) for x in default)
+        else:
+            shown = "%(default)s"
+        return f"{help_} (default: {shown})"
+
+
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument(
         "--loop",
         choices=tuple(_LOOP_CHOICES),
         default="both",
-        help="event loop(s) to run on; 'both' = asyncio and uvloop (default); 'trio' = "
+        help="event loop(s) to run on; 'both' = asyncio and uvloop; 'trio' = "
         "trio.run, against trio's own deadlines; 'all' = asyncio, uvloop and trio; "
         "'virtual' and 'trio-virtual' = virtual time (for tests: timings meaningless)",
     )
-    common.add_argument("--repeat", type=_positive_int, default=3, help="rounds (median taken)")
+    common.add_argument(
+        "--repeat",
+        type=_positive_int,
+        default=None,
+        help="rounds, the median taken (default: 3); 'all --quick' runs 1 unless given",
+    )
     common.add_argument("--seed", type=int, default=1, help="random seed of the workloads")
-    common.add_argument("--json", metavar="PATH", help="write the full report as JSON")
-    common.add_argument("--plot", metavar="PATH", help="write plots (PNG, matplotlib Agg)")
+    common.add_argument(
+        "--json",
+        metavar="PATH",
+        help="write the full report as JSON (its directory must exist; checked before the run)",
+    )
+    common.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="write plots (PNG, matplotlib Agg; its directory must exist; checked before the run)",
+    )
     common.add_argument(
         "--no-isolate",
         action="store_true",
         help="run in this process instead of a subprocess per run (peak RSS then mixes)",
     )
-    common.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    common.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress on stderr (a bar on a terminal, else a line per step)",
+    )
     common.add_argument("--quiet", action="store_true", help="no result tables on stdout")
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="aiopurgatory bench",
         description="Benchmarks of aiopurgatory against plain asyncio or trio, side by side.",
+        formatter_class=_HelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser(
-        "timer", parents=[common], help="ap.Timer vs loop.call_later (trio: trio's deadlines)"
-    )
+    def command(name: str, help_: str) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name,
+            parents=[common],
+            help=help_,
+            description=help_,
+            formatter_class=_HelpFormatter,
+        )
+
+    p = command("timer", "ap.Timer vs loop.call_later (trio: trio's deadlines)")
     _timer_args(p)
 
-    p = sub.add_parser(
-        "purgatory", parents=[common], help="Kafka's TestPurgatoryPerformance workload"
-    )
+    p = command("purgatory", "Kafka's TestPurgatoryPerformance workload")
     _purgatory_args(p)
     _sweep_args(p)
     _headline_args(p)
+    _acks_args(p)
 
-    p = sub.add_parser(
-        "scale", parents=[common], help="cost per op as pending timers grow (asyncio loops)"
-    )
+    p = command("scale", "cost per op as pending timers grow (asyncio loops)")
     _scale_args(p)
 
-    p = sub.add_parser("all", parents=[common], help="the default set (a few minutes)")
+    p = command("all", "the default set (a few minutes)")
     p.add_argument(
-        "--quick", action="store_true", help="10x smaller workloads (a smoke run, seconds)"
+        "--quick",
+        action="store_true",
+        help="a smoke run of every benchmark: 100x smaller workloads, latencies of "
+        "milliseconds, one round, two sweep rates, two scale sizes (well under a minute "
+        "on an idle machine; its numbers are not results)",
     )
     return parser
 
@@ -146,7 +202,10 @@ def _count_runs(args: argparse.Namespace, loops: Sequence[str]) -> int:
     if args.command == "timer":
         return timer_cells * repeat
     if args.command == "purgatory":
-        n = cells * 3 * repeat * len(_scenarios(args))
+        acks = len(_acks_pendings(args)) * len(args.acks_impls) * len(_scale_loops(loops)) * repeat
+        if args.acks_only:
+            return acks
+        n = acks + cells * 3 * repeat * len(_scenarios(args))
         if args.sweep:
             n += cells * 3 * len(args.sweep)
         if not args.no_headline:
@@ -155,14 +214,24 @@ def _count_runs(args: argparse.Namespace, loops: Sequence[str]) -> int:
     if args.command == "scale":
         pendings: list[int] = args.pending
         return scale_cells * 2 * (repeat * len(pendings) + (1 if args.memory_pending else 0))
-    # all: timer, four purgatory cases (two scenarios, check and clock completion) of
-    # three impls, a sweep of two impls, scale at 4 sizes + memory (not on trio)
+    # all: timer, the headline (two completions of three impls), four purgatory
+    # cases (two scenarios, check and clock completion) of three impls, a sweep of
+    # two impls, scale at its sizes + memory and acks=all at one size (not on trio)
+    plan = _all_plan(args.quick)
     return (
         timer_cells * repeat
         + len(headline_loops(loops)) * 6 * repeat
-        + cells * (12 * repeat + 2 * len(_DEFAULT_SWEEP))
-        + scale_cells * 2 * (4 * repeat + 1)
+        + cells * (12 * repeat + 2 * len(plan["sweep"]))
+        + scale_cells * 2 * (len(plan["pending"]) * repeat + 1)
+        + scale_cells * len(acks_bench.IMPLS) * repeat
     )
+
+
+def _acks_pendings(args: argparse.Namespace) -> list[int]:
+    """The pending counts of the acks=all workload the command runs (none: not asked)."""
+    if args.acks:
+        return list(args.acks)
+    return list(DEFAULT_PENDINGS) if args.acks_only else []
 
 
 def _scale_loops(loops: Sequence[str]) -> list[str]:
@@ -170,18 +239,48 @@ def _scale_loops(loops: Sequence[str]) -> list[str]:
     return [loop for loop in loops if loop not in TRIO_LOOPS]
 
 
+def _check_before_run(args: argparse.Namespace) -> None:
+    """Everything that would otherwise fail after the run (and lose its results).
+
+    Raises:
+        UsageError: an output path that cannot be written, a missing extra.
+    """
+    if args.json:
+        check_output_file(args.json, "--json")
+    if args.plot:
+        check_output_file(args.plot, "--plot")
+        if args.json and os.path.abspath(args.json) == os.path.abspath(args.plot):
+            raise UsageError("--json and --plot name the same file")
+    modules = [] if args.quiet and args.no_progress else ["rich"]
+    if args.plot:
+        modules.append("matplotlib")
+    require(modules, "bench")
+    if args.loop in ("trio", "all", "trio-virtual"):
+        require(["trio"], "trio")
+    if args.loop in ("uvloop", "both", "all"):
+        require(["uvloop"], "uvloop")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``aiopurgatory bench``; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.repeat is None:
+        args.repeat = 1 if getattr(args, "quick", False) else 3
     loops = list(_LOOP_CHOICES[args.loop])
     quiet_logging()
     if args.command == "scale" and not _scale_loops(loops):
         parser.error("bench scale runs on asyncio loops only (asyncio, uvloop, virtual)")
+    if args.command == "purgatory" and args.acks_only and not _scale_loops(loops):
+        parser.error("the acks=all workload runs on asyncio loops only (asyncio, uvloop, virtual)")
     try:
         scenarios = _scenarios(args) if args.command == "purgatory" else []
     except ValueError as exc:
         parser.error(str(exc))
+    try:
+        _check_before_run(args)
+    except UsageError as exc:
+        return fail(f"aiopurgatory bench {args.command}", exc)
     runner = _Runner(
         _count_runs(args, loops),
         isolate=not args.no_isolate,
@@ -203,6 +302,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["timer"] = run_timer_suite(
                 loops, dict(params, seed=args.seed), args.repeat, runner
             )
+        elif args.command == "purgatory" and args.acks_only:
+            report["acks"] = run_acks_suite(
+                _scale_loops(loops),
+                _acks_pendings(args),
+                acks_params(args),
+                args.repeat,
+                runner,
+                impls=args.acks_impls,
+            )
         elif args.command == "purgatory":
             if not args.no_headline and headline_loops(loops):
                 # First: the case users have (see aiopurgatory.bench.realistic).
@@ -221,6 +329,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sweep=args.sweep or (),
                 sweep_params=dict(scenarios[0], num=args.sweep_num),
             )
+            if _acks_pendings(args) and _scale_loops(loops):
+                report["acks"] = run_acks_suite(
+                    _scale_loops(loops),
+                    _acks_pendings(args),
+                    acks_params(args),
+                    args.repeat,
+                    runner,
+                    impls=args.acks_impls,
+                )
         elif args.command == "scale":
             report["scale"] = run_scale_suite(
                 _scale_loops(loops),
@@ -247,24 +364,55 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _all_plan(quick: bool) -> dict[str, Any]:
+    """What ``bench all`` runs: the default set, or (``quick``) a smoke run of it:
+    100x fewer operations, millisecond latencies and delays (the defaults are
+    seconds of wall time per run), two sweep rates and two scale sizes."""
+    if not quick:
+        return {
+            "scale_down": 1,
+            "timer": {},
+            "headline": {},
+            "sweep": _DEFAULT_SWEEP,
+            "pending": [10**3, 10**4, 10**5, 10**6],
+            "acks": {"pending": 1000},
+        }
+    return {
+        "scale_down": 100,
+        "timer": {"max_delay": 0.05},
+        "headline": {"timeout": 200.0, "pct75": 40.0, "pct50": 20.0},
+        "sweep": _DEFAULT_SWEEP[:2],
+        "pending": [10**3, 10**4],
+        "acks": {"pending": 100, "rounds": 50, "cpu_budget": 0.2},
+    }
+
+
 def _run_all(
     args: argparse.Namespace, loops: Sequence[str], runner: _Runner, report: dict[str, Any]
 ) -> None:
-    scale_down = 10 if args.quick else 1
+    plan = _all_plan(args.quick)
+    scale_down = plan["scale_down"]
+    if args.quick:
+        report["quick"] = True  # a smoke run: the numbers are not results
     report["timer"] = run_timer_suite(
         loops,
-        dict(timer_bench.DEFAULTS, n=1_000_000 // scale_down, seed=args.seed),
+        dict(timer_bench.DEFAULTS, n=1_000_000 // scale_down, seed=args.seed, **plan["timer"]),
         args.repeat,
         runner,
     )
     if headline_loops(loops):
         report["headline"] = run_headline(
             headline_loops(loops),
-            {"num": 200_000 // scale_down, "seed": args.seed},
+            {"num": 200_000 // scale_down, "seed": args.seed, **plan["headline"]},
             args.repeat,
             runner,
         )
-    base = dict(purgatory_bench.DEFAULTS, num=200_000 // scale_down, seed=args.seed)
+    base = dict(
+        purgatory_bench.DEFAULTS,
+        num=200_000 // scale_down,
+        memory_ops=purgatory_bench.DEFAULTS["memory_ops"] // scale_down,
+        seed=args.seed,
+    )
     scenarios = [
         dict(base, pct75=p75, pct50=p50) for p75, p50 in purgatory_bench.SCENARIOS.values()
     ]
@@ -277,16 +425,19 @@ def _run_all(
         scenarios,
         args.repeat,
         runner,
-        sweep=_DEFAULT_SWEEP,
+        sweep=plan["sweep"],
         sweep_params=dict(scenarios[0], num=50_000 // scale_down),
         sweep_impls=("ap", "hand"),
     )
     scale_loops = _scale_loops(loops)
     if not scale_loops:
         return
+    # acks=all (watermarks, issue 28) at the pending count of its targets.
+    acks = dict(acks_bench.DEFAULTS, **plan["acks"])
+    report["acks"] = run_acks_suite(scale_loops, [acks.pop("pending")], acks, args.repeat, runner)
     report["scale"] = run_scale_suite(
         scale_loops,
-        [10**3, 10**4, 10**5, 10**6 // scale_down],
+        plan["pending"],
         {"ops": 200_000 // scale_down, "batch": 1000, "seed": args.seed},
         args.repeat,
         runner,

@@ -70,7 +70,7 @@ async def main():
     watch = p.try_complete_else_watch
     t0 = time.process_time()
     for i, op in enumerate(ops):
-        watch(op, (i,))
+        watch(op, [i])
         if i % 1000 == 999:
             await asyncio.sleep(0)  # staged ops reach the wheel, as on a server
     for op in ops:

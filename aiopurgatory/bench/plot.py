@@ -2,8 +2,9 @@
 
 One figure with a panel per part of the report that is present: timer lateness
 histograms, purgatory expiry-lateness histograms, CPU per request of the
-purgatory rate sweep, and the scaling curve (CPU per add+cancel against pending
-timers, log x).
+purgatory rate sweep, the scaling curve (CPU per add+cancel against pending
+timers, log x) and the acks=all curves (CPU per trigger against pending requests
+per partition, log-log).
 """
 
 from __future__ import annotations
@@ -31,6 +32,38 @@ def _hist_panel(ax: Any, cells: list[dict[str, Any]], key: str, title: str) -> N
         ax.legend(fontsize="small")
 
 
+def _acks_panel(ax: Any, acks: dict[str, Any]) -> None:
+    """CPU per trigger against pending requests per partition, log-log, a line per impl."""
+    curves: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for c in acks["cells"]:
+        curves.setdefault((c["impl"], c["loop"]), []).append(
+            (c["pending"], c["median"]["cpu_us_per_trigger"])
+        )
+    for (impl, loop), xy in curves.items():
+        xy.sort()
+        style = "--" if loop == "uvloop" else "-"
+        ax.plot(
+            [x for x, _ in xy],
+            [y for _, y in xy],
+            style,
+            marker="o",
+            label=f"{impl} / {loop}",
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    from matplotlib.ticker import ScalarFormatter
+
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    params = acks["params"]
+    ax.set_xlabel("pending produce requests per partition (log)")
+    ax.set_ylabel("CPU per trigger (us, log)")
+    ax.set_title(
+        f"acks=all: {params.get('partitions')} partitions, high watermark "
+        f"+{params.get('step')} per trigger, tasks awaiting"
+    )
+    ax.legend(fontsize="x-small", ncol=2)
+
+
 def plot_report(report: dict[str, Any], path: str) -> None:
     """Draw the panels that ``report`` has data for and save them to ``path``.
 
@@ -51,6 +84,8 @@ def plot_report(report: dict[str, Any], path: str) -> None:
             panels.append("sweep")
     if "scale" in report:
         panels.append("scale")
+    if "acks" in report:
+        panels.append("acks")
     if not panels:
         raise ValueError("the report has no benchmark results to plot")
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 4 * len(panels)), squeeze=False)
@@ -83,6 +118,8 @@ def plot_report(report: dict[str, Any], path: str) -> None:
             ax.set_ylabel("CPU per request (us)")
             ax.set_title("bench purgatory: rate sweep (last point of a line: first rate missed)")
             ax.legend(fontsize="small")
+        elif panel == "acks":
+            _acks_panel(ax, report["acks"])
         else:
             cells = report["scale"]["cells"]
             curves: dict[tuple[str, str], list[tuple[int, float]]] = {}

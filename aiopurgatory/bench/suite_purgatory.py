@@ -23,6 +23,7 @@ from ._runner import (
     _cells,
     _interleaved,
     _non_negative_float,
+    _non_negative_int,
     _positive_float,
     _positive_int,
     _rate_list,
@@ -156,7 +157,7 @@ def _headline_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--gc-pending",
-        type=int,
+        type=_non_negative_int,
         default=0,
         help="also time a full gc.collect() with this many ops pending (e.g. 1000000)",
     )
@@ -209,7 +210,14 @@ def run_purgatory_suite(
         )
         results = [runner.run(s) for s in specs]
         all_runs += [dict(r, scenario=scenario) for r in results]
-        cells += _cells(results, ("loop", "impl"), _PURGATORY_METRICS, scenario=scenario)
+        memory_skipped = not params.get("memory_ops")
+        cells += _cells(
+            results,
+            ("loop", "impl"),
+            _PURGATORY_METRICS,
+            scenario=scenario,
+            memory_skipped=memory_skipped,
+        )
         for loop in loops:
             labels = purgatory_bench.impls(loop)
             ap_cell = _cell(cells, loop=loop, impl=labels["ap"], scenario=scenario)
@@ -227,6 +235,7 @@ def run_purgatory_suite(
                     "cpu_hand_over_ap": vs_hand,
                     "cpu_ap_over_floor": vs_floor,
                     "memory_ap_over_hand": memory,
+                    "memory_skipped": memory_skipped,
                 }
             )
             if loop in TRIO_LOOPS:
@@ -248,14 +257,15 @@ def run_purgatory_suite(
                     higher_is_better=False,
                 )
             )
-            targets.append(
-                _target(
-                    f"memory per pending op vs hand-written, {where}",
-                    memory,
-                    MEMORY_VS_HAND,
-                    higher_is_better=False,
+            if not memory_skipped:  # --memory-ops 0: not measured, so no target either
+                targets.append(
+                    _target(
+                        f"memory per pending op vs hand-written, {where}",
+                        memory,
+                        MEMORY_VS_HAND,
+                        higher_is_better=False,
+                    )
                 )
-            )
     report: dict[str, Any] = {
         "scenarios": scenarios,
         "repeat": repeat,
@@ -344,21 +354,29 @@ def _purgatory_args(p: argparse.ArgumentParser) -> None:
         help=f"req/s; 0 = back to back (default: 0 for --completion force, "
         f"{CHECK_RATE:g} for check and clock)",
     )
-    p.add_argument("--timeout", type=_positive_float, default=d["timeout"], help="ms")
+    p.add_argument(
+        "--timeout", type=_positive_float, default=d["timeout"], help="operation timeout, ms"
+    )
     p.add_argument(
         "--pct75",
         type=_positive_float,
         default=None,
-        help="75th percentile of completion latency, ms (default 60; 400 for high-timeout)",
+        help="75th percentile of completion latency, ms, with --pct50 "
+        "(default: the --scenario's, 60 for low-timeout)",
     )
     p.add_argument(
-        "--pct50", type=_positive_float, default=None, help="median completion latency, ms"
+        "--pct50",
+        type=_positive_float,
+        default=None,
+        help="median completion latency, ms, with --pct75 "
+        "(default: the --scenario's, 20 for low-timeout)",
     )
     p.add_argument(
         "--scenario",
         choices=(*purgatory_bench.SCENARIOS, "both"),
         default=None,
-        help="Kafka's published pct75/pct50 pairs: low-timeout 60/20, high-timeout 400/200",
+        help="Kafka's published pct75/pct50 pairs: low-timeout 60/20, high-timeout 400/200 "
+        "(default: low-timeout, unless --pct75/--pct50 are given)",
     )
     p.add_argument(
         "--completion",
@@ -368,14 +386,21 @@ def _purgatory_args(p: argparse.ArgumentParser) -> None:
         "TestPurgatoryPerformance), check = check_and_complete(key) with a flag "
         "(Kafka's way), clock = check_and_complete(key), try_complete reads the clock",
     )
-    p.add_argument("--keys", type=_positive_int, default=d["keys"])
-    p.add_argument("--key-space-size", type=_positive_int, default=d["key_space_size"])
-    p.add_argument("--batch", type=_positive_int, default=d["batch"])
+    p.add_argument("--keys", type=_positive_int, default=d["keys"], help="watch keys per request")
+    p.add_argument(
+        "--key-space-size",
+        type=_positive_int,
+        default=d["key_space_size"],
+        help="distinct keys the requests' keys are drawn from",
+    )
+    p.add_argument(
+        "--batch", type=_positive_int, default=d["batch"], help="most arrivals per loop wake-up"
+    )
     p.add_argument(
         "--memory-ops",
-        type=int,
+        type=_non_negative_int,
         default=d["memory_ops"],
-        help="ops pending during the tracemalloc measurement (0: skip)",
+        help="ops pending during the tracemalloc measurement (0: skip it; shown as skipped)",
     )
 
 
@@ -387,7 +412,8 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
         const=",".join(str(int(r)) for r in _DEFAULT_SWEEP),
         type=_rate_list,
         metavar="RATES",
-        help="also sweep these rates (comma-separated req/s) for the saturation rate",
+        help="also sweep these rates (comma-separated req/s) for the saturation rate; "
+        "--sweep alone sweeps the default rates (default: no sweep)",
     )
     p.add_argument(
         "--sweep-num", type=_positive_int, default=100_000, help="requests per sweep point"

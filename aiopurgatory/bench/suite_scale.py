@@ -14,6 +14,7 @@ from ._runner import (
     _cells,
     _int_list,
     _interleaved,
+    _non_negative_int,
     _positive_int,
     _ratio,
     _Runner,
@@ -103,13 +104,23 @@ def _scale_args(p: argparse.ArgumentParser) -> None:
         "--pending",
         type=_int_list,
         default=[10**3, 10**4, 10**5, 10**6],
-        help="comma-separated pending counts (default 1000,10000,100000,1000000)",
+        help="comma-separated pending counts",
     )
-    p.add_argument("--ops", type=_positive_int, default=scale_bench.DEFAULTS["ops"])
-    p.add_argument("--batch", type=_positive_int, default=scale_bench.DEFAULTS["batch"])
+    p.add_argument(
+        "--ops",
+        type=_positive_int,
+        default=scale_bench.DEFAULTS["ops"],
+        help="short timers added and cancelled, timed",
+    )
+    p.add_argument(
+        "--batch",
+        type=_positive_int,
+        default=scale_bench.DEFAULTS["batch"],
+        help="add+cancels per loop iteration",
+    )
     p.add_argument(
         "--memory-pending",
-        type=int,
+        type=_non_negative_int,
         default=100_000,
         help="pending timers for the tracemalloc run (0: skip)",
     )

@@ -13,6 +13,7 @@ from ._runner import (
     TIMER_CPU_VS_UVLOOP,
     _cell,
     _cells,
+    _fraction,
     _interleaved,
     _positive_float,
     _positive_int,
@@ -110,17 +111,22 @@ def run_timer_suite(
 
 def _timer_args(p: argparse.ArgumentParser) -> None:
     """Add the options of ``bench timer`` to ``p``."""
-    p.add_argument("-n", type=_positive_int, default=timer_bench.DEFAULTS["n"], help="timers")
+    p.add_argument("-n", type=_positive_int, default=timer_bench.DEFAULTS["n"], help="timers added")
     p.add_argument(
         "--cancel-fraction",
-        type=float,
+        type=_fraction,
         default=timer_bench.DEFAULTS["cancel_fraction"],
-        help="share cancelled right after being added (default 0.9)",
+        help="share cancelled right after being added",
     )
     p.add_argument(
         "--max-delay",
         type=_positive_float,
         default=timer_bench.DEFAULTS["max_delay"],
-        help="delays are uniform in [0, MAX_DELAY) s (default 1, as Kafka's run)",
+        help="delays are uniform in [0, MAX_DELAY) s (Kafka's run uses 1)",
     )
-    p.add_argument("--batch", type=_positive_int, default=timer_bench.DEFAULTS["batch"])
+    p.add_argument(
+        "--batch",
+        type=_positive_int,
+        default=timer_bench.DEFAULTS["batch"],
+        help="timers added per loop iteration",
+    )

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 from .. import Outcome, Purgatory, PurgatoryHistograms, PurgatoryStatistics
 
 __all__ = [
+    "ADVANCES",
     "GAUGES",
     "HISTOGRAM_EDGES",
     "Gauge",
@@ -100,6 +101,19 @@ GAUGES = (
 )
 
 
+#: The running total of watermark advances both adapters export (a counter): the
+#: :meth:`~aiopurgatory.Purgatory.advance` calls that raised a key's watermark
+#: (``PurgatoryStatistics.advances``). Each checked only the operations it reached.
+ADVANCES = Gauge(
+    "aiopurgatory_advances",
+    "aiopurgatory.advances",
+    "{advance}",
+    "Watermark advances: Purgatory.advance calls that raised a key's watermark "
+    "(running total since the purgatory was created).",
+    "advances",
+)
+
+
 def gauge_value(stats: PurgatoryStatistics, gauge: Gauge) -> int:
     """The value ``gauge`` reports for one purgatory."""
     value: int = getattr(stats, gauge.field)
@@ -137,8 +151,13 @@ class PurgatorySet:
             if current is not None:
                 # Two series with the same labels would be invalid (Prometheus) or
                 # silently merged (OpenTelemetry).
+                hint = (
+                    " (the default name): name each one, e.g. Purgatory('produce')"
+                    if name == "purgatory"
+                    else ": give each purgatory its own name"
+                )
                 raise ValueError(
-                    f"purgatory: another purgatory named {name!r} is already registered"
+                    f"purgatory: another purgatory named {name!r} is already registered{hint}"
                 )
             self._refs[name] = weakref.ref(purgatory)
 

@@ -25,6 +25,9 @@ Instruments (attribute ``purgatory`` = the purgatory's name):
   non-empty watch list.
 * ``aiopurgatory.operations`` (ObservableCounter, ``{operation}``, extra
   attribute ``outcome``): running totals of finished operations.
+* ``aiopurgatory.advances`` (ObservableCounter, ``{advance}``): watermark
+  advances, the :meth:`~aiopurgatory.Purgatory.advance` calls that raised a
+  key's watermark.
 * ``aiopurgatory.operation.wait.sum`` (ObservableCounter, ``s``, extra attribute
   ``outcome``): the running total of the waits of finished operations (with
   ``aiopurgatory.operations``, the mean wait over any interval).
@@ -62,7 +65,7 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
     ) from exc
 
 from .. import Histogram, Outcome, Purgatory, PurgatoryHistograms
-from ._registry import GAUGES, Gauge, PurgatorySet, gauge_value, outcome_values
+from ._registry import ADVANCES, GAUGES, Gauge, PurgatorySet, gauge_value, outcome_values
 
 __all__ = ["METER_NAME", "QUANTILES", "PurgatoryInstruments"]
 
@@ -127,6 +130,12 @@ class PurgatoryInstruments:
             callbacks=[self._observe_operations],
             unit="{operation}",
             description="Operations finished, by outcome (running total).",
+        )
+        meter.create_observable_counter(
+            ADVANCES.otel_name,
+            callbacks=[self._observer(ADVANCES)],
+            unit=ADVANCES.unit,
+            description=ADVANCES.description,
         )
         # The histograms' previous reading per purgatory name, for the interval
         # quantiles (collections may come from several threads: a lock).

@@ -25,6 +25,8 @@ Exposed families (label ``purgatory`` = the purgatory's name):
 * ``aiopurgatory_watch_keys`` (gauge): keys with a non-empty watch list.
 * ``aiopurgatory_operations_total`` (counter, extra label ``outcome``): operations
   finished as ``completed``, ``expired``, ``cancelled`` or ``failed``.
+* ``aiopurgatory_advances_total`` (counter): watermark advances, the
+  :meth:`~aiopurgatory.Purgatory.advance` calls that raised a key's watermark.
 * ``aiopurgatory_operation_wait_seconds`` (histogram, extra label ``outcome``):
   how long finished operations waited, from watch to finish.
 * ``aiopurgatory_expiry_lateness_seconds`` (histogram): how late each expiry
@@ -70,7 +72,14 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
     ) from exc
 
 from .. import Histogram, Outcome, Purgatory, PurgatoryHistograms, PurgatoryStatistics
-from ._registry import GAUGES, HISTOGRAM_EDGES, PurgatorySet, gauge_value, outcome_values
+from ._registry import (
+    ADVANCES,
+    GAUGES,
+    HISTOGRAM_EDGES,
+    PurgatorySet,
+    gauge_value,
+    outcome_values,
+)
 
 if TYPE_CHECKING:
     from ..redis import RedisTriggers, RedisTriggersStatistics
@@ -110,8 +119,10 @@ class PurgatoryCollector(Collector):
     Raises:
         TypeError: an element of ``purgatories`` is not a Purgatory, or
             ``registry`` is not a CollectorRegistry.
-        ValueError: two purgatories have the same name; the registry already
-            has a collector producing these metric names.
+        ValueError: two purgatories have the same name (name them:
+            ``Purgatory("produce")``); the registry already has a collector of
+            these metrics (one collector per registry: register every
+            purgatory with it).
     """
 
     def __init__(
@@ -127,7 +138,14 @@ class PurgatoryCollector(Collector):
             )
         self._purgatories = PurgatorySet(purgatories)
         if registry is not None:
-            registry.register(self)
+            try:
+                registry.register(self)
+            except ValueError:  # prometheus_client's DuplicateTimeseries lists every series
+                raise ValueError(
+                    "registry already has a collector of aiopurgatory's metrics: use one "
+                    "PurgatoryCollector per registry and register every purgatory with it "
+                    "(collector.register(purgatory))"
+                ) from None
 
     def register(self, purgatory: Purgatory[Any]) -> None:
         """Report ``purgatory`` from the next scrape on. Idempotent.
@@ -193,12 +211,16 @@ class PurgatoryCollector(Collector):
             for gauge in GAUGES
         ]
         counter = CounterMetricFamily(_COUNTER, _COUNTER_HELP, labels=["purgatory", "outcome"])
+        advances = CounterMetricFamily(
+            ADVANCES.prometheus_name, ADVANCES.description, labels=["purgatory"]
+        )
         for stats in snapshot:
             for family, gauge in gauges:
                 family.add_metric([stats.name], gauge_value(stats, gauge))
             for outcome, count in outcome_values(stats):
                 counter.add_metric([stats.name, outcome], count)
-        return [*(family for family, _ in gauges), counter]
+            advances.add_metric([stats.name], gauge_value(stats, ADVANCES))
+        return [*(family for family, _ in gauges), counter, advances]
 
 
 # RedisTriggersStatistics fields exported as counters (name, help).

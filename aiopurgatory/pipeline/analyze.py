@@ -31,14 +31,16 @@ group size; on smaller groups it is the exact nearest-rank percentile).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import glob
 import json
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from .._clitools import OutputDir, Parser, Steps, UsageError, fail, require
 from ..events import EVENT, SCHEMA_VERSIONS
 from .schema import CORRUPT_COLUMN, EVENT_FIELDS, FACT_COLUMNS, OUTCOMES, event_schema
 from .session import DEFAULT_MASTER
@@ -457,6 +459,7 @@ def analyze_facts(
     title: str = "aiopurgatory op analysis",
     report: bool = True,
     extra: dict[str, Any] | None = None,
+    steps: Steps | None = None,
 ) -> AnalysisResult:
     """Write rollups, hot keys, summary, malformed lines and the report for a fact table.
 
@@ -472,7 +475,12 @@ def analyze_facts(
         title: the report's title.
         report: write ``report.md`` and plots.
         extra: more facts for the report (e.g. replay timings), name -> value.
+        steps: prints each step on stderr as it starts and ends.
     """
+
+    def step(name: str, what: str) -> Any:
+        return steps.step(name, what) if steps is not None else contextlib.nullcontext()
+
     out = Path(out)
     seconds: dict[str, float] = {}
     facts = spark.read.parquet(str(facts_path))
@@ -481,20 +489,23 @@ def analyze_facts(
     # the hot keys), kept by a local checkpoint, then written and brought to the
     # driver from there; written as one sorted file each (small tables), without
     # the sampling job of a global sort.
-    tables = _tables(facts, interval).localCheckpoint()
-    _write_sorted(_rollups_of(tables), _ROLLUP_ORDER, out / "rollups")
-    summary_pd = _to_pandas(_summary_of(tables), _SUMMARY_ORDER)
-    _write_sorted(_summary_of(tables), _SUMMARY_ORDER, out / "summary")
+    with step("tables", "rollups and summary"):
+        tables = _tables(facts, interval).localCheckpoint()
+        _write_sorted(_rollups_of(tables), _ROLLUP_ORDER, out / "rollups")
+        summary_pd = _to_pandas(_summary_of(tables), _SUMMARY_ORDER)
+        _write_sorted(_summary_of(tables), _SUMMARY_ORDER, out / "summary")
     seconds["rollups+summary"] = time.perf_counter() - started
     started = time.perf_counter()
-    hot = _hot_keys(facts, top).localCheckpoint()
-    _write_sorted(hot, _HOT_KEYS_ORDER, out / "hot_keys")
-    hot_pd = _to_pandas(hot, _HOT_KEYS_ORDER)
+    with step("hot keys", f"top {top} by ops and by expiries"):
+        hot = _hot_keys(facts, top).localCheckpoint()
+        _write_sorted(hot, _HOT_KEYS_ORDER, out / "hot_keys")
+        hot_pd = _to_pandas(hot, _HOT_KEYS_ORDER)
     seconds["hot_keys"] = time.perf_counter() - started
     started = time.perf_counter()
-    answers_df = answers(facts).localCheckpoint()
-    _write_sorted(answers_df, _ANSWERS_ORDER, out / "answers")
-    answers_pd = _to_pandas(answers_df, _ANSWERS_ORDER)
+    with step("answers", "ops by outcome and error"):
+        answers_df = answers(facts).localCheckpoint()
+        _write_sorted(answers_df, _ANSWERS_ORDER, out / "answers")
+        answers_pd = _to_pandas(answers_df, _ANSWERS_ORDER)
     seconds["answers"] = time.perf_counter() - started
     if quality is not None:
         (out / "quality.json").write_text(json.dumps(asdict(quality), indent=2, default=str))
@@ -504,20 +515,21 @@ def analyze_facts(
         from .report import write_report
 
         started = time.perf_counter()
-        rollups_pd = _to_pandas(_rollups_of(tables), _ROLLUP_ORDER)
-        report_path = write_report(
-            out,
-            title=title,
-            summary=summary_pd,
-            rollups=rollups_pd,
-            hot_keys=hot_pd,
-            answers=answers_pd,
-            histograms=histograms(facts),
-            top=top,
-            quality=quality,
-            interval=interval,
-            extra=extra or {},
-        )
+        with step("report", "report.md and plots"):
+            rollups_pd = _to_pandas(_rollups_of(tables), _ROLLUP_ORDER)
+            report_path = write_report(
+                out,
+                title=title,
+                summary=summary_pd,
+                rollups=rollups_pd,
+                hot_keys=hot_pd,
+                answers=answers_pd,
+                histograms=histograms(facts),
+                top=top,
+                quality=quality,
+                interval=interval,
+                extra=extra or {},
+            )
         seconds["report"] = time.perf_counter() - started
     return AnalysisResult(out, summary_pd, hot_pd, answers_pd, quality, report_path, seconds)
 
@@ -583,21 +595,38 @@ def _histogram_counts(facts: Any) -> Any:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="aiopurgatory analyze",
         description="Analyse aiopurgatory op event logs (schema 2, or 1) with Spark.",
     )
     p.add_argument("events", nargs="+", help="event log files, directories or globs (any URI)")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output directory; its parent must exist; written whole when the run succeeds",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --out if an earlier run of a command wrote it (else a non-empty --out "
+        "is refused)",
+    )
     p.add_argument(
         "--master",
         default=DEFAULT_MASTER,
-        help="Spark master: local[*] (default), spark://..., yarn, or sc://host:port (Connect)",
+        help="Spark master: local[*] (default), local[N], spark://host:port, yarn, k8s://..., "
+        "or sc://host:port (Spark Connect)",
     )
     p.add_argument("--interval", type=float, default=1.0, help="rollup interval, seconds")
-    p.add_argument("--top", type=int, default=20, help="hot keys per ranking")
-    p.add_argument("--no-report", action="store_true", help="tables only")
-    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark setting")
+    p.add_argument("--top", type=int, default=20, help="hot keys per ranking (report and table)")
+    p.add_argument("--no-report", action="store_true", help="tables only (no report.md, no plots)")
+    p.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting (repeatable)",
+    )
     return p
 
 
@@ -612,41 +641,111 @@ def parse_conf(items: Sequence[str]) -> dict[str, str]:
     return conf
 
 
+def _not_event_logs(paths: Sequence[str], limit: int = 1000) -> str | None:
+    """Why a local input cannot be an event log (a Parquet file, binary data), or None.
+
+    Looks at the first 4 KiB of up to ``limit`` local files (those Spark would
+    read: ``_*`` and ``.*`` names skipped); URIs are not looked at.
+    """
+    from .session import _URI_SCHEME
+
+    seen = 0
+    for path in paths:
+        if _URI_SCHEME.match(path):
+            continue
+        for name in sorted(glob.glob(path) if glob.has_magic(path) else [path]):
+            top = Path(name)
+            files = sorted(top.rglob("*")) if top.is_dir() else [top]
+            for file in files:
+                if not file.is_file() or file.name.startswith(("_", ".")):
+                    continue
+                seen += 1
+                if seen > limit:
+                    return None
+                with file.open("rb") as handle:
+                    head = handle.read(4096)
+                if head.startswith(b"PAR1"):
+                    return f"{file} is a Parquet file, not an event log (JSON lines)"
+                if b"\0" in head:
+                    return f"{file} is not text: an event log is JSON lines"
+    return None
+
+
 def main(argv: list[str]) -> int:
     """Run ``aiopurgatory analyze``; returns the exit status."""
+    prog = "aiopurgatory analyze"
     args = _build_parser().parse_args(argv)
-    if not args.interval > 0 or args.top < 1:
-        print("aiopurgatory analyze: --interval must be > 0 and --top >= 1", file=sys.stderr)
-        return 2
     try:
+        if not args.interval > 0 or args.top < 1:
+            raise UsageError("--interval must be > 0 and --top >= 1")
         conf = parse_conf(args.conf)
-    except ValueError as exc:
-        print(f"aiopurgatory analyze: {exc}", file=sys.stderr)
-        return 2
+        require(
+            ["pyspark", "pandas", "pyarrow", "rich", *([] if args.no_report else ["matplotlib"])],
+            "spark",
+        )
+        from .session import check_master, is_connect, missing_inputs
+
+        check_master(args.master)
+        missing = [] if is_connect(args.master) else missing_inputs(args.events)
+        if missing:
+            raise UsageError(f"no such file or directory: {', '.join(missing)}")
+        problem = _not_event_logs(args.events)
+        if problem:
+            raise UsageError(problem)
+        output = OutputDir(
+            args.out, overwrite=args.overwrite, inputs=args.events, command="analyze"
+        )
+        from .session import check_reachable
+
+        check_reachable(args.master)
+    except (UsageError, ValueError) as exc:
+        return fail(prog, exc)
+    except ConnectionError as exc:  # MasterUnreachableError
+        return fail(prog, exc, 1)
     from .report import print_summary
     from .session import cli_session, spark_path
 
-    started = time.perf_counter()
-    spark, status = cli_session("aiopurgatory analyze", args.master, args.events, conf)
+    steps = Steps(prog)
+    spark, status = steps.run(
+        "session",
+        f"starting Spark ({args.master})",
+        lambda: cli_session(prog, args.master, args.events, conf),
+    )
     if spark is None:
         return status
-    session_s = time.perf_counter() - started
-    # Absolute, so that a Spark Connect server resolves them as this process does.
-    out = Path(args.out).absolute()
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    quality = read_events(spark, [spark_path(path) for path in args.events], out / "facts")
-    read_s = time.perf_counter() - started
-    result = analyze_facts(
-        spark,
-        out / "facts",
-        out,
-        interval=args.interval,
-        top=args.top,
-        quality=quality,
-        report=not args.no_report,
-        extra={"inputs": ", ".join(args.events)},
-    )
-    result.seconds = {"session": session_s, "read+facts": read_s, **result.seconds}
+    with output.open() as out:
+        with steps.step("read", f"event logs {' '.join(args.events)} -> facts"):
+            quality = read_events(spark, [spark_path(path) for path in args.events], out / "facts")
+        steps.say(
+            f"read: {quality.lines:,} lines, {quality.events:,} op events, "
+            f"{quality.other:,} other, {quality.malformed:,} malformed"
+        )
+        if not quality.events:
+            first = quality.examples[0] if quality.examples else None
+            where = (
+                f"; first: {first['source']}:{first['line']}: {first['problem']}" if first else ""
+            )
+            return fail(
+                prog,
+                f"no op event in the input ({quality.lines:,} lines: {quality.other:,} other "
+                f"events, {quality.malformed:,} malformed{where}); nothing written",
+                1,
+            )
+        result = analyze_facts(
+            spark,
+            out / "facts",
+            out,
+            interval=args.interval,
+            top=args.top,
+            quality=quality,
+            report=not args.no_report,
+            extra={"inputs": ", ".join(args.events)},
+            steps=steps,
+        )
+        output.commit(argv)
+    result.out = output.path
+    if result.report is not None:
+        result.report = output.path / result.report.name
+    result.seconds = dict(steps.seconds)
     print_summary(result)
     return 0

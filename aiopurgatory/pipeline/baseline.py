@@ -157,8 +157,9 @@ def compare_with_analyze(
         "baseline": [sys.executable, "-m", "aiopurgatory.pipeline.baseline"],
     }
     known = {
-        "analyze_tables": [*commands["analyze"], str(events), "--no-report"],
-        "analyze_report": [*commands["analyze"], str(events)],
+        # --overwrite: each round writes the same --out again.
+        "analyze_tables": [*commands["analyze"], str(events), "--no-report", "--overwrite"],
+        "analyze_report": [*commands["analyze"], str(events), "--overwrite"],
         "baseline": [*commands["baseline"], str(events)],
     }
     unknown = set(variants) - set(known)

@@ -275,6 +275,7 @@ def _end_to_end(args: argparse.Namespace, trace: Path) -> dict[str, Any]:
             command = [sys.executable, "-m", "aiopurgatory.cli", "replay", str(trace)]
             command += ["--out", str(Path(args.dir) / f"end-to-end-{mode}")]
             command += ["--timeout", args.timeouts, "--no-report", "--master", args.master]
+            command += ["--overwrite"]  # each round writes the same --out again
             command += ["--local"] if mode == "local" else []
             started = time.perf_counter()
             done = subprocess.run(command, capture_output=True, text=True, check=False)

@@ -27,13 +27,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
-import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .._clitools import OutputDir, Parser, Steps, UsageError, fail, require
+from .analyze import analyze_facts
 from .replay_core import _REQUEST_COLUMNS, ReplayParams, parse_sweep, replay_table
 from .schema import TRACE_COLUMNS
 from .session import _URI_SCHEME, DEFAULT_MASTER
@@ -508,25 +508,52 @@ def replay_files(
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="aiopurgatory replay",
         description=(
             "Replay a produce-request trace through aiopurgatory's Purgatory on virtual time, "
-            "in Spark tasks partitioned by broker. Comma-separated values sweep."
+            "in Spark tasks partitioned by broker (or in this process: --local), then write "
+            "the same tables and report as 'aiopurgatory analyze'. Comma-separated values sweep."
         ),
     )
     p.add_argument("trace", help="trace file: Parquet (file or directory) or .csv")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output directory; its parent must exist; written whole when the run succeeds",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --out if an earlier run of a command wrote it (else a non-empty --out "
+        "is refused)",
+    )
     p.add_argument("--timeout", default="30", help="produce timeout(s), seconds, e.g. 0.5,1,30")
-    p.add_argument("--min-insync", default="2", help="replicas needed for acks=all, e.g. 2,3")
+    p.add_argument(
+        "--min-insync",
+        default="2",
+        help="replicas needed for acks=all, the leader included, e.g. 2,3; at most the "
+        "trace's replication",
+    )
     p.add_argument("--tick", default="0.001", help="timer tick(s), seconds")
     p.add_argument("--wheel-size", default="20", help="timing wheel size(s)")
     p.add_argument(
         "--master",
         default=DEFAULT_MASTER,
-        help="Spark master: local[*] (default), spark://..., yarn, or sc://host:port (Connect)",
+        help="Spark master: local[*] (default), local[N], spark://host:port, yarn, k8s://..., "
+        "or sc://host:port (Spark Connect)",
     )
-    p.add_argument("--local", action="store_true", help="replay in this process (no Spark tasks)")
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="replay in this process, without Spark; Spark starts afterwards only for the "
+        "tables and report (none with --facts-only)",
+    )
+    p.add_argument(
+        "--facts-only",
+        action="store_true",
+        help="write facts/ and scenarios/ only: no tables, no report; with --local, no Spark",
+    )
     p.add_argument(
         "--io",
         choices=("auto", "files", "spark"),
@@ -537,102 +564,183 @@ def _build_parser() -> argparse.ArgumentParser:
         "(default) = 'files' when it can",
     )
     p.add_argument("--interval", type=float, default=1.0, help="rollup interval, seconds")
-    p.add_argument("--top", type=int, default=20, help="hot keys per ranking")
-    p.add_argument("--no-report", action="store_true", help="tables only")
-    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark setting")
+    p.add_argument("--top", type=int, default=20, help="hot keys per ranking (report and table)")
+    p.add_argument("--no-report", action="store_true", help="tables only (no report.md, no plots)")
+    p.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting (repeatable)",
+    )
     return p
+
+
+def _write_scenarios(param_sets: Sequence[ReplayParams], path: Path) -> None:
+    """``scenarios/``: each scenario label and its parameters (one Parquet file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.mkdir()
+    table = pa.table(
+        {
+            "scenario": pa.array([p.label for p in param_sets], pa.string()),
+            "timeout": pa.array([p.timeout for p in param_sets], pa.float64()),
+            "min_insync": pa.array([p.min_insync for p in param_sets], pa.int32()),
+            "tick": pa.array([p.tick for p in param_sets], pa.float64()),
+            "wheel_size": pa.array([p.wheel_size for p in param_sets], pa.int32()),
+        }
+    )
+    pq.write_table(table, path / "part-00000.parquet")
+    (path / "_SUCCESS").touch()
+
+
+def _checked(args: argparse.Namespace, prog: str) -> tuple[list[ReplayParams], dict[str, str], str]:
+    """Every check that can fail before any work: the parameter sets, the Spark
+    settings and the data path (``files`` or ``spark``, or ``local``).
+
+    Raises:
+        UsageError, ValueError: one line saying what is wrong.
+    """
+    from .analyze import parse_conf
+    from .session import check_master, is_connect, missing_inputs
+    from .trace import inspect_trace
+
+    param_sets = parse_sweep(args.timeout, args.min_insync, args.tick, args.wheel_size)
+    conf = parse_conf(args.conf)
+    if not args.interval > 0 or args.top < 1:
+        raise UsageError("--interval must be > 0 and --top >= 1")
+    spark_needed = not (args.local and args.facts_only)
+    modules = ["numpy", "pyarrow", "pandas"]
+    if spark_needed:
+        modules += ["pyspark", "rich"]
+    if not args.facts_only and not args.no_report:
+        modules.append("matplotlib")
+    require(modules, "spark")
+    if spark_needed:
+        check_master(args.master)
+    if args.local and args.io != "auto":
+        raise UsageError("--io is for the Spark replay, not --local")
+    io = "local" if args.local else args.io
+    if io == "auto":
+        io = "files" if files_reachable(args.trace, args.out) else "spark"
+    elif io == "files" and not files_reachable(args.trace, args.out):
+        raise UsageError(
+            "--io files needs a Parquet trace and filesystem paths "
+            "(use --io spark for a CSV trace or a URI)"
+        )
+    local_trace = args.local or not _URI_SCHEME.match(args.trace) or args.trace.startswith("file:")
+    if local_trace and not (spark_needed and is_connect(args.master)):
+        if missing_inputs([args.trace]):
+            raise UsageError(f"no such file or directory: {args.trace}")
+        replication = inspect_trace(_local(args.trace) if io != "local" else args.trace)
+        too_many = sorted({p.min_insync for p in param_sets if p.min_insync > replication})
+        if too_many:
+            raise UsageError(
+                f"--min-insync {','.join(map(str, too_many))} is more than the trace's "
+                f"replication ({replication}: a leader and {replication - 1} followers): no "
+                f"acks=all request could complete; give at most {replication}"
+            )
+    return param_sets, conf, io
 
 
 def main(argv: list[str]) -> int:
     """Run ``aiopurgatory replay``; returns the exit status."""
+    prog = "aiopurgatory replay"
     args = _build_parser().parse_args(argv)
-    from .analyze import analyze_facts, parse_conf
-
     try:
-        param_sets = parse_sweep(args.timeout, args.min_insync, args.tick, args.wheel_size)
-        conf = parse_conf(args.conf)
-        if not args.interval > 0 or args.top < 1:
-            raise ValueError("--interval must be > 0 and --top >= 1")
-    except (TypeError, ValueError) as exc:
-        print(f"aiopurgatory replay: {exc}", file=sys.stderr)
-        return 2
-    io = args.io
-    if io == "auto":
-        io = "files" if files_reachable(args.trace, args.out) else "spark"
-    elif io == "files" and not files_reachable(args.trace, args.out):
-        print(
-            "aiopurgatory replay: --io files needs a Parquet trace and filesystem paths "
-            "(use --io spark for a CSV trace or a URI)",
-            file=sys.stderr,
+        param_sets, conf, io = _checked(args, prog)
+        output = OutputDir(
+            args.out, overwrite=args.overwrite, inputs=[args.trace], command="replay"
         )
-        return 2
-    from .report import print_summary
+        if not (args.local and args.facts_only):
+            from .session import check_reachable
+
+            check_reachable(args.master)
+    except (UsageError, TypeError, ValueError) as exc:
+        return fail(prog, exc)
+    except ConnectionError as exc:  # MasterUnreachableError
+        return fail(prog, exc, 1)
     from .session import cli_session, spark_path
 
-    seconds: dict[str, float] = {}
-    started = time.perf_counter()
-    spark, status = cli_session("aiopurgatory replay", args.master, [args.trace], conf)
-    if spark is None:
-        return status
-    seconds["session"] = time.perf_counter() - started
-    # Absolute, so that a Spark Connect server resolves them as this process does.
-    out = Path(args.out).absolute()
-    out.mkdir(parents=True, exist_ok=True)
+    steps = Steps(prog)
+    spark = None
 
-    started = time.perf_counter()
-    if args.local:
-        import pyarrow.parquet as pq
-
-        from .replay_core import replay_trace_table
-        from .trace import read_trace_table
-
-        trace_table = read_trace_table(args.trace)
-        requests = trace_table.num_rows
-        facts_table = replay_trace_table(trace_table, param_sets, source=args.trace)
-        pq.write_table(facts_table, out / "facts.parquet")
-        facts_path = out / "facts.parquet"
-    elif io == "files":
-        try:
-            requests = replay_files(
-                spark, args.trace, out / "facts", param_sets, source=args.trace
-            ).requests
-        except ValueError as exc:
-            print(f"aiopurgatory replay: {exc}", file=sys.stderr)
-            return 2
-        facts_path = out / "facts"
-    else:
-        trace = read_trace(spark, spark_path(args.trace))
-        requests = trace.count()
-        replay_spark(spark, trace, param_sets, source=args.trace).write.mode("overwrite").parquet(
-            str(out / "facts")
+    def session(what: str) -> tuple[Any, int]:
+        return steps.run(
+            "session", what, lambda: cli_session(prog, args.master, [args.trace], conf)
         )
-        facts_path = out / "facts"
-    seconds["replay"] = time.perf_counter() - started
-    spark.createDataFrame(
-        [(p.label, p.timeout, p.min_insync, p.tick, p.wheel_size) for p in param_sets],
-        "scenario string, timeout double, min_insync int, tick double, wheel_size int",
-    ).write.mode("overwrite").parquet(str(out / "scenarios"))
 
-    simulated = requests * len(param_sets)
-    rate = simulated / seconds["replay"] if seconds["replay"] > 0 else float("nan")
-    result = analyze_facts(
-        spark,
-        facts_path,
-        out,
-        interval=args.interval,
-        top=args.top,
-        title="aiopurgatory trace replay",
-        report=not args.no_report,
-        extra={
-            "trace": f"{args.trace} ({requests:,} requests)",
-            "scenarios": len(param_sets),
-            "replay": (
-                f"{simulated:,} simulated requests in {seconds['replay']:.1f} s "
-                f"({rate:,.0f}/s, "
-                f"{'one process' if args.local else f'Spark {args.master}, --io {io}'})"
-            ),
-        },
-    )
-    result.seconds = {**seconds, **result.seconds}
+    with output.open() as out:
+        if args.local:
+            import pyarrow.parquet as pq
+
+            from .replay_core import replay_trace_table
+            from .trace import read_trace_table
+
+            with steps.step("replay", f"{len(param_sets)} scenario(s) in this process, no Spark"):
+                trace_table = read_trace_table(args.trace)
+                requests = trace_table.num_rows
+                facts_table = replay_trace_table(trace_table, param_sets, source=args.trace)
+                (out / "facts").mkdir()
+                pq.write_table(facts_table, out / "facts" / "part-00000.parquet")
+                (out / "facts" / "_SUCCESS").touch()
+            steps.say(f"replay: {requests:,} requests x {len(param_sets)} scenario(s)")
+            if not args.facts_only:
+                spark, status = session(
+                    f"starting Spark ({args.master}) for the tables and report only: "
+                    "the replay ran without it"
+                )
+                if spark is None:
+                    return status
+        else:
+            spark, status = session(f"starting Spark ({args.master})")
+            if spark is None:
+                return status
+            with steps.step("replay", f"{len(param_sets)} scenario(s) in Spark tasks, --io {io}"):
+                if io == "files":
+                    requests = replay_files(
+                        spark, args.trace, out / "facts", param_sets, source=args.trace
+                    ).requests
+                else:
+                    trace = read_trace(spark, spark_path(args.trace))
+                    requests = trace.count()
+                    replay_spark(spark, trace, param_sets, source=args.trace).write.mode(
+                        "overwrite"
+                    ).parquet(str(out / "facts"))
+            steps.say(f"replay: {requests:,} requests x {len(param_sets)} scenario(s)")
+        replay_s = steps.seconds["replay"]
+        _write_scenarios(param_sets, out / "scenarios")
+        simulated = requests * len(param_sets)
+        if args.facts_only:
+            output.commit(argv)
+            steps.say(f"facts: {output.path / 'facts'} (no tables: --facts-only)")
+            return 0
+        rate = simulated / replay_s if replay_s > 0 else float("nan")
+        where = "one process, no Spark" if args.local else f"Spark {args.master}, --io {io}"
+        result = analyze_facts(
+            spark,
+            out / "facts",
+            out,
+            interval=args.interval,
+            top=args.top,
+            title="aiopurgatory trace replay",
+            report=not args.no_report,
+            extra={
+                "trace": f"{args.trace} ({requests:,} requests)",
+                "scenarios": len(param_sets),
+                "replay": (
+                    f"{simulated:,} simulated requests in {replay_s:.1f} s ({rate:,.0f}/s, {where})"
+                ),
+            },
+            steps=steps,
+        )
+        output.commit(argv)
+    from .report import print_summary
+
+    result.out = output.path
+    if result.report is not None:
+        result.report = output.path / result.report.name
+    result.seconds = dict(steps.seconds)
     print_summary(result)
     return 0

@@ -447,7 +447,7 @@ async def _run_plain(
         if kind == _ARRIVAL:
             op = ReplayedProduce(op_timeout, request_ids[i], required[i], i)
             ops[i] = op
-            watch(op, (keys[i],))
+            watch(op, [keys[i]])
         else:
             acked = ops[i]
             assert acked is not None
@@ -525,7 +525,7 @@ async def _run_batched(
             op.order = i
             op.acked = 1
             ops[i] = op
-            if not watch(op, (keys[i],)) and not staged:
+            if not watch(op, [keys[i]]) and not staged:
                 # Pending, so staged: the first since the last turn, the earliest deadline.
                 staged = True
                 deadline: float = op.deadline  # type: ignore[assignment]

@@ -37,6 +37,7 @@ __all__ = [
     "MasterUnreachableError",
     "SparkSetupError",
     "check_executors",
+    "check_master",
     "check_reachable",
     "cli_session",
     "get_spark",
@@ -62,6 +63,34 @@ class SparkSetupError(RuntimeError):
 
 class MasterUnreachableError(SparkSetupError, ConnectionError):
     """A ``spark://`` or ``sc://`` master does not accept connections."""
+
+
+#: The masters the pipeline takes (Spark's own forms): ``local``, ``local[N]``,
+#: ``local[*]``, ``local[N,F]`` (F: task failures allowed), ``local-cluster[N,C,M]``,
+#: ``yarn``, and URLs ``spark://``, ``sc://``, ``k8s://``.
+_MASTER_FORMS = re.compile(
+    r"local(\[(\*|[1-9]\d*)(\s*,\s*[1-9]\d*)?\])?"
+    r"|local-cluster\[\s*[1-9]\d*\s*,\s*[1-9]\d*\s*,\s*[1-9]\d*\s*\]"
+    r"|yarn|(spark|sc|k8s)://\S+"
+)
+
+
+def check_master(master: str) -> None:
+    """Refuse a master that Spark would refuse, before starting anything.
+
+    Raises:
+        TypeError: ``master`` is not a string.
+        ValueError: a master of none of Spark's forms (``bogus``, ``local[x]``), or a
+            malformed ``spark://``/``sc://`` URL; the message names it and the forms.
+    """
+    if not isinstance(master, str):
+        raise TypeError(f"master must be a str, got {type(master).__name__}")
+    if not _MASTER_FORMS.fullmatch(master):
+        raise ValueError(
+            f"master {master!r} is not a Spark master: expected local, local[N], local[*], "
+            "spark://host:port, sc://host:port, yarn or k8s://..."
+        )
+    master_endpoints(master)
 
 
 def is_connect(master: str) -> bool:
@@ -269,6 +298,7 @@ def get_spark(
         raise TypeError(f"master must be a str, got {type(master).__name__}")
     if not master:
         raise ValueError("master must not be empty")
+    check_master(master)
     check_reachable(master, probe_timeout)
     try:
         session = _build(master, app_name, shuffle_partitions, conf)
@@ -277,10 +307,14 @@ def get_spark(
     except Exception as exc:
         if master.startswith("local"):
             raise
-        # Something answers on the port, but it is not (a working) Spark.
+        if master_endpoints(master):
+            # Something answers on the port, but it is not (a working) Spark.
+            raise SparkSetupError(
+                f"{master} accepts connections, but no Spark session could be made there: "
+                f"{_first_line(exc)}"
+            ) from exc
         raise SparkSetupError(
-            f"{master} accepts connections, but no Spark session could be made there: "
-            f"{_first_line(exc)}"
+            f"no Spark session could be made on {master}: {_first_line(exc)}"
         ) from exc
     if check and not master.startswith("local"):
         check_executors(session, master)
@@ -311,6 +345,9 @@ def cli_session(
         return get_spark(master, app_name=prog.replace(" ", "-"), conf=conf), 0
     except (SparkSetupError, ValueError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
+        return None, 1
+    except Exception as exc:  # e.g. no Java: Spark's gateway exits at once
+        print(f"{prog}: could not start Spark ({master}): {_first_line(exc)}", file=sys.stderr)
         return None, 1
 
 

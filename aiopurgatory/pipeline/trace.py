@@ -32,6 +32,7 @@ __all__ = [
     "check_trace_columns",
     "generate_trace",
     "generate_trace_table",
+    "inspect_trace",
     "main",
     "read_trace_pandas",
     "read_trace_table",
@@ -224,6 +225,62 @@ def read_trace_table(path: str | Path) -> Any:
     return table.select(list(TRACE_COLUMNS)).cast(trace_arrow_schema())
 
 
+#: What ``gen-trace --out`` may end in (``.csv``: CSV; the others: Parquet).
+TRACE_SUFFIXES = (".parquet", ".pq", ".csv")
+
+
+def inspect_trace(path: str | Path) -> int:
+    """Check that ``path`` is a trace, before any work: a Parquet file or directory
+    (as written by :func:`write_trace` or Spark) or a ``.csv`` file, with every
+    trace column; return its replication factor (1 + the most followers of a
+    request), read from ``replica_delays`` alone.
+
+    Raises:
+        ValueError: one line naming the trace and what is wrong with it (not
+            Parquet, not readable, a column missing).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    path = Path(path)
+    try:
+        if path.suffix.lower() == ".csv":
+            import pyarrow.csv as pcsv
+
+            with path.open(encoding="utf-8", errors="replace") as file:
+                header = file.readline().strip().split(",")
+            check_trace_columns(path, header)
+            delays = pcsv.read_csv(
+                path,
+                convert_options=pcsv.ConvertOptions(
+                    include_columns=["replica_delays"],
+                    column_types={"replica_delays": pa.string()},
+                    strings_can_be_null=False,
+                ),
+            ).column("replica_delays")
+            # _parse_delays: "" is one follower that never acknowledges.
+            followers = pc.max(pc.add(pc.count_substring(delays, ";"), 1)).as_py()
+        else:
+            import pyarrow.dataset as ds
+
+            dataset = ds.dataset(str(path), format="parquet", partitioning="hive")
+            check_trace_columns(path, dataset.schema.names)
+            delays = dataset.to_table(columns=["replica_delays"]).column("replica_delays")
+            followers = pc.max(pc.list_value_length(delays)).as_py()
+    except (pa.ArrowException, OSError, UnicodeError) as exc:
+        kind = "CSV" if path.suffix.lower() == ".csv" else "Parquet"
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        if "magic bytes" in text:
+            text = "no Parquet magic bytes: not a Parquet file"
+        elif len(text) > 160:
+            text = text[:157] + "..."
+        raise ValueError(
+            f"trace {path} is not a readable {kind} trace ({text}); "
+            "'aiopurgatory gen-trace' writes one"
+        ) from None
+    return 1 + int(followers or 0)
+
+
 def write_trace(trace: pd.DataFrame | Any, path: str | Path) -> Path:
     """Write a trace (pandas or Arrow) as Parquet, or as CSV if ``path`` ends in
     ``.csv``; return the path."""
@@ -278,43 +335,99 @@ def read_trace_pandas(path: str | Path) -> pd.DataFrame:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from .._clitools import Parser
+
     d = TraceSpec()
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="aiopurgatory gen-trace",
         description="Generate a synthetic produce-request trace (Parquet, or CSV for *.csv).",
     )
-    p.add_argument("--out", required=True, help="output file (.parquet or .csv)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output file: *.parquet (or *.pq) for Parquet, *.csv for CSV; its directory must "
+        "exist; an existing file is replaced",
+    )
     p.add_argument("--requests", type=int, default=d.requests, help="number of requests")
     p.add_argument("--brokers", type=int, default=d.brokers, help="number of brokers")
-    p.add_argument("--topics", type=int, default=d.topics)
+    p.add_argument("--topics", type=int, default=d.topics, help="number of topics")
     p.add_argument("--partitions", type=int, default=d.partitions, help="partitions per topic")
-    p.add_argument("--replication", type=int, default=d.replication, help="replication factor")
+    p.add_argument(
+        "--replication",
+        type=int,
+        default=None,
+        help=f"replication factor, at most --brokers (default: {d.replication}, or --brokers "
+        "if fewer)",
+    )
     p.add_argument("--rate", type=float, default=d.rate, help="arrivals per second (Poisson)")
     p.add_argument("--acks-all", type=float, default=d.acks_all, help="fraction with acks=all")
-    p.add_argument("--delay-p50-ms", type=float, default=d.delay_p50 * 1e3)
-    p.add_argument("--delay-p75-ms", type=float, default=d.delay_p75 * 1e3)
-    p.add_argument("--slow-replicas", type=float, default=d.slow_replicas, help="fraction")
-    p.add_argument("--slow-factor", type=float, default=d.slow_factor)
-    p.add_argument("--failed-replicas", type=float, default=d.failed_replicas, help="fraction")
+    p.add_argument(
+        "--delay-p50-ms",
+        type=float,
+        default=d.delay_p50 * 1e3,
+        help="median follower acknowledgement delay, ms",
+    )
+    p.add_argument(
+        "--delay-p75-ms",
+        type=float,
+        default=d.delay_p75 * 1e3,
+        help="75th percentile of the follower acknowledgement delay, ms",
+    )
+    p.add_argument(
+        "--slow-replicas",
+        type=float,
+        default=d.slow_replicas,
+        help="fraction of (partition, follower) pairs that are slow",
+    )
+    p.add_argument(
+        "--slow-factor", type=float, default=d.slow_factor, help="how much slower a slow one is"
+    )
+    p.add_argument(
+        "--failed-replicas",
+        type=float,
+        default=d.failed_replicas,
+        help="fraction of (partition, follower) pairs that never acknowledge",
+    )
     p.add_argument("--outages", type=int, default=d.outages, help="broker outages")
     p.add_argument(
-        "--outage-length", type=float, default=d.outage_length, help="fraction of the trace"
+        "--outage-length",
+        type=float,
+        default=d.outage_length,
+        help="length of each outage, as a fraction of the trace",
     )
     p.add_argument("--skew", type=float, default=d.skew, help="Zipf exponent of partitions")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help="random seed (same seed, same trace)")
     return p
 
 
 def main(argv: list[str]) -> int:
     """Run ``aiopurgatory gen-trace``; returns the exit status."""
+    from .._clitools import UsageError, check_output_file, fail, require
+
+    prog = "aiopurgatory gen-trace"
     args = _build_parser().parse_args(argv)
+    replication = args.replication
     try:
+        require(["numpy", "pyarrow"], "spark")
+        if Path(args.out).suffix.lower() not in TRACE_SUFFIXES:
+            raise UsageError(
+                f"--out {args.out}: a trace is written as Parquet (name it *.parquet) or "
+                "CSV (*.csv)"
+            )
+        check_output_file(args.out, "--out")
+        if replication is None:
+            replication = min(TraceSpec().replication, max(1, args.brokers))
+        elif replication > args.brokers >= 1:
+            raise UsageError(
+                f"--replication {replication} is more than --brokers {args.brokers}: each "
+                f"replica of a partition is on a broker of its own (give at most {args.brokers})"
+            )
         spec = TraceSpec(
             requests=args.requests,
             brokers=args.brokers,
             topics=args.topics,
             partitions=args.partitions,
-            replication=args.replication,
+            replication=replication,
             rate=args.rate,
             acks_all=args.acks_all,
             delay_p50=args.delay_p50_ms / 1e3,
@@ -327,9 +440,8 @@ def main(argv: list[str]) -> int:
             skew=args.skew,
             seed=args.seed,
         )
-    except (TypeError, ValueError) as exc:
-        print(f"aiopurgatory gen-trace: {exc}", file=sys.stderr)
-        return 2
+    except (TypeError, ValueError, UsageError) as exc:
+        return fail(prog, exc)
     started = time.perf_counter()
     trace = generate_trace_table(spec)
     path = write_trace(trace, args.out)

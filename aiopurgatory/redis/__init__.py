@@ -7,7 +7,8 @@ watermarks are kept in Redis so that a process that was disconnected catches up
 when it reconnects. See the documentation page "Across processes (Redis)".
 
 Needs the ``redis`` extra (redis-py's asyncio client, and hiredis for speed):
-``pip install 'aiopurgatory[redis]'``; Redis 7 or Valkey as the server.
+``pip install 'aiopurgatory[redis]'``; Redis 7 as the server (Valkey
+speaks the same commands; it is not tested here).
 """
 
 from __future__ import annotations

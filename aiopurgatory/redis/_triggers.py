@@ -125,7 +125,8 @@ class RedisTriggersStatistics:
         reconnects: successful re-subscriptions after a lost connection.
         connection_errors: connection attempts and connections that failed.
         triggers: ``check_and_complete``/``advance`` calls on this instance.
-        pending: triggers gathered and not yet sent (distinct keys).
+        pending: triggers gathered and not yet sent (distinct keys); after
+            ``aclose()``, those it could not send.
         published: messages published (one per batch, or per
             :data:`MAX_MESSAGE_TRIGGERS` triggers).
         publish_errors: attempts to send a batch that failed (it is kept and retried).
@@ -475,7 +476,8 @@ class RedisTriggers:
         only, so an advance that reached this process just before the watch left
         nothing here; reading after watching closes that gap (an advance after
         the read arrives through the subscription). If Redis cannot be read,
-        the op simply waits: the next resync catches it up.
+        the op waits for the next advance, or for the resync that follows a
+        reconnect.
 
         Returns:
             ``Outcome.COMPLETED``, ``EXPIRED`` or ``CANCELLED``, as ``Purgatory.watch``.
@@ -557,6 +559,13 @@ class RedisTriggers:
                 await self._resync()
         except _CONNECTION_ERRORS as exc:
             failure = exc
+        except BaseException:  # cancelled while connecting: leave nothing open
+            if connection is not None:
+                await connection.disconnect(nowait=True)
+            if self._owns_client:
+                await self._client.aclose()
+            self._state = "closed"
+            raise
         if failure is not None:
             # Raised outside the except block: no chained redis-py exception
             # (whose text we do not control) travels with ours.
@@ -580,10 +589,12 @@ class RedisTriggers:
         self._sender = asyncio.create_task(
             self._send_loop(), name=f"aiopurgatory-redis-send-{self._id}"
         )
+        self._sender.add_done_callback(self._task_ended)
         if connection is not None:
             self._subscriber = asyncio.create_task(
                 self._subscribe_loop(connection), name=f"aiopurgatory-redis-sub-{self._id}"
             )
+            self._subscriber.add_done_callback(self._task_ended)
         self._logger.info("aiopurgatory.redis.started", redis=self._where)
         return self
 
@@ -611,25 +622,29 @@ class RedisTriggers:
             return
         self._state = "closing"
         dropped = 0
-        if self._pending or self._inflight:
-            try:
-                await asyncio.wait_for(self._drain(), self._close_timeout)
-            except TimeoutError:
-                dropped = len(self._pending) + self._inflight
-        for task in (self._subscriber, self._sender):
-            if task is not None:
-                task.cancel()
-        for task in (self._subscriber, self._sender):
-            if task is not None:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            await connection.disconnect(nowait=True)
-        if self._owns_client:
-            await self._client.aclose()
-        self._connected = False
-        self._state = "closed"
+        try:
+            if self._pending or self._inflight:
+                try:
+                    await asyncio.wait_for(self._drain(), self._close_timeout)
+                except TimeoutError:
+                    dropped = len(self._pending) + self._inflight
+        finally:
+            # Also when the closing task is cancelled: nothing is left running.
+            for task in (self._subscriber, self._sender):
+                if task is not None:
+                    task.cancel()
+            for task in (self._subscriber, self._sender):
+                if task is not None:
+                    # A task that died of a bug was logged by _task_ended already.
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+            connection, self._connection = self._connection, None
+            if connection is not None:
+                await connection.disconnect(nowait=True)
+            if self._owns_client:
+                await self._client.aclose()
+            self._connected = False
+            self._state = "closed"
         for waiter in (*self._inflight_waiters, *self._pending_waiters):
             if not waiter.done():
                 waiter.set_exception(
@@ -650,6 +665,18 @@ class RedisTriggers:
                 if self._state == "new"
                 else "RedisTriggers is closed"
             )
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        # The loops end only when aclose() cancels them; anything else is a bug,
+        # and must not go unnoticed.
+        if task.cancelled() or self._state != "running":
+            return
+        exc = task.exception()
+        self._last_error = "ended" if exc is None else self._redactor.error(exc)
+        self._connected = False
+        self._logger.error(
+            "aiopurgatory.redis.task_ended", task=task.get_name(), error=self._last_error
+        )
 
     def _record_error(self, exc: BaseException) -> str:
         text = self._redactor.error(exc)
@@ -802,6 +829,7 @@ class RedisTriggers:
 
     async def _subscribe_loop(self, connection: Any) -> None:
         attempt = 0
+        logged_failure: str | None = None
         while True:
             if connection is None:
                 try:
@@ -814,15 +842,18 @@ class RedisTriggers:
                         connection = self._connection = None
                     attempt += 1
                     text = self._record_error(exc)
-                    self._logger.debug(
-                        "aiopurgatory.redis.reconnect_failed", error=text, attempt=attempt
-                    )
+                    # Once per distinct cause (refused while Redis restarts, then
+                    # a wrong password...): an outage is a few lines, not one per try.
+                    log = self._logger.debug if text == logged_failure else self._logger.warning
+                    logged_failure = text
+                    log("aiopurgatory.redis.reconnect_failed", error=text, attempt=attempt)
                     await asyncio.sleep(self._backoff(attempt))
                     continue
                 self._reconnects += 1
                 self._connected = True
                 self._logger.warning("aiopurgatory.redis.reconnected", attempts=attempt + 1)
                 attempt = 0
+                logged_failure = None
             try:
                 await self._listen(connection)
             except _CONNECTION_ERRORS as exc:

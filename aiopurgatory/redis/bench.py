@@ -10,6 +10,9 @@ reached, and a RedisTriggers) and a publisher-only RedisTriggers that makes
 
 * ``--batch 0``: each trigger alone, ``await triggers.flush()`` after each (one
   message per trigger: the worst case, a server handling one request at a time);
+* ``--batch -1``: no RedisTriggers at the publisher: one ``PUBLISH`` per trigger
+  with redis-py alone (``await client.publish(...)``), the floor of the
+  per-trigger cost of a round trip from Python;
 * ``--batch B``: B triggers per loop iteration (B distinct keys), then
   ``await asyncio.sleep(0)``: the triggers of one iteration leave as one message,
   and more gather while a send is in flight.
@@ -37,6 +40,7 @@ from typing import Any
 import aiopurgatory as ap
 
 from ._triggers import RedisTriggers
+from ._wire import Batch, encode
 
 __all__ = ["main"]
 
@@ -92,7 +96,17 @@ async def _publisher(url: str, triggers_n: int, batch: int, keys: int) -> None:
         advance = triggers.advance
         started = time.perf_counter()
         cpu = time.process_time()
-        if batch == 0:
+        if batch < 0:
+            # The floor: what redis-py alone costs for one PUBLISH round trip
+            # per trigger, with a message as RedisTriggers would send (from
+            # another sender id, so that the subscriber applies it).
+            client = triggers._client
+            wire = Batch()
+            for i in range(triggers_n):
+                wire.advances.clear()
+                wire.advances[names[i % keys]] = i
+                await client.publish(_CHANNEL, encode("floor", wire))
+        elif batch == 0:
             for i in range(triggers_n):
                 advance(names[i % keys], i)
                 await triggers.flush()
@@ -160,28 +174,29 @@ def _run_one(
     url: str, loop: str, triggers: int, batch: int, keys: int, parked: int
 ) -> dict[str, Any]:
     common = ["--keys", str(keys)]
-    subscriber = _spawn("subscriber", url, loop, "--parked", str(parked), *common)
-    try:
-        _read(subscriber, "ready")
-        redis_before = _redis_cpu(url)
-        publisher = _spawn(
-            "publisher", url, loop, "--triggers", str(triggers), "--batch", str(batch), *common
-        )
+    publisher_args = ["--triggers", str(triggers), "--batch", str(batch), *common]
+    with _spawn("subscriber", url, loop, "--parked", str(parked), *common) as subscriber:
         try:
-            sent = _read(publisher, "result")
-        finally:
-            publisher.wait(timeout=60)
-        got = _read(subscriber, "result")
-        redis_cpu = _redis_cpu(url) - redis_before
-    finally:
-        subscriber.wait(timeout=60)
+            _read(subscriber, "ready")
+            redis_before = _redis_cpu(url)
+            with _spawn("publisher", url, loop, *publisher_args) as publisher:
+                try:
+                    sent = _read(publisher, "result")
+                except BaseException:
+                    publisher.kill()
+                    raise
+            got = _read(subscriber, "result")
+            redis_cpu = _redis_cpu(url) - redis_before
+        except BaseException:
+            subscriber.kill()
+            raise
     return {
         "loop": loop,
         "batch": batch,
         "triggers": triggers,
         "keys": keys,
         "parked": parked,
-        "messages": sent["published"],
+        "messages": sent["published"] if batch >= 0 else triggers,
         "publisher_wall_s": sent["wall"],
         "publisher_cpu_us_per_trigger": sent["cpu"] / triggers * 1e6,
         "subscriber_cpu_us_per_trigger": got["cpu"] / triggers * 1e6,
@@ -205,7 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--batch",
         type=int,
         action="append",
-        help="triggers per loop iteration; 0 = each alone, flushed (default: 0 and 100)",
+        help="triggers per loop iteration; 0 = each alone, flushed; -1 = redis-py's publish "
+        "alone (default: -1, 0 and 100)",
     )
     parser.add_argument(
         "--loop", action="append", choices=["asyncio", "uvloop"], help="default: both"
@@ -227,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--output", help="write the results as JSON to this file")
     args = parser.parse_args(argv)
-    batches = args.batch or [0, 100]
+    batches = args.batch or [-1, 0, 100]
     loops = args.loop or ["asyncio", "uvloop"]
 
     from .testing import RedisServer

@@ -49,7 +49,9 @@ def find_redis_server() -> str:
     if explicit:
         if os.access(explicit, os.X_OK):
             return explicit
-        raise RedisServerMissing(f"AIOPURGATORY_REDIS_SERVER={explicit} is not executable")
+        raise RedisServerMissing(
+            f"AIOPURGATORY_REDIS_SERVER={explicit} is not an executable file. {INSTALL_HINT}"
+        )
     found = shutil.which("redis-server") or (
         "/usr/bin/redis-server" if os.access("/usr/bin/redis-server", os.X_OK) else None
     )

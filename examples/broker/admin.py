@@ -90,6 +90,7 @@ async def execute(broker: Broker, line: str) -> str:
                     "completed": s.completed,
                     "expired": s.expired,
                     "cancelled": s.cancelled,
+                    "advances": s.advances,
                 }
                 for name, s in broker.statistics().items()
             }

@@ -506,7 +506,7 @@ class Broker:
             follower.forget(tps)
         self.coordinator.forget_partitions(tps)
         for tp in tps:
-            self._hw_advanced(tp)  # wakes the parked produces and fetches: they see `deleted`
+            self._partition_gone(tp)  # wakes the parked produces and fetches: they see `deleted`
         self._wake_replica_fetches()
         self.log.info("broker.topic_deleted", topic=name, partitions=count)
         return True
@@ -588,6 +588,16 @@ class Broker:
     # -- purgatory triggers -------------------------------------------------------------------
 
     def _hw_advanced(self, tp: TopicPartition) -> None:
+        # Produces and consumer fetches wait for the HW with a threshold: an advance
+        # checks only those it reached (and those it reached before that still wait),
+        # not every operation parked on the partition.
+        high_watermark = self.partitions[tp].high_watermark
+        self.produce_purgatory.advance(tp, high_watermark)
+        self.fetch_purgatory.advance(tp, high_watermark)
+
+    def _partition_gone(self, tp: TopicPartition) -> None:
+        # Not a watermark: every operation parked on the deleted partition must see
+        # `deleted`, whatever its threshold (a topic created again starts at 0).
         self.produce_purgatory.check_and_complete(tp)
         self.fetch_purgatory.check_and_complete(tp)
 
@@ -615,7 +625,8 @@ class Broker:
         )
         self._replica_ops[follower_id] = op
         try:
-            await self.replica_fetch_purgatory.watch(op, [t.partition.tp for t in targets])
+            # Parked until some log end passes the follower's offset (one record).
+            await self.replica_fetch_purgatory.watch(op, _first_record(targets))
         finally:
             self._replica_ops.pop(follower_id, None)
         return {
@@ -658,6 +669,7 @@ class Broker:
                         "completed": s.completed,
                         "expired": s.expired,
                         "cancelled": s.cancelled,
+                        "advances": s.advances,
                         **_wait_summary(waits[name]),
                     }
                     for name, s in stats.items()
@@ -1227,7 +1239,8 @@ class Broker:
             return None
         if required:
             op = DelayedProduce(max(request.timeout_ms, 0) / 1000, waiting, required, by_tp)
-            outcome = await self.produce_purgatory.watch(op, list(required))
+            # Parked until each partition's HW reaches the end of its batches.
+            outcome = await self.produce_purgatory.watch(op, dict(required))
             if outcome is ap.Outcome.CANCELLED:
                 raise _CloseConnection
         writer = Writer()
@@ -1300,7 +1313,7 @@ class Broker:
             partition.producers.record(headers[0], base)
         result.base_offset = base
         result.log_start_offset = partition.log.log_start_offset
-        self.replica_fetch_purgatory.check_and_complete(tp)
+        self.replica_fetch_purgatory.advance(tp, partition.log_end_offset)
         if hw_moved:
             self._hw_advanced(tp)
         return ErrorCode.NONE, partition.log_end_offset
@@ -1334,7 +1347,7 @@ class Broker:
                 request.min_bytes,
                 lambda p: p.high_watermark,
             )
-            outcome = await self.fetch_purgatory.watch(op, [t.partition.tp for t in targets])
+            outcome = await self.fetch_purgatory.watch(op, _first_record(targets))
             if outcome is ap.Outcome.CANCELLED:
                 raise _CloseConnection
         # Read after the wait, as Kafka's DelayedFetch.onComplete does: the answer
@@ -1405,6 +1418,26 @@ class Broker:
                 answers.append(ListOffsetsPartitionResult(index, ErrorCode.NONE, found_ts, offset))
             topics.append((topic, answers))
         encode_list_offsets(writer, version, topics)
+
+
+def _first_record(targets: list[FetchTarget]) -> dict[TopicPartition, int]:
+    """A fetch's watch thresholds: each partition's fetch offset + 1.
+
+    A fetch can complete only once its bound (the HW for consumers, the log end
+    for followers) has passed some fetch offset: a record is readable there.
+    Offsets count records and ``min_bytes`` counts bytes, so the threshold is the
+    first record, not ``offset + min_bytes``; advances past it check the fetch
+    until enough bytes are readable. (A fetch offset out of range completes at
+    its first check, when watched.)
+    """
+    thresholds: dict[TopicPartition, int] = {}
+    for t in targets:
+        tp = t.partition.tp
+        # The lowest if one partition appears twice: checked from the first record on.
+        first = t.fetch_offset + 1
+        if first < thresholds.get(tp, first + 1):
+            thresholds[tp] = first
+    return thresholds
 
 
 def _errors_of(results: dict[TopicPartition, ProducePartitionResult]) -> dict[str, int]:

@@ -278,8 +278,16 @@ class RedisWaiter(PurgatoryWaiter):
         self._on_recovery: Callable[[], Coroutine[Any, Any, None]] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._closing = False
+        from aiopurgatory.metrics.prometheus import RedisTriggersCollector
+
+        self._triggers_collector = RedisTriggersCollector(registry=None)
         #: Topics in Redis, as the monitor last counted them.
         self.topic_total = 0
+
+    def collectors(self) -> list[Any]:
+        """Prometheus collectors for the application's registry: the triggers' statistics
+        (``aiopurgatory_redis_*``), reported once ``async with`` connected them."""
+        return [self._triggers_collector]
 
     def make_feed(self, settings: Settings) -> RedisFeed:
         """The feed the application serves (see :func:`~examples.longpoll.app.create_app`)."""
@@ -307,6 +315,7 @@ class RedisWaiter(PurgatoryWaiter):
         self.read_script = self.client.register_script(READ)
         self.triggers = RedisTriggers(self.purgatory, self.url, channel=f"{self.prefix}:triggers")
         await self.triggers.__aenter__()
+        self._triggers_collector.register(self.triggers)
         self._monitor = asyncio.create_task(self._watch_health())
         return self
 

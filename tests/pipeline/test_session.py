@@ -23,6 +23,7 @@ from aiopurgatory.pipeline.session import (
     missing_inputs,
     spark_path,
 )
+from aiopurgatory.pipeline.trace import TraceSpec, generate_trace_table, write_trace
 
 
 @pytest.fixture
@@ -109,7 +110,10 @@ def test_cli_prints_one_line_and_exits_non_zero(
     master = f"{scheme}://127.0.0.1:{closed_port}"
     out = tmp_path / "out"
     (tmp_path / "input").mkdir()
-    status = cli([command, str(tmp_path / "input"), "--out", str(out), "--master", master])
+    source = tmp_path / "input"
+    if command == "replay":  # a trace: the inputs are checked before the master
+        source = write_trace(generate_trace_table(TraceSpec(requests=10)), source / "t.parquet")
+    status = cli([command, str(source), "--out", str(out), "--master", master])
     assert status == 1
     err = capsys.readouterr().err
     assert err.startswith(f"aiopurgatory {command}: cannot reach the Spark")
@@ -122,7 +126,7 @@ def test_cli_rejects_a_malformed_master(tmp_path: Path, capsys: pytest.CaptureFi
     status = cli(
         ["analyze", str(tmp_path), "--out", str(tmp_path / "o"), "--master", "spark://h:x"]
     )
-    assert status == 1
+    assert status == 2  # a user's mistake, found before anything starts
     assert "aiopurgatory analyze: master 'spark://h:x': expected spark://host:port" in (
         capsys.readouterr().err
     )
