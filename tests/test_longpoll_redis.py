@@ -576,3 +576,19 @@ def test_a_worker_that_dies_is_restarted_and_the_port_keeps_serving(
     events = [line["event"] for line in lines]
     assert "longpoll.worker_exited" in events
     assert "longpoll.worker_restarted" in events
+
+
+async def test_a_waiter_that_cannot_reach_redis_fails_and_leaves_nothing_open() -> None:
+    import aiopurgatory as ap
+    from aiopurgatory.redis import RedisTriggersError
+    from examples.longpoll.redisfeed import RedisWaiter
+
+    waiter = RedisWaiter(f"redis://:secret-pw@127.0.0.1:{free_port()}/0", command_timeout=1)
+    with pytest.raises(RedisTriggersError) as failed:
+        async with waiter:
+            raise AssertionError("entered without Redis")
+    assert "secret-pw" not in str(failed.value)
+    assert waiter.triggers is None
+    purgatory: ap.Purgatory[Any] = waiter.purgatory
+    with pytest.raises(ap.PurgatoryClosedError):
+        purgatory.try_complete_else_watch(ap.WatermarkOperation(1), {"t": 1})
