@@ -548,3 +548,47 @@ def test_the_gc_threshold_option() -> None:
         with pytest.raises(SystemExit) as exited:
             parser.parse_args(["--gc-threshold", bad])
         assert exited.value.code == 2
+
+
+def test_a_worker_that_dies_is_restarted_and_the_port_keeps_serving(
+    redis_server: RedisServer, program: Callable[..., Program]
+) -> None:
+    server = program("--redis", redis_server.url, "--workers", "2")
+    pids = server.first["pids"]
+    assert len(pids) == 2
+    os.kill(pids[0], signal.SIGKILL)
+
+    def replaced() -> bool:
+        seen = set()
+        for _ in range(40):
+            try:
+                _, body = call(server.port, "GET", "/healthz", timeout=5)
+            except OSError:
+                continue  # a connection the dead worker held
+            seen.add(body["pid"])
+        return pids[0] not in seen and len(seen) == 2
+
+    wait_until(replaced, "a new worker in place of the killed one", 60)
+    assert post(server.port, "after", "x") == (200, {"offset": 0})
+    assert call(server.port, "GET", "/topics/after?wait=0")[1]["messages"] == ["x"]
+    status, lines = server.stop()
+    assert status == 0
+    events = [line["event"] for line in lines]
+    assert "longpoll.worker_exited" in events
+    assert "longpoll.worker_restarted" in events
+
+
+async def test_a_waiter_that_cannot_reach_redis_fails_and_leaves_nothing_open() -> None:
+    import aiopurgatory as ap
+    from aiopurgatory.redis import RedisTriggersError
+    from examples.longpoll.redisfeed import RedisWaiter
+
+    waiter = RedisWaiter(f"redis://:secret-pw@127.0.0.1:{free_port()}/0", command_timeout=1)
+    with pytest.raises(RedisTriggersError) as failed:
+        async with waiter:
+            raise AssertionError("entered without Redis")
+    assert "secret-pw" not in str(failed.value)
+    assert waiter.triggers is None
+    purgatory: ap.Purgatory[Any] = waiter.purgatory
+    with pytest.raises(ap.PurgatoryClosedError):
+        purgatory.try_complete_else_watch(ap.WatermarkOperation(1), {"t": 1})

@@ -17,9 +17,9 @@ instead of the in-memory :class:`~examples.longpoll.feed.Feed`:
   GET from offset ``N`` with ``min_bytes=B`` is answerable once the watermark
   reaches ``position(N) + B`` (``position(N)``: the bytes before message ``N``), so
   it parks as an :class:`aiopurgatory.WatermarkOperation` watched under the topic
-  with that threshold, in the process's own purgatory. A POST on any process advances the topic's
-  watermark through :class:`aiopurgatory.redis.RedisTriggers`: at once in its own
-  purgatory, by one PUBLISH in every other process's.
+  with that threshold, in the process's own purgatory. A POST on any process
+  advances the topic's watermark through :class:`aiopurgatory.redis.RedisTriggers`:
+  at once in its own purgatory, by one PUBLISH in every other process's.
 * **Redis down.** Commands have short timeouts and no retries (a retried append
   could store a message twice): a POST answers 503 within ``command_timeout`` and
   is never acknowledged unless Redis answered the script; a new GET answers 503;
@@ -313,9 +313,16 @@ class RedisWaiter(PurgatoryWaiter):
         self.client = aioredis.Redis.from_pool(pool)
         self.append_script = self.client.register_script(APPEND)
         self.read_script = self.client.register_script(READ)
-        self.triggers = RedisTriggers(self.purgatory, self.url, channel=f"{self.prefix}:triggers")
-        await self.triggers.__aenter__()
-        self._triggers_collector.register(self.triggers)
+        triggers = RedisTriggers(self.purgatory, self.url, channel=f"{self.prefix}:triggers")
+        try:
+            await triggers.__aenter__()
+        except BaseException:
+            # Redis went away since the start-up check: leave nothing open behind.
+            await self.client.aclose()
+            await super().__aexit__(None, None, None)
+            raise
+        self.triggers = triggers
+        self._triggers_collector.register(triggers)
         self._monitor = asyncio.create_task(self._watch_health())
         return self
 
