@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import random
+import resource
 import shutil
 import signal
 import socket
@@ -95,6 +96,8 @@ class ScenarioResult:
     latency_max_ms: float
     server_cpu_s: float
     redis_cpu_s: float
+    #: The load generator's own (this process), which shares the machine's cores.
+    client_cpu_s: float
     cpu_us_per_delivery: float
     errors: int
     exit_status: int
@@ -102,6 +105,11 @@ class ScenarioResult:
     error_kinds: dict[str, int] = field(default_factory=dict)
     log_tail: list[str] = field(default_factory=list)
     by_server: dict[str, Any] = field(default_factory=dict)
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 class _Redis:
@@ -313,6 +321,7 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
             await asyncio.sleep(0.3)
         await asyncio.sleep(0.5)
         cpu0 = [s.cpu() for s in servers]
+        client0 = _own_cpu()
         redis_cpu0 = _cpu_seconds(redis.proc.pid)
         client.recording = True
         lanes = 4
@@ -330,6 +339,7 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
             await asyncio.sleep(0.1)
         cpu = sum(s.cpu() - c for s, c in zip(servers, cpu0, strict=True))
         redis_cpu = _cpu_seconds(redis.proc.pid) - redis_cpu0
+        client_cpu = _own_cpu() - client0
         client.stopping = True
         # Stop them in threads: the client's loop must go on reading the answers.
         statuses = await asyncio.gather(*(asyncio.to_thread(s.stop) for s in servers))
@@ -367,6 +377,7 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
         latency_max_ms=round(1000 * every[-1], 2) if every else float("nan"),
         server_cpu_s=round(cpu, 2),
         redis_cpu_s=round(redis_cpu, 2),
+        client_cpu_s=round(client_cpu, 2),
         cpu_us_per_delivery=round(1e6 * (cpu + redis_cpu) / len(every), 1) if every else 0.0,
         errors=client.errors,
         exit_status=max(statuses),
