@@ -428,6 +428,17 @@ class RedisFeed(Feed):
     def post(self, name: str, body: bytes) -> int:
         raise TypeError("a RedisFeed posts asynchronously: await feed.append(name, body)")
 
+    # The in-memory feed's synchronous reads have no meaning here: the topics are in
+    # Redis, read by fetch(). Refuse them rather than answer from an empty dict.
+    def readable(self, name: str, offset: int) -> int:
+        raise TypeError("a RedisFeed reads asynchronously: await feed.fetch(...)")
+
+    def check_fetch(self, name: str, offset: int) -> None:
+        raise TypeError("a RedisFeed reads asynchronously: await feed.fetch(...)")
+
+    def read(self, name: str, offset: int) -> Fetched:
+        raise TypeError("a RedisFeed reads asynchronously: await feed.fetch(...)")
+
     async def append(self, name: str, body: bytes) -> int:
         """Append ``body`` to topic ``name`` in Redis; its offset once Redis stored it.
 
