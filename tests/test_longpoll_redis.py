@@ -157,6 +157,10 @@ def test_a_post_on_any_server_answers_gets_parked_on_every_server(
     for conn in conns:
         assert answer(conn) == (200, {"offset": 1, "messages": ["second"], "next_offset": 2})
 
+    metrics = a.metrics()
+    assert metrics["longpoll_redis_up"] == 1
+    connected = [v for k, v in metrics.items() if k.startswith("aiopurgatory_redis_connected")]
+    assert connected == [1]  # its RedisTriggers, through aiopurgatory.metrics.prometheus
     for server in servers:
         status, lines = server.stop()
         assert status == 0
@@ -493,3 +497,98 @@ async def test_calls_of_one_loop_iteration_share_one_call_issued_after_them() ->
     assert await b == 2
     assert issued == [1, 1, 1, 2, 2]
     assert coalescer.calls == 5
+
+
+async def test_a_cancelled_redis_call_is_cancelled_not_taken_for_redis_down() -> None:
+    from examples.longpoll.redisfeed import RedisWaiter
+
+    waiter = RedisWaiter("redis://127.0.0.1:1/0")  # never connected: the call is faked
+
+    async def command() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            # what a timeout meeting the cancellation in flight can turn it into
+            raise TimeoutError from None
+
+    task = asyncio.create_task(waiter.call(command))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (waiter.redis_ok, waiter.timeouts, waiter.redis_errors) == (True, 0, 0)
+
+
+def test_a_small_crossbench_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from examples.longpoll import crossbench
+
+    argv = ["--parked", "60", "--topics", "6", "--seconds", "1", "--scenarios", "across,two"]
+    assert crossbench.main(argv) == 0
+    runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["scenario"], r["processes"]) for r in runs] == [("across", 2), ("two", 2)]
+    for run in runs:
+        # 5 posts, each to the 10 GETs parked on its topic, all delivered
+        assert (run["posts"], run["expected"], run["delivered"]) == (5, 50, 50)
+        assert (run["errors"], run["exit_status"]) == (0, 0)
+        assert run["latency_p50_ms"] > 0
+        assert run["server_cpu_s"] > 0
+    # across: half the GETs on the server that took no POST, delivered across processes
+    assert runs[0]["by_server"]["remote"]["delivered"] == 25
+    assert crossbench.main(["--parked", "0"]) == 2
+
+
+def test_the_gc_threshold_option() -> None:
+    from examples.longpoll.__main__ import GC_THRESHOLD, build_parser
+
+    parser = build_parser()
+    assert parser.parse_args([]).gc_threshold == GC_THRESHOLD
+    assert parser.parse_args(["--gc-threshold", "700,10,10"]).gc_threshold == (700, 10, 10)
+    assert parser.parse_args(["--gc-threshold", "python"]).gc_threshold is None
+    for bad in ("1,2", "0,10,10", "a,b,c"):
+        with pytest.raises(SystemExit) as exited:
+            parser.parse_args(["--gc-threshold", bad])
+        assert exited.value.code == 2
+
+
+def test_a_worker_that_dies_is_restarted_and_the_port_keeps_serving(
+    redis_server: RedisServer, program: Callable[..., Program]
+) -> None:
+    server = program("--redis", redis_server.url, "--workers", "2")
+    pids = server.first["pids"]
+    assert len(pids) == 2
+    os.kill(pids[0], signal.SIGKILL)
+
+    def replaced() -> bool:
+        seen = set()
+        for _ in range(40):
+            try:
+                _, body = call(server.port, "GET", "/healthz", timeout=5)
+            except OSError:
+                continue  # a connection the dead worker held
+            seen.add(body["pid"])
+        return pids[0] not in seen and len(seen) == 2
+
+    wait_until(replaced, "a new worker in place of the killed one", 60)
+    assert post(server.port, "after", "x") == (200, {"offset": 0})
+    assert call(server.port, "GET", "/topics/after?wait=0")[1]["messages"] == ["x"]
+    status, lines = server.stop()
+    assert status == 0
+    events = [line["event"] for line in lines]
+    assert "longpoll.worker_exited" in events
+    assert "longpoll.worker_restarted" in events
+
+
+async def test_a_waiter_that_cannot_reach_redis_fails_and_leaves_nothing_open() -> None:
+    import aiopurgatory as ap
+    from aiopurgatory.redis import RedisTriggersError
+    from examples.longpoll.redisfeed import RedisWaiter
+
+    waiter = RedisWaiter(f"redis://:secret-pw@127.0.0.1:{free_port()}/0", command_timeout=1)
+    with pytest.raises(RedisTriggersError) as failed:
+        async with waiter:
+            raise AssertionError("entered without Redis")
+    assert "secret-pw" not in str(failed.value)
+    assert waiter.triggers is None
+    purgatory: ap.Purgatory[Any] = waiter.purgatory
+    with pytest.raises(ap.PurgatoryClosedError):
+        purgatory.try_complete_else_watch(ap.WatermarkOperation(1), {"t": 1})

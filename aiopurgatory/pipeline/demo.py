@@ -13,7 +13,6 @@ Run with ``python -m aiopurgatory.pipeline.demo [--out DIR] [--requests N] [--ma
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import sys
@@ -70,10 +69,17 @@ def write_sample_event_log(path: Path, *, ops: int = 2000, seed: int = 0) -> int
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m aiopurgatory.pipeline.demo")
-    parser.add_argument("--out", default="pipeline-demo", help="output directory")
-    parser.add_argument("--requests", type=int, default=100_000, help="trace size")
-    parser.add_argument("--master", default="local[*]")
+    from .._clitools import Parser
+
+    parser = Parser(
+        prog="python -m aiopurgatory.pipeline.demo",
+        description="gen-trace -> replay (three timeouts) -> record an event log -> analyze.",
+    )
+    parser.add_argument(
+        "--out", default="pipeline-demo", help="output directory (its runs are replaced)"
+    )
+    parser.add_argument("--requests", type=int, default=100_000, help="requests in the trace")
+    parser.add_argument("--master", default="local[*]", help="Spark master")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 
     from . import analyze, replay, trace

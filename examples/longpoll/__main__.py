@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -32,6 +33,9 @@ __all__ = ["REDIS_ENV", "LongPollServer", "build_parser", "listen", "main", "ser
 #: The environment variable read when ``--redis`` is not given (keeps a password out
 #: of the process list; ``--workers`` passes the URL to its workers this way).
 REDIS_ENV = "LONGPOLL_REDIS"
+
+#: The server's cyclic garbage collector thresholds (``--gc-threshold``).
+GC_THRESHOLD = (50_000, 50, 1_000)
 
 LOOPS = ("auto", "asyncio", "uvloop")
 
@@ -161,9 +165,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="processes serving one port (SO_REUSEPORT), each with its own purgatory; "
         "more than 1 needs --redis (%(default)s)",
     )
+    p.add_argument(
+        "--gc-threshold",
+        type=_gc_threshold,
+        default=",".join(map(str, GC_THRESHOLD)),
+        metavar="G0,G1,G2",
+        help="gc.set_threshold for the server, after gc.freeze() at start; "
+        "'python' keeps Python's own (%(default)s)",
+    )
     # A worker of --workers N: bind with SO_REUSEPORT beside its siblings.
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     return p
+
+
+def _gc_threshold(text: str) -> tuple[int, int, int] | None:
+    if text == "python":
+        return None
+    try:
+        g0, g1, g2 = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"three integers G0,G1,G2 or 'python', got {text!r}"
+        ) from None
+    if min(g0, g1, g2) < 1:
+        raise argparse.ArgumentTypeError(f"each threshold must be >= 1, got {text!r}")
+    return g0, g1, g2
 
 
 def _configure_logging(level: str) -> None:
@@ -272,6 +298,16 @@ async def serve(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    if args.gc_threshold is not None:
+        # What start-up made (modules, the app) is never garbage: out of every
+        # collection. Then collections far rarer than Python's (700, 10, 10): with
+        # thousands of parked GETs alive, each collection walks their objects, and
+        # the cyclic collector cost more CPU than the rest of the server (see
+        # docs/distributed.md).
+        gc.freeze()
+        gc.set_threshold(*args.gc_threshold)
+    # SIGUSR1: every task's stack on stderr (what a server that does not stop waits for).
+    loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
     try:
         await server.serve(sockets=[sock])
     finally:
@@ -285,6 +321,13 @@ async def serve(
         refused_heads=app.state.refused_heads,
         messages=feed.messages_posted,
     )
+
+
+def _dump_tasks() -> None:
+    for task in asyncio.all_tasks():
+        print(f"--- {task!r}", file=sys.stderr)
+        task.print_stack(limit=12, file=sys.stderr)
+    sys.stderr.flush()
 
 
 def _redis_fields(redis_url: str | None, args: argparse.Namespace) -> dict[str, object]:

@@ -214,6 +214,9 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
     registry.register(FeedCollector(feed, incomplete_bodies, refused_heads))
     if isinstance(waiter, PurgatoryWaiter):
         PurgatoryCollector([waiter.purgatory], registry=registry)
+    # A waiter's own (RedisWaiter: its RedisTriggers' statistics).
+    for collector in getattr(waiter, "collectors", list)():
+        registry.register(collector)
     page = _PAGE.read_text(encoding="utf-8")
 
     async def post(request: Request) -> Response:

@@ -30,7 +30,9 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
+import resource
 import shutil
 import signal
 import socket
@@ -63,6 +65,8 @@ class Bench:
     seconds: float = 20.0
     loop: str = "auto"
     seed: int = 1
+    #: More arguments for every server (e.g. ``("--gc-threshold", "python")``).
+    server_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("parked", "topics"):
@@ -80,20 +84,32 @@ class ScenarioResult:
     """What one scenario measured (latencies in milliseconds, CPU in seconds)."""
 
     scenario: str
+    server_args: str
     processes: int
     parked: int
     posts: int
     delivered: int
+    expected: int
     deliveries_per_s: float
     latency_p50_ms: float
     latency_p99_ms: float
     latency_max_ms: float
     server_cpu_s: float
     redis_cpu_s: float
+    #: The load generator's own (this process), which shares the machine's cores.
+    client_cpu_s: float
     cpu_us_per_delivery: float
     errors: int
     exit_status: int
+    stop_s: float = 0.0  # SIGTERM to exit, the slowest server
+    error_kinds: dict[str, int] = field(default_factory=dict)
+    log_tail: list[str] = field(default_factory=list)
     by_server: dict[str, Any] = field(default_factory=dict)
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 class _Redis:
@@ -145,10 +161,12 @@ class _Server:
     """One ``python -m examples.longpoll --redis`` (with ``--workers``: its workers' pids)."""
 
     def __init__(self, redis_url: str, bench: Bench, workers: int) -> None:
+        profile = os.environ.get("CROSSBENCH_PROFILE")  # a file: cProfile the (single) server
+        prefix = ["-m", "cProfile", "-o", profile] if profile and workers == 1 else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "examples.longpoll", "--port", "0", "--redis", redis_url,
-             "--workers", str(workers), "--loop", bench.loop,
-             "--max-parked", str(bench.parked + 100)],
+            [sys.executable, *prefix, "-m", "examples.longpoll", "--port", "0",
+             "--redis", redis_url, "--workers", str(workers), "--loop", bench.loop,
+             "--max-parked", str(bench.parked + 100), *bench.server_args],
             cwd=_ROOT,
             stderr=subprocess.PIPE,
             preexec_fn=_raise_fd_limit,
@@ -164,6 +182,7 @@ class _Server:
                 break
         self.port: int = first["port"]
         self.pids: list[int] = first.get("pids") or [self.proc.pid]
+        self.stop_seconds = 0.0
         self.log_tail: list[str] = []
         self.drain = threading.Thread(
             target=_drain, args=(self.proc.stderr, self.log_tail), daemon=True
@@ -187,14 +206,22 @@ class _Server:
         return sum(seen.values())
 
     def stop(self) -> int:
+        started = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
         try:
             status = self.proc.wait(60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             status = self.proc.wait()
-        self.drain.join(timeout=10)
+        self.stop_seconds = round(time.monotonic() - started, 2)
+        self.close()
         return status
+
+    def close(self) -> None:
+        """Its log read to the end (it has exited), the pipe closed."""
+        self.drain.join(timeout=10)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
 
 
 class _Client:
@@ -204,7 +231,15 @@ class _Client:
         self.stopping = False
         self.latencies: dict[int, list[float]] = {}
         self.errors = 0
+        self.error_kinds: dict[str, int] = {}
         self.posts = 0
+
+    def delivered(self) -> int:
+        return sum(len(values) for values in self.latencies.values())
+
+    def error(self, kind: str) -> None:
+        self.errors += 1
+        self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
 
     async def poller(self, port: int, n: int, connected: asyncio.Semaphore) -> None:
         topic = f"topic-{n % self.bench.topics}"
@@ -221,15 +256,16 @@ class _Client:
                 status, body = await _read_response(reader)
                 received = time.monotonic()
                 if status != 200:
-                    self.errors += 1
-                    break
+                    self.error(f"GET {status}: {body[:80].decode(errors='replace')}")
+                    await asyncio.sleep(0.1)
+                    continue
                 answer = json.loads(body)
                 offset = answer["next_offset"]
                 if self.recording and not self.stopping:
                     mine.extend(received - float(m) for m in answer["messages"])
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
             if not self.stopping:
-                self.errors += 1
+                self.error(f"GET {type(exc).__name__}")
         finally:
             writer.close()
 
@@ -248,9 +284,9 @@ class _Client:
                     f"Content-Length: {len(body)}\r\n\r\n".encode()
                     + body
                 )
-                status, _ = await _read_response(reader)
+                status, answer = await _read_response(reader)
                 if status != 200:
-                    self.errors += 1
+                    self.error(f"POST {status}: {answer[:80].decode(errors='replace')}")
                 self.posts += 1
         finally:
             writer.close()
@@ -273,7 +309,8 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
         order = list(range(bench.parked))
         rng.shuffle(order)
         for n in order:
-            port = servers[n % len(servers)].port
+            # A topic's GETs alternate between the servers: each post answers both.
+            port = servers[(n // bench.topics) % len(servers)].port
             pollers.append(asyncio.create_task(client.poller(port, n, connected)))
         deadline = time.monotonic() + 180
         while sum(await asyncio.gather(*(asyncio.to_thread(s.parked) for s in servers))) < (
@@ -284,17 +321,28 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
             await asyncio.sleep(0.3)
         await asyncio.sleep(0.5)
         cpu0 = [s.cpu() for s in servers]
+        client0 = _own_cpu()
         redis_cpu0 = _cpu_seconds(redis.proc.pid)
         client.recording = True
         lanes = 4
         start = asyncio.get_running_loop().time()
         target = servers[0].port
         await asyncio.gather(*(client.poster(target, k, lanes, start) for k in range(lanes)))
-        await asyncio.sleep(1.0)  # the last posts' deliveries
+        # The last posts' deliveries: every parked GET of a post's topic gets it.
+        per_topic = [0] * bench.topics
+        for n in range(bench.parked):
+            per_topic[n % bench.topics] += 1
+        expected = sum(per_topic[i % bench.topics] for i in range(client.posts))
+        for _ in range(300):  # at most 30 s
+            if client.delivered() >= expected:
+                break
+            await asyncio.sleep(0.1)
         cpu = sum(s.cpu() - c for s, c in zip(servers, cpu0, strict=True))
         redis_cpu = _cpu_seconds(redis.proc.pid) - redis_cpu0
+        client_cpu = _own_cpu() - client0
         client.stopping = True
-        statuses = [s.stop() for s in servers]
+        # Stop them in threads: the client's loop must go on reading the answers.
+        statuses = await asyncio.gather(*(asyncio.to_thread(s.stop) for s in servers))
         await asyncio.wait(pollers, timeout=30)
     finally:
         for task in pollers:
@@ -303,6 +351,7 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
             if s.proc.poll() is None:
                 s.proc.kill()
                 s.proc.wait()
+            s.close()
     every = sorted(v for values in client.latencies.values() for v in values)
     by_server: dict[str, Any] = {}
     names = ["local", "remote"] if scenario == "across" else ["all"]
@@ -316,19 +365,25 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
     processes = sum(len(s.pids) for s in servers)
     return ScenarioResult(
         scenario=scenario,
+        server_args=" ".join(bench.server_args),
         processes=processes,
         parked=bench.parked,
         posts=client.posts,
         delivered=len(every),
+        expected=expected,
         deliveries_per_s=round(len(every) / bench.seconds, 1),
         latency_p50_ms=round(1000 * _percentile(every, 0.5), 2),
         latency_p99_ms=round(1000 * _percentile(every, 0.99), 2),
         latency_max_ms=round(1000 * every[-1], 2) if every else float("nan"),
         server_cpu_s=round(cpu, 2),
         redis_cpu_s=round(redis_cpu, 2),
+        client_cpu_s=round(client_cpu, 2),
         cpu_us_per_delivery=round(1e6 * (cpu + redis_cpu) / len(every), 1) if every else 0.0,
         errors=client.errors,
         exit_status=max(statuses),
+        error_kinds=client.error_kinds,
+        stop_s=max(s.stop_seconds for s in servers),
+        log_tail=[line for s in servers for line in s.log_tail[-5:]] if max(statuses) else [],
         by_server=by_server,
     )
 
@@ -347,17 +402,31 @@ async def run_all(scenarios: list[str], bench: Bench) -> list[ScenarioResult]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; exit status 1 if a scenario had errors or a server did not exit 0."""
+    """Entry point; exit status 1 if a scenario had errors, missed a delivery (30 s after
+    the last post) or a server did not exit 0."""
     d = Bench()
     p = argparse.ArgumentParser(prog="python -m examples.longpoll.crossbench", description=__doc__)
     p.add_argument("--parked", type=int, default=d.parked, help="concurrent GETs (%(default)s)")
-    p.add_argument("--topics", type=int, default=d.topics)
-    p.add_argument("--post-rate", type=float, default=d.post_rate, help="posts per second")
-    p.add_argument("--seconds", type=float, default=d.seconds, help="posting window")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS))
-    p.add_argument("--loop", choices=["auto", "asyncio", "uvloop"], default=d.loop)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--out", type=Path, help="also write the results here (JSON)")
+    p.add_argument("--topics", type=int, default=d.topics, help="GETs spread over (%(default)s)")
+    p.add_argument(
+        "--post-rate", type=float, default=d.post_rate, help="posts per second (%(default)s)"
+    )
+    p.add_argument("--seconds", type=float, default=d.seconds, help="posting window (%(default)s)")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated (%(default)s)")
+    p.add_argument(
+        "--loop",
+        choices=["auto", "asyncio", "uvloop"],
+        default=d.loop,
+        help="the servers' (%(default)s)",
+    )
+    p.add_argument("--seed", type=int, default=d.seed, help="GET order (%(default)s)")
+    p.add_argument("--out", type=Path, help="also write the results here (JSON) (%(default)s)")
+    p.add_argument(
+        "--server-args",
+        default="",
+        help="more arguments for every server, one string, e.g. '--gc-threshold python' "
+        "(%(default)s)",
+    )
     args = p.parse_args(argv)
     scenarios = args.scenarios.split(",")
     try:
@@ -368,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
             seconds=args.seconds,
             loop=args.loop,
             seed=args.seed,
+            server_args=tuple(args.server_args.split()),
         )
         if not scenarios or not set(scenarios) <= set(SCENARIOS):
             raise ValueError(f"scenarios must name some of {SCENARIOS}, got {args.scenarios!r}")
@@ -384,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         results = runner.run(run_all(scenarios, bench))
     if args.out is not None:
         args.out.write_text(json.dumps([asdict(r) for r in results], indent=1) + "\n")
-    return 1 if any(r.errors or r.exit_status for r in results) else 0
+    failed = any(r.errors or r.exit_status or r.delivered < r.expected for r in results)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -17,9 +17,9 @@ instead of the in-memory :class:`~examples.longpoll.feed.Feed`:
   GET from offset ``N`` with ``min_bytes=B`` is answerable once the watermark
   reaches ``position(N) + B`` (``position(N)``: the bytes before message ``N``), so
   it parks as an :class:`aiopurgatory.WatermarkOperation` watched under the topic
-  with that threshold, in the process's own purgatory. A POST on any process advances the topic's
-  watermark through :class:`aiopurgatory.redis.RedisTriggers`: at once in its own
-  purgatory, by one PUBLISH in every other process's.
+  with that threshold, in the process's own purgatory. A POST on any process
+  advances the topic's watermark through :class:`aiopurgatory.redis.RedisTriggers`:
+  at once in its own purgatory, by one PUBLISH in every other process's.
 * **Redis down.** Commands have short timeouts and no retries (a retried append
   could store a message twice): a POST answers 503 within ``command_timeout`` and
   is never acknowledged unless Redis answered the script; a new GET answers 503;
@@ -271,12 +271,23 @@ class RedisWaiter(PurgatoryWaiter):
         self.redis_ok = True
         self.last_error: str | None = None
         self.redis_errors = 0
+        #: Request commands that timed out (counted, Redis not marked down for them).
+        self.timeouts = 0
         self.resyncs = 0
         self._monitor: asyncio.Task[None] | None = None
         self._on_recovery: Callable[[], Coroutine[Any, Any, None]] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._closing = False
+        from aiopurgatory.metrics.prometheus import RedisTriggersCollector
+
+        self._triggers_collector = RedisTriggersCollector(registry=None)
         #: Topics in Redis, as the monitor last counted them.
         self.topic_total = 0
+
+    def collectors(self) -> list[Any]:
+        """Prometheus collectors for the application's registry: the triggers' statistics
+        (``aiopurgatory_redis_*``), reported once ``async with`` connected them."""
+        return [self._triggers_collector]
 
     def make_feed(self, settings: Settings) -> RedisFeed:
         """The feed the application serves (see :func:`~examples.longpoll.app.create_app`)."""
@@ -292,7 +303,7 @@ class RedisWaiter(PurgatoryWaiter):
         await super().__aenter__()
         pool = aioredis.BlockingConnectionPool.from_url(
             self.url,
-            max_connections=64,
+            max_connections=256,
             timeout=self.command_timeout,
             socket_timeout=self.command_timeout,
             socket_connect_timeout=self.command_timeout,
@@ -302,8 +313,16 @@ class RedisWaiter(PurgatoryWaiter):
         self.client = aioredis.Redis.from_pool(pool)
         self.append_script = self.client.register_script(APPEND)
         self.read_script = self.client.register_script(READ)
-        self.triggers = RedisTriggers(self.purgatory, self.url, channel=f"{self.prefix}:triggers")
-        await self.triggers.__aenter__()
+        triggers = RedisTriggers(self.purgatory, self.url, channel=f"{self.prefix}:triggers")
+        try:
+            await triggers.__aenter__()
+        except BaseException:
+            # Redis went away since the start-up check: leave nothing open behind.
+            await self.client.aclose()
+            await super().__aexit__(None, None, None)
+            raise
+        self.triggers = triggers
+        self._triggers_collector.register(triggers)
         self._monitor = asyncio.create_task(self._watch_health())
         return self
 
@@ -313,10 +332,11 @@ class RedisWaiter(PurgatoryWaiter):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._closing = True
         if self._monitor is not None:
             self._monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor
+            # Bounded: a close must never wait on the monitor (it also stops at _closing).
+            await asyncio.wait([self._monitor], timeout=self.command_timeout + 1)
         try:
             if self.triggers is not None:
                 await self.triggers.aclose()
@@ -325,8 +345,12 @@ class RedisWaiter(PurgatoryWaiter):
         finally:
             await super().__aexit__(exc_type, exc, tb)
 
-    async def call(self, make: Callable[[], Awaitable[Any]]) -> Any:
-        """Run one Redis command; a connection problem marks Redis down and is a 503.
+    async def call(self, make: Callable[[], Awaitable[Any]], *, probe: bool = False) -> Any:
+        """Run one Redis command; a connection problem is a 503 and marks Redis down.
+
+        A timeout marks Redis down only for the health monitor's ``probe``: a request's
+        command can time out because this process is overloaded (its loop late), which
+        is no news about Redis.
 
         Raises:
             FeedError: 503 when Redis is unreachable or slower than ``command_timeout``.
@@ -335,7 +359,15 @@ class RedisWaiter(PurgatoryWaiter):
             async with asyncio.timeout(self.command_timeout + 0.5):
                 result = await make()
         except REDIS_DOWN as exc:
-            self.mark_down(exc)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # A cancellation that met a timeout (ours or redis-py's) in flight can
+                # surface as TimeoutError: never swallow it (the task is being cancelled).
+                raise asyncio.CancelledError from None
+            if probe or not isinstance(exc, TimeoutError | redis.exceptions.TimeoutError):
+                self.mark_down(exc)
+            else:
+                self.timeouts += 1
             raise FeedError(503, f"redis unavailable ({type(exc).__name__})") from None
         if not self.redis_ok:
             self.mark_up()
@@ -359,9 +391,9 @@ class RedisWaiter(PurgatoryWaiter):
         assert self.client is not None
         client = self.client
         topics = f"{self.prefix}:topics"
-        while True:
+        while not self._closing:
             with contextlib.suppress(FeedError):
-                self.topic_total = int(await self.call(lambda: client.scard(topics)))
+                self.topic_total = int(await self.call(lambda: client.scard(topics), probe=True))
             await asyncio.sleep(1.0)
 
     @property
@@ -395,6 +427,17 @@ class RedisFeed(Feed):
 
     def post(self, name: str, body: bytes) -> int:
         raise TypeError("a RedisFeed posts asynchronously: await feed.append(name, body)")
+
+    # The in-memory feed's synchronous reads have no meaning here: the topics are in
+    # Redis, read by fetch(). Refuse them rather than answer from an empty dict.
+    def readable(self, name: str, offset: int) -> int:
+        raise TypeError("a RedisFeed reads asynchronously: await feed.fetch(...)")
+
+    def check_fetch(self, name: str, offset: int) -> None:
+        raise TypeError("a RedisFeed reads asynchronously: await feed.fetch(...)")
+
+    def read(self, name: str, offset: int) -> Fetched:
+        raise TypeError("a RedisFeed reads asynchronously: await feed.fetch(...)")
 
     async def append(self, name: str, body: bytes) -> int:
         """Append ``body`` to topic ``name`` in Redis; its offset once Redis stored it.
@@ -540,11 +583,16 @@ class RedisFeed(Feed):
             "longpoll_redis_errors", "Redis commands that failed for a connection problem."
         )
         errors.add_metric([], w.redis_errors)
+        timeouts = CounterMetricFamily(
+            "longpoll_redis_timeouts",
+            "Request commands slower than the command timeout (Redis not marked down).",
+        )
+        timeouts.add_metric([], w.timeouts)
         resyncs = CounterMetricFamily(
             "longpoll_redis_resyncs", "Times Redis came back and parked topics were re-read."
         )
         resyncs.add_metric([], w.resyncs)
-        return [up, errors, resyncs]
+        return [up, errors, timeouts, resyncs]
 
     def health(self) -> tuple[int, dict[str, object]]:
         if self.closing:

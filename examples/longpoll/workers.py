@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Set
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -57,6 +58,8 @@ def _worker_argv(args: argparse.Namespace, port: int) -> list[str]:
         if not action.option_strings or action.dest in _NOT_PASSED:
             continue
         value = getattr(args, action.dest)
+        if action.dest == "gc_threshold":
+            value = "python" if value is None else ",".join(map(str, value))
         if isinstance(action, argparse._StoreTrueAction):
             if value:
                 argv.append(action.option_strings[-1])
@@ -140,7 +143,9 @@ def supervise(args: argparse.Namespace, redis_url: str | None) -> int:
         for w in workers:
             if w.proc is not None and w.proc.poll() is None:
                 w.proc.send_signal(signal.SIGTERM)
+                signalled.add(w.proc.pid)
 
+    signalled: set[int] = set()
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         for w in workers:
@@ -182,7 +187,7 @@ def supervise(args: argparse.Namespace, redis_url: str | None) -> int:
                     w.start()
                     emit("longpoll.worker_restarted", worker=w.index, pid=w.proc.pid)
             stopping.wait(0.2)
-        statuses = _stop_all(workers)
+        statuses = _stop_all(workers, signalled=signalled)
         emit("longpoll.stopped", workers=statuses)
         return 0 if all(s == 0 for s in statuses) else 1
     finally:
@@ -191,10 +196,13 @@ def supervise(args: argparse.Namespace, redis_url: str | None) -> int:
         holder.close()
 
 
-def _stop_all(workers: list[_Worker], timeout: float = 60.0) -> list[int | None]:
-    """SIGTERM to the workers still running; their exit statuses (killed past ``timeout``)."""
+def _stop_all(
+    workers: list[_Worker], timeout: float = 60.0, *, signalled: Set[int] = frozenset()
+) -> list[int | None]:
+    """SIGTERM to the workers still running (except the pids ``signalled`` already); their
+    exit statuses (killed past ``timeout``)."""
     for w in workers:
-        if w.proc is not None and w.proc.poll() is None:
+        if w.proc is not None and w.proc.poll() is None and w.proc.pid not in signalled:
             w.proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout
     statuses: list[int | None] = []

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -343,3 +344,39 @@ def test_replay_local_says_why_it_starts_spark(tmp_path: Path, trace: Path) -> N
     assert steps.index(session[0]) > steps.index(next(s for s in steps if "replay: done" in s))
     assert (out / "facts" / "part-00000.parquet").is_file()
     assert pd.read_parquet(out / "summary")["ops"].iloc[0] == 400
+
+
+def test_the_wait_plot_has_a_line_per_outcome_and_error(tmp_path: Path) -> None:
+    """Item 1: the wait plot's legend splits completed ops by their answer."""
+    from matplotlib.figure import Figure
+
+    from aiopurgatory.pipeline import report
+
+    histograms = pd.DataFrame(
+        {
+            "scenario": ["observed"] * 3,
+            "metric": ["wait"] * 3,
+            "outcome": ["completed", "completed", "expired"],
+            "error": [None, "NOT_ENOUGH_REPLICAS", "REQUEST_TIMED_OUT"],
+            "bin": [-20.0, None, -10.0],
+            "count": [5, 7, 2],
+        }
+    )
+    labels: list[str] = []
+    savefig = Figure.savefig
+
+    def spy(fig: Figure, *args: Any, **kwargs: Any) -> None:
+        for ax in fig.axes:
+            legend = ax.get_legend()
+            assert legend is not None
+            labels.extend(text.get_text() for text in legend.get_texts())
+        savefig(fig, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Figure, "savefig", spy)
+        assert report._plot_histograms(histograms, "wait", tmp_path / "w.png", "wait", True)
+    assert labels == [
+        "completed",
+        "completed: NOT_ENOUGH_REPLICAS (7 at 0)",
+        "expired: REQUEST_TIMED_OUT",
+    ]
