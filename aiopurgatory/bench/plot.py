@@ -39,13 +39,16 @@ def _acks_panel(ax: Any, acks: dict[str, Any]) -> None:
         curves.setdefault((c["impl"], c["loop"]), []).append(
             (c["pending"], c["median"]["cpu_us_per_trigger"])
         )
+    # One colour per implementation, one line style per loop.
+    colours = {impl: f"C{i}" for i, impl in enumerate(dict.fromkeys(i for i, _ in curves))}
+    styles = {"asyncio": "-", "uvloop": "--"}
     for (impl, loop), xy in curves.items():
         xy.sort()
-        style = "--" if loop == "uvloop" else "-"
         ax.plot(
             [x for x, _ in xy],
             [y for _, y in xy],
-            style,
+            styles.get(loop, ":"),
+            color=colours[impl],
             marker="o",
             label=f"{impl} / {loop}",
         )
@@ -61,7 +64,10 @@ def _acks_panel(ax: Any, acks: dict[str, Any]) -> None:
         f"acks=all: {params.get('partitions')} partitions, high watermark "
         f"+{params.get('step')} per trigger, tasks awaiting"
     )
-    ax.legend(fontsize="x-small", ncol=2)
+    # Room above the curves for the legend.
+    top = max(y for xy in curves.values() for _, y in xy)
+    ax.set_ylim(top=top * 40)
+    ax.legend(fontsize="x-small", ncol=2, loc="upper left")
 
 
 def plot_report(report: dict[str, Any], path: str) -> None:
