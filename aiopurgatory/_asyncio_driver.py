@@ -72,6 +72,7 @@ class AsyncioDriver:
         "_on_flush",
         "_on_wake",
         "_soon",
+        "_thread",
         "_thread_tracked",
         "call_soon_threadsafe",
         "loop",
@@ -99,6 +100,8 @@ class AsyncioDriver:
         # asyncio's own loops (BaseEventLoop: the default loop, virtual time) keep
         # the id of the thread running them in _thread_id (None while stopped).
         self._thread_tracked = isinstance(loop, asyncio.BaseEventLoop)
+        # Other loops (uvloop): the thread the loop was running in when bound.
+        self._thread = get_ident()
         #: ``loop.call_soon_threadsafe``.
         self.call_soon_threadsafe: Callable[[Callable[[], object]], object] = (
             loop.call_soon_threadsafe
@@ -168,11 +171,17 @@ class AsyncioDriver:
         A thread runs one loop at a time, so an asyncio loop running in this
         thread is the running loop. Asking the loop for its thread is cheap;
         ``asyncio._get_running_loop()`` makes a ``getpid()`` system call on each
-        call (CPython 3.11), about 1 us here: it is left to other loops (uvloop).
+        call (CPython 3.11), about 1 us here. For other loops (uvloop): if the
+        loop is running and this is the thread it was running in when bound, it
+        is the running loop (no thread runs two loops at once); otherwise (a
+        loop moved to another thread, or not running) ask asyncio.
         """
+        loop = self.loop
         if self._thread_tracked:
-            return self.loop._thread_id == get_ident()  # type: ignore[attr-defined,no-any-return]
-        return _get_running_loop() is self.loop
+            return loop._thread_id == get_ident()  # type: ignore[attr-defined,no-any-return]
+        if self._thread == get_ident() and loop.is_running():
+            return True
+        return _get_running_loop() is loop
 
     def arm(self, when: float) -> None:
         """Call ``on_wake()`` at loop time ``when``, instead of any earlier arming."""

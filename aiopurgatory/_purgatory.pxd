@@ -31,13 +31,15 @@ cdef class _Thresholds:
     cdef public list heap
     cdef public dict ops
     cdef public dict reached
+    cdef public object run
     cdef public object top
 
+    cpdef add(self, tuple entry)
     @cython.locals(ops=dict)
     cpdef list live(self)
     @cython.locals(ops=dict)
     cpdef list reached_ops(self)
-    @cython.locals(heap=list, ops=dict, fresh=list, reached=dict)
+    @cython.locals(heap=list, ops=dict, fresh=list, reached=dict, entry=tuple)
     cpdef reach(self, value)
     @cython.locals(heap=list, ops=dict, waiting=Py_ssize_t)
     cpdef remove(self, oid)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import enum
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
@@ -214,32 +215,44 @@ def _check_ops(ops: list[Any]) -> int:
 class _Thresholds:
     """The watchers of one key that watch it with a threshold.
 
-    ``ops`` holds every pending one (op id -> op). ``heap`` holds
-    ``(threshold, seq, op id)`` of those the key's watermark has not reached,
-    smallest first (``seq`` is the watch order, so ties keep it). An advance
-    pops what it reaches into ``reached`` (op id -> the same entry, in threshold
+    ``ops`` holds every pending one (op id -> op). The entries
+    ``(threshold, seq, op id)`` of those the key's watermark has not reached
+    are in ``run`` or in ``heap`` (``seq`` is the watch order, so ties keep
+    it): ``run`` is a deque in ascending order that takes every watch whose
+    threshold is at least the last one's (the common case: a produce waits for
+    the offset it was just given), ``heap`` the others. An advance pops what it
+    reaches from both, in order, into ``reached`` (op id -> entry, in threshold
     order): those are checked by every later advance until they finish. A
-    finishing op leaves ``ops`` and ``reached`` at once; its heap entry, three
-    ints that no longer reach the op, stays until it is popped, or until the
-    stale entries outnumber the live ones (then the heap is rebuilt: amortised
-    O(1) per op, at most about twice the live entries). The heap list is only
-    ever changed in place.
+    finishing op leaves ``ops`` and ``reached`` at once; its entry, three ints
+    that no longer reach the op, stays until it is popped, or until the stale
+    entries outnumber the live ones (then both are rebuilt: amortised O(1) per
+    op, at most about twice the live entries). They are only changed in place.
     """
 
-    __slots__ = ("heap", "ops", "reached", "top")
+    __slots__ = ("heap", "ops", "reached", "run", "top")
 
     def __init__(self) -> None:
         self.ops: dict[int, Any] = {}
+        self.run: deque[tuple[float, int, int]] = deque()
         self.heap: list[tuple[float, int, int]] = []
         self.reached: dict[int, tuple[float, int, int]] = {}
         # (threshold, seq) of the last entry put into ``reached``: an upper bound
         # of its order, to see whether newly reached entries can simply follow.
         self.top: tuple[float, int] | None = None
 
+    def add(self, entry: tuple[float, int, int]) -> None:
+        """Take the entry of a new watcher (its op already in ``ops``)."""
+        run = self.run
+        if not run or entry[0] >= run[-1][0]:
+            run.append(entry)
+        else:
+            heappush(self.heap, entry)
+
     def live(self) -> list[Any]:
         """The pending ops, in threshold order (ties in watch order)."""
         ops = self.ops
         entries = [entry for entry in self.heap if entry[2] in ops]
+        entries += [entry for entry in self.run if entry[2] in ops]
         entries += self.reached.values()
         entries.sort()
         return [ops[entry[2]] for entry in entries]
@@ -252,10 +265,16 @@ class _Thresholds:
     def reach(self, value: float) -> None:
         """Move the entries whose threshold is at most ``value`` into ``reached``."""
         heap = self.heap
+        run = self.run
         ops = self.ops
         fresh = []
-        while heap and heap[0][0] <= value:
-            entry = heappop(heap)
+        while True:
+            if run and run[0][0] <= value:
+                entry = heappop(heap) if heap and heap[0] < run[0] else run.popleft()
+            elif heap and heap[0][0] <= value:
+                entry = heappop(heap)
+            else:
+                break
             if entry[2] in ops:
                 fresh.append(entry)
         if not fresh:
@@ -279,12 +298,17 @@ class _Thresholds:
         del ops[oid]
         if self.reached.pop(oid, None) is None:
             heap = self.heap
+            run = self.run
             waiting = len(ops) - len(self.reached)
             if not waiting:
                 heap.clear()
-            elif len(heap) > 2 * waiting + 32:
+                run.clear()
+            elif len(heap) + len(run) > 2 * waiting + 32:
                 heap[:] = [entry for entry in heap if entry[2] in ops]
                 heapify(heap)
+                kept = [entry for entry in run if entry[2] in ops]
+                run.clear()
+                run.extend(kept)
 
 
 class _PurgatoryCore(_Owner):
@@ -484,7 +508,7 @@ class _PurgatoryCore(_Owner):
             if watch is None:
                 everything[key] = watch = _Thresholds()
             watch.ops[oid] = op
-            heappush(watch.heap, (thresholds[i], seq, oid))
+            watch.add((thresholds[i], seq, oid))
 
     def check_and_complete(self, key: Hashable) -> int:
         """Call ``try_complete()`` on every pending operation watched under ``key``.

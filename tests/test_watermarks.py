@@ -433,11 +433,12 @@ def test_finished_threshold_watchers_do_not_accumulate() -> None:
             p.try_complete_else_watch(op, {"k": 10**6 + i})
         for round_ in range(50):
             batch = [ap.WatermarkOperation(3600.0) for _ in range(200)]
-            for op in batch:
-                p.try_complete_else_watch(op, {"k": 10**7})
+            for j, op in enumerate(batch):
+                # Ascending thresholds (the deque) in even rounds, descending (the heap) in odd.
+                p.try_complete_else_watch(op, {"k": 10**7 + (j if round_ % 2 else -j)})
             for op in batch:
                 op.cancel()
-            heap = p._thresholds["k"].heap
+            heap = [*p._thresholds["k"].heap, *p._thresholds["k"].run]
             assert len(heap) <= 2 * 10 + 32 + 1, (round_, len(heap))
         assert p.watched == 10
         for op in keep:
