@@ -200,7 +200,8 @@ def _check_ops(ops: list[Any]) -> int:
     """
     completed = 0
     for op in ops:
-        if op.done():
+        finished = op._outcome  # not op.done(): a C field, not a call (compiled)
+        if finished is not None:
             continue  # finished by a callback of an earlier op
         try:
             if op.try_complete() and op._outcome is None:
