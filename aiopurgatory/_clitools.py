@@ -86,6 +86,20 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
 
+    def add_output_dir(self) -> None:
+        """``--out`` and ``--overwrite``, as :class:`OutputDir` takes them."""
+        self.add_argument(
+            "--out",
+            required=True,
+            help="output directory; its parent must exist; written whole when the run succeeds",
+        )
+        self.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace --out if an earlier run of a command wrote it (else a non-empty --out "
+            "is refused)",
+        )
+
 
 def fail(prog: str, error: BaseException | str, status: int = 2) -> int:
     """Print ``prog: error`` as one line on stderr; return ``status``."""

@@ -32,7 +32,6 @@ cdef class _Thresholds:
     cdef public dict ops
     cdef public dict reached
     cdef public object run
-    cdef public object top
 
     cpdef add(self, tuple entry)
     @cython.locals(ops=dict)

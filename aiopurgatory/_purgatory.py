@@ -230,16 +230,13 @@ class _Thresholds:
     op, at most about twice the live entries). They are only changed in place.
     """
 
-    __slots__ = ("heap", "ops", "reached", "run", "top")
+    __slots__ = ("heap", "ops", "reached", "run")
 
     def __init__(self) -> None:
         self.ops: dict[int, Any] = {}
         self.run: deque[tuple[float, int, int]] = deque()
         self.heap: list[tuple[float, int, int]] = []
         self.reached: dict[int, tuple[float, int, int]] = {}
-        # (threshold, seq) of the last entry put into ``reached``: an upper bound
-        # of its order, to see whether newly reached entries can simply follow.
-        self.top: tuple[float, int] | None = None
 
     def add(self, entry: tuple[float, int, int]) -> None:
         """Take the entry of a new watcher (its op already in ``ops``)."""
@@ -281,17 +278,14 @@ class _Thresholds:
         if not fresh:
             return
         reached = self.reached
-        first = fresh[0]
-        top = self.top
-        if reached and top is not None and (first[0], first[1]) < top:
+        # ``reached`` is in order: its last entry is its largest.
+        if reached and fresh[0] < next(reversed(reached.values())):
             # Rare: an op watched with a threshold the watermark had already
             # passed (its own check said no). Keep ``reached`` in threshold order.
             fresh = sorted([*reached.values(), *fresh])
             reached.clear()
         for entry in fresh:
             reached[entry[2]] = entry
-        last = fresh[-1]
-        self.top = (last[0], last[1])
 
     def remove(self, oid: int) -> None:
         """Take a finishing op (id ``oid``) out."""

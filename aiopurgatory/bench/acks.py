@@ -102,11 +102,23 @@ class _Partition:
 
 
 class _Counts:
-    """What every implementation counts the same way, in its request tasks."""
+    """What every implementation takes and counts the same way, in its request tasks.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    Subclasses define ``_request(p, offset)`` (a request's task) and ``advance``.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        partitions: list[_Partition],
+        keys: list[str],
+        timeout: float,
+        kind: str,
+    ) -> None:
         self.loop = loop
         self.create_task = loop.create_task
+        self.partitions = partitions
+        self.timeout = timeout
         self.completed = 0
         self.expired = 0
         self.tasks: set[asyncio.Task[None]] = set()
@@ -116,6 +128,12 @@ class _Counts:
         tasks = self.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+
+    def produce(self, p: int, offset: int) -> None:
+        self.spawn(self._request(p, offset))
+
+    def _request(self, p: int, offset: int) -> Coroutine[Any, Any, None]:
+        raise NotImplementedError
 
 
 # -- aiopurgatory ----------------------------------------------------------------------
@@ -132,7 +150,7 @@ class _Ap(_Counts):
         timeout: float,
         kind: str,
     ) -> None:
-        super().__init__(loop)
+        super().__init__(loop, partitions, keys, timeout, kind)
         import aiopurgatory as ap
 
         class ProduceOp(ap.DelayedOperation):
@@ -149,9 +167,7 @@ class _Ap(_Counts):
                 return self.partition.high_watermark >= self.required_offset
 
         self.purgatory: ap.Purgatory[Any] = ap.Purgatory("acks")
-        self.partitions = partitions
         self.keys = keys
-        self.timeout = timeout
         self.op = ProduceOp
         self.wm_op = ap.WatermarkOperation
         self.completed_outcome = ap.Outcome.COMPLETED
@@ -232,15 +248,10 @@ class _Scan(_Counts):
         timeout: float,
         kind: str,
     ) -> None:
-        super().__init__(loop)
-        self.partitions = partitions
-        self.timeout = timeout
+        super().__init__(loop, partitions, keys, timeout, kind)
         self.waiters: list[list[tuple[int, asyncio.Future[bool], asyncio.TimerHandle]]] = [
             [] for _ in partitions
         ]
-
-    def produce(self, p: int, offset: int) -> None:
-        self.spawn(self._request(p, offset))
 
     async def _request(self, p: int, offset: int) -> None:
         if self.partitions[p].high_watermark >= offset:
@@ -283,16 +294,11 @@ class _Heap(_Counts):
         timeout: float,
         kind: str,
     ) -> None:
-        super().__init__(loop)
-        self.partitions = partitions
-        self.timeout = timeout
+        super().__init__(loop, partitions, keys, timeout, kind)
         self.seq = 0
         self.heaps: list[list[tuple[int, int, asyncio.Future[bool], asyncio.TimerHandle]]] = [
             [] for _ in partitions
         ]
-
-    def produce(self, p: int, offset: int) -> None:
-        self.spawn(self._request(p, offset))
 
     async def _request(self, p: int, offset: int) -> None:
         if self.partitions[p].high_watermark >= offset:
@@ -332,12 +338,8 @@ class _Null(_Counts):
         timeout: float,
         kind: str,
     ) -> None:
-        super().__init__(loop)
-        self.partitions = partitions
+        super().__init__(loop, partitions, keys, timeout, kind)
         self.queues: list[deque[tuple[int, asyncio.Future[bool]]]] = [deque() for _ in partitions]
-
-    def produce(self, p: int, offset: int) -> None:
-        self.spawn(self._request(p, offset))
 
     async def _request(self, p: int, offset: int) -> None:
         if self.partitions[p].high_watermark >= offset:

@@ -600,17 +600,7 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Analyse aiopurgatory op event logs (schema 2, or 1) with Spark.",
     )
     p.add_argument("events", nargs="+", help="event log files, directories or globs (any URI)")
-    p.add_argument(
-        "--out",
-        required=True,
-        help="output directory; its parent must exist; written whole when the run succeeds",
-    )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace --out if an earlier run of a command wrote it (else a non-empty --out "
-        "is refused)",
-    )
+    p.add_output_dir()
     p.add_argument(
         "--master",
         default=DEFAULT_MASTER,

@@ -165,6 +165,8 @@ def compare_with_analyze(
     unknown = set(variants) - set(known)
     if unknown or not variants or rounds < 1:
         raise ValueError(f"variants must be some of {VARIANTS} and rounds >= 1")
+    # The commands refuse an --out whose parent is missing: this is it.
+    out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS if name in variants}
     for _ in range(rounds):
         for name in runs:

@@ -517,17 +517,7 @@ def _build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("trace", help="trace file: Parquet (file or directory) or .csv")
-    p.add_argument(
-        "--out",
-        required=True,
-        help="output directory; its parent must exist; written whole when the run succeeds",
-    )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace --out if an earlier run of a command wrote it (else a non-empty --out "
-        "is refused)",
-    )
+    p.add_output_dir()
     p.add_argument("--timeout", default="30", help="produce timeout(s), seconds, e.g. 0.5,1,30")
     p.add_argument(
         "--min-insync",
