@@ -20,6 +20,7 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
         "aiopurgatory.redis needs redis-py: pip install 'aiopurgatory[redis]'"
     ) from exc
 
+from ._redact import describe_url
 from ._triggers import (
     DEFAULT_CHANNEL,
     MAX_MESSAGE_TRIGGERS,
@@ -36,4 +37,5 @@ __all__ = [
     "RedisTriggersClosedError",
     "RedisTriggersError",
     "RedisTriggersStatistics",
+    "describe_url",
 ]

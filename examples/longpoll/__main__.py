@@ -333,9 +333,9 @@ def _dump_tasks() -> None:
 def _redis_fields(redis_url: str | None, args: argparse.Namespace) -> dict[str, object]:
     if redis_url is None:
         return {}
-    from .redisfeed import redact
+    from aiopurgatory.redis import describe_url
 
-    return {"redis": redact(redis_url), "redis_prefix": args.redis_prefix, "pid": os.getpid()}
+    return {"redis": describe_url(redis_url), "redis_prefix": args.redis_prefix, "pid": os.getpid()}
 
 
 def main(argv: list[str] | None = None) -> int:

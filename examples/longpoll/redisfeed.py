@@ -47,6 +47,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 import aiopurgatory as ap
+from aiopurgatory.redis import describe_url
 
 from .feed import Feed, FeedError, Fetched, Settings, check_topic
 from .waiters import PurgatoryWaiter
@@ -59,7 +60,6 @@ __all__ = [
     "RedisUnavailable",
     "RedisWaiter",
     "check_redis",
-    "redact",
 ]
 
 #: KEYS: meta, log, topics set. ARGV: name, body, retain, max_topics.
@@ -134,19 +134,6 @@ REDIS_DOWN: tuple[type[BaseException], ...] = (
 )
 
 
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for logs and error messages)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    port = f":{parts.port}" if parts.port is not None else ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
-
-
 def _scrub(message: str, url: str) -> str:
     password = urllib.parse.urlsplit(url).password
     if password:
@@ -170,7 +157,7 @@ def check_redis(url: str, timeout: float = 3.0) -> None:
     """
     import redis as syncredis
 
-    shown = redact(url)
+    shown = describe_url(url)
     try:
         client = syncredis.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=None

@@ -116,7 +116,7 @@ class _Worker:
 
 def supervise(args: argparse.Namespace, redis_url: str | None) -> int:
     """Run ``args.workers`` workers on one port until SIGTERM/SIGINT; the exit status."""
-    from .redisfeed import redact
+    from aiopurgatory.redis import describe_url
 
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     holder = socket.socket(family)
@@ -171,7 +171,7 @@ def supervise(args: argparse.Namespace, redis_url: str | None) -> int:
             workers=len(workers),
             pids=[w.proc.pid for w in workers if w.proc is not None],
             waiter="purgatory",
-            redis=redact(redis_url) if redis_url else None,
+            redis=describe_url(redis_url) if redis_url else None,
         )
         pause = {w.index: 0.5 for w in workers}
         while not stopping.is_set():
