@@ -162,9 +162,8 @@ class EventRecorder:
             purgatory=purgatory.name,
             op_id=op_id,
             op_type=type(op).__name__,
-            # An op that completed at once was never watched: no keys (op.keys
-            # holds them already while its first try_complete() runs).
-            keys=[] if deadline is None else [str(key) for key in op.keys],
+            # op.keys is empty for an op its first check finished (never watched).
+            keys=[str(key) for key in op.keys],
             timeout=op.timeout,
             watched_at=watched_at,
             finished_at=finished_at,
