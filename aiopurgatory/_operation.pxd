@@ -31,10 +31,6 @@ cdef class DelayedOperation(_TimerEntry):
     cpdef bint cancelled(self) except -1
     cpdef result(self)
     cpdef exception(self)
-    cpdef try_complete(self)
-    cpdef on_complete(self)
-    cpdef on_expiration(self)
-    cpdef bint force_complete(self) except -1
     cpdef bint cancel(self) except -1
     cdef _add_waiter(self, future)
     cpdef _result(self)

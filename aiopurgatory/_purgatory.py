@@ -274,6 +274,15 @@ class _Thresholds:
         heap = self.heap
         run = self.run
         ops = self.ops
+        reached = self.reached
+        if not heap and not reached:
+            # The common case (thresholds watched in ascending order, the ops
+            # reached before complete): straight from the run, already in order.
+            while run and run[0][0] <= value:
+                entry = run.popleft()
+                if entry[2] in ops:
+                    reached[entry[2]] = entry
+            return
         fresh = []
         while True:
             if run and run[0][0] <= value:
@@ -286,7 +295,6 @@ class _Thresholds:
                 fresh.append(entry)
         if not fresh:
             return
-        reached = self.reached
         # ``reached`` is in order: its last entry is its largest.
         if reached and fresh[0] < next(reversed(reached.values())):
             # Rare: an op watched with a threshold the watermark had already
@@ -513,7 +521,7 @@ class _PurgatoryCore(_Owner):
         self._watched += len(keys)
         self._pending += 1
 
-        if timer.closed:  # closed by a callback of try_complete meanwhile
+        if timer._closed:  # closed by a callback of try_complete meanwhile
             op.cancel()
             return False
 
@@ -612,7 +620,9 @@ class _PurgatoryCore(_Owner):
         if watch is None:
             return _check_ops(list(ops.values()))  # type: ignore[union-attr]
         watch.reach(value)
-        checked = list(ops.values()) if ops else []
+        if ops is None:
+            return _check_ops(watch.reached_ops())
+        checked = list(ops.values())
         checked += watch.reached_ops()
         return _check_ops(checked)
 
