@@ -14,8 +14,13 @@ timer:
 * ``report(exc, entry)``: where an exception from a callback goes;
 * ``close()``: drop the wake-up and the flush;
 * ``owner`` (the loop, or trio's run token) and ``is_current()``: whether the
-  calling code runs on it;
-* ``call_soon_threadsafe(fn)``: run ``fn()`` on the loop, from any thread.
+  calling code runs on it; ``running_here``: ``(thread, is_running)`` if the
+  calling code runs on the loop when it runs in that thread and ``is_running()``
+  is true (what ``is_current()`` tests first, for the timer to test without a
+  call into the driver), else None;
+* ``call_soon_threadsafe(fn)``: run ``fn()`` on the loop, from any thread;
+* ``waiter()``: a new waiter, as ``new_waiter()`` below, on this driver's loop
+  (no lookup of the running loop: ``watch()`` makes one per operation).
 
 and, as static methods for the running loop (no driver needed):
 
@@ -77,7 +82,9 @@ class AsyncioDriver:
         "call_soon_threadsafe",
         "loop",
         "owner",
+        "running_here",
         "time",
+        "waiter",
     )
 
     #: The backend's name.
@@ -93,6 +100,8 @@ class AsyncioDriver:
         plain = getattr(loop.time, "__func__", None) is asyncio.BaseEventLoop.time
         #: The loop's clock, in seconds.
         self.time: Callable[[], float] = time.monotonic if plain else loop.time
+        #: A new future of the loop (``loop.create_future``).
+        self.waiter: Callable[[], asyncio.Future[None]] = loop.create_future
         self._on_wake = on_wake
         self._on_flush = on_flush
         self._handle: asyncio.TimerHandle | None = None
@@ -102,6 +111,10 @@ class AsyncioDriver:
         self._thread_tracked = isinstance(loop, asyncio.BaseEventLoop)
         # Other loops (uvloop): the thread the loop was running in when bound.
         self._thread = get_ident()
+        #: ``(thread, loop.is_running)`` for loops that do not track their thread.
+        self.running_here: tuple[int, Callable[[], bool]] | None = (
+            None if self._thread_tracked else (self._thread, loop.is_running)
+        )
         #: ``loop.call_soon_threadsafe``.
         self.call_soon_threadsafe: Callable[[Callable[[], object]], object] = (
             loop.call_soon_threadsafe

@@ -3,6 +3,8 @@
 
 from aiopurgatory._timer cimport _TimerEntry
 
+# The outcomes as C variables: read on every operation, never looked up by name.
+cdef object COMPLETED, EXPIRED, CANCELLED, FAILED
 
 cdef class DelayedOperation
 
@@ -12,8 +14,8 @@ cdef class _Owner:
     cdef public object _name
     cdef public object _recorder
 
-    cpdef _detach(self, DelayedOperation op, outcome)
-    cpdef _record(self, DelayedOperation op)
+    cdef _detach(self, DelayedOperation op, outcome)
+    cdef _record(self, DelayedOperation op)
 
 
 cdef class DelayedOperation(_TimerEntry):
@@ -29,18 +31,14 @@ cdef class DelayedOperation(_TimerEntry):
     cpdef bint cancelled(self) except -1
     cpdef result(self)
     cpdef exception(self)
-    cpdef try_complete(self)
-    cpdef on_complete(self)
-    cpdef on_expiration(self)
-    cpdef bint force_complete(self) except -1
     cpdef bint cancel(self) except -1
-    cpdef _add_waiter(self, future)
+    cdef _add_waiter(self, future)
     cpdef _result(self)
-    cpdef _finished(self)
+    cdef _finished(self)
     cpdef _fire(self)
-    cpdef _expire(self)
+    cdef _expire(self)
     cpdef _timer_closed(self)
-    cpdef _try_complete_failed(self, exc, bint raised=*)
-    cpdef _try_complete_raised(self, exc)
-    cpdef _received(self)
-    cpdef _callback_failed(self, exc, callback, bint raised=*)
+    cdef _try_complete_failed(self, exc, bint raised=*)
+    cdef _try_complete_raised(self, exc)
+    cdef _received(self)
+    cdef _callback_failed(self, exc, callback, bint raised=*)

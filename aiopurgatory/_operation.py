@@ -59,6 +59,8 @@ class Outcome(enum.Enum):
     FAILED = "failed"
 
 
+# Module-private in the compiled core (C variables): other modules take their own
+# from Outcome.
 COMPLETED = Outcome.COMPLETED
 EXPIRED = Outcome.EXPIRED
 CANCELLED = Outcome.CANCELLED
@@ -491,8 +493,10 @@ class DelayedOperation(_TimerEntry):
         if waiters is not None:
             self._waiters = None
             for future in waiters:
-                if not future.done():
+                try:  # noqa: SIM105 - a try costs nothing here, a context manager would
                     future.set_result(None)
+                except InvalidStateError:  # cancelled: its task gave up waiting
+                    pass
         purgatory = self._purgatory
         if purgatory is not None and purgatory._recorder is not None:
             purgatory._record(self)

@@ -16,6 +16,10 @@ cdef extern from *:
     # As in _histogram.pxd: 0 only in a build that measures the histograms' cost.
     const bint HISTOGRAMS "AIOPURGATORY_HISTOGRAMS"
 
+# Read per operation: C variables, never looked up by name.
+cdef object COMPLETED, EXPIRED, CANCELLED
+cdef object heappop, heappush
+
 
 @cython.locals(i=Py_ssize_t, j=Py_ssize_t, h=Py_hash_t)
 cdef bint _distinct_and_hashable(list keys, Py_ssize_t n) except -1
@@ -68,18 +72,21 @@ cdef class _PurgatoryCore(_Owner):
     cdef public Py_ssize_t _watched
     cdef public dict _watchers
 
+    cdef bint _watch_any(self, op, keys) except -1
+    @cython.locals(parked=DelayedOperation)
+    cpdef _park(self, op, keys)
     @cython.locals(timer=Timer, watchers=dict, ops=dict)
-    cpdef bint _watch(self, DelayedOperation op, tuple keys, tuple thresholds) except -1
+    cdef bint _watch(self, DelayedOperation op, tuple keys, tuple thresholds) except -1
     @cython.locals(everything=dict, watch=_Thresholds, i=Py_ssize_t, seq=Py_ssize_t)
-    cpdef _watch_thresholds(self, DelayedOperation op, tuple keys, tuple thresholds)
+    cdef _watch_thresholds(self, DelayedOperation op, tuple keys, tuple thresholds)
     @cython.locals(ops=dict, watch=_Thresholds, checked=list)
     cpdef check_and_complete(self, key)
     @cython.locals(ops=dict, watch=_Thresholds, checked=list, watermarks=dict)
     cpdef advance(self, key, value)
     @cython.locals(watchers=dict, ops=dict, keys=tuple, late=double, wait=double)
-    cpdef _detach(self, DelayedOperation op, outcome)
+    cdef _detach(self, DelayedOperation op, outcome)
     @cython.locals(everything=dict, watch=_Thresholds)
-    cpdef _unwatch_thresholds(self, oid, tuple keys)
+    cdef _unwatch_thresholds(self, oid, tuple keys)
     @cython.locals(watermarks=dict)
-    cpdef _forget(self, key)
-    cpdef _record(self, DelayedOperation op)
+    cdef _forget(self, key)
+    cdef _record(self, DelayedOperation op)

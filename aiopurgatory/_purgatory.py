@@ -27,17 +27,21 @@ from heapq import heapify, heappop, heappush
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Self, TypeVar
 
-from ._backends import current_owner, new_waiter
+from ._backends import current_owner
 from ._errors import OperationStateError, PurgatoryClosedError, PurgatoryFullError
 from ._histogram import _Recorder
 from ._latency import Histogram, PurgatoryHistograms
 from ._logging import LazyLogger
-from ._operation import CANCELLED, COMPLETED, EXPIRED, DelayedOperation, Outcome, _Owner
+from ._operation import DelayedOperation, Outcome, _Owner
 from ._timer import Timer
 
 __all__ = ["Purgatory", "PurgatoryStatistics", "WatermarkOperation"]
 
 OpT = TypeVar("OpT", bound=DelayedOperation)
+
+COMPLETED = Outcome.COMPLETED
+EXPIRED = Outcome.EXPIRED
+CANCELLED = Outcome.CANCELLED
 
 # Whether finished operations are recorded in the histograms: always, except in
 # a compiled core built to measure their cost (see aiopurgatory._histogram).
@@ -169,6 +173,11 @@ def _thresholds_of(
 ) -> tuple[tuple[Hashable, ...], tuple[float, ...]]:
     """A Mapping of keys to thresholds as (keys, thresholds), checked."""
     plain = type(keys) is dict  # its keys are hashable: it holds them
+    if plain and len(keys) == 1:  # the common case, without the lists below
+        for key, threshold in keys.items():
+            cls = type(threshold)
+            if (cls is int or cls is float) and threshold == threshold:
+                return (key,), (threshold,)
     watched = []
     thresholds = []
     for key, threshold in keys.items():
@@ -265,6 +274,15 @@ class _Thresholds:
         heap = self.heap
         run = self.run
         ops = self.ops
+        reached = self.reached
+        if not heap and not reached:
+            # The common case (thresholds watched in ascending order, the ops
+            # reached before complete): straight from the run, already in order.
+            while run and run[0][0] <= value:
+                entry = run.popleft()
+                if entry[2] in ops:
+                    reached[entry[2]] = entry
+            return
         fresh = []
         while True:
             if run and run[0][0] <= value:
@@ -277,7 +295,6 @@ class _Thresholds:
                 fresh.append(entry)
         if not fresh:
             return
-        reached = self.reached
         # ``reached`` is in order: its last entry is its largest.
         if reached and fresh[0] < next(reversed(reached.values())):
             # Rare: an op watched with a threshold the watermark had already
@@ -404,6 +421,10 @@ class _PurgatoryCore(_Owner):
             RuntimeError: first use outside a running event loop.
             Exception: whatever ``op.try_complete()`` raised (the op is then finished).
         """
+        return self._watch_any(op, keys)
+
+    def _watch_any(self, op: Any, keys: Iterable[Hashable] | Mapping[Hashable, float]) -> bool:
+        """:meth:`try_complete_else_watch` (checks the arguments' types)."""
         if not isinstance(op, DelayedOperation):
             raise TypeError(f"op must be a DelayedOperation, got {type(op).__name__}")
         if type(keys) is list:
@@ -412,6 +433,23 @@ class _PurgatoryCore(_Owner):
             watched, thresholds = _thresholds_of(keys)
             return self._watch(op, watched, thresholds)
         return self._watch(op, _keys_of(keys), None)
+
+    def _park(self, op: Any, keys: Iterable[Hashable] | Mapping[Hashable, float]) -> Any:
+        """For :meth:`Purgatory.watch`: :meth:`try_complete_else_watch`, then a waiter.
+
+        Returns:
+            None if ``op`` finished at once; else a new waiter (an asyncio
+            future, or trio's equivalent) of the loop the purgatory is bound to,
+            which ``op`` sets when it finishes.
+        """
+        self._watch_any(op, keys)  # RuntimeError on another loop or trio run
+        parked: DelayedOperation = op
+        if parked._outcome is not None:
+            return None
+        # Watched, so the timer has the driver of the running loop.
+        waiter = self._timer._driver.waiter()  # type: ignore[union-attr]
+        parked._add_waiter(waiter)
+        return waiter
 
     def _watch(
         self,
@@ -483,7 +521,7 @@ class _PurgatoryCore(_Owner):
         self._watched += len(keys)
         self._pending += 1
 
-        if timer.closed:  # closed by a callback of try_complete meanwhile
+        if timer._closed:  # closed by a callback of try_complete meanwhile
             op.cancel()
             return False
 
@@ -582,7 +620,9 @@ class _PurgatoryCore(_Owner):
         if watch is None:
             return _check_ops(list(ops.values()))  # type: ignore[union-attr]
         watch.reach(value)
-        checked = list(ops.values()) if ops else []
+        if ops is None:
+            return _check_ops(watch.reached_ops())
+        checked = list(ops.values())
         checked += watch.reached_ops()
         return _check_ops(checked)
 
@@ -960,11 +1000,8 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             RuntimeError: awaited on another loop than the one the purgatory is bound to.
             Exception: whatever a callback of ``op`` raised (the op is finished).
         """
-        # Checks the loop (or trio run) too: RuntimeError from another one.
-        self.try_complete_else_watch(op, keys)
-        if op._outcome is None:
-            waiter = new_waiter()  # an asyncio future, or trio's equivalent
-            op._add_waiter(waiter)
+        waiter = self._park(op, keys)
+        if waiter is not None:
             try:
                 await waiter
             except BaseException:
@@ -1059,7 +1096,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             pending.update(watch.ops)
         for op in pending.values():
             if expire_pending:
-                op._expire()
+                op._fire()  # expires it
             else:
                 op.cancel()
         if self._owns_timer:

@@ -6,6 +6,7 @@ cimport cython
 from aiopurgatory._wheel cimport Entry, TimingWheel
 
 cdef object _copy_context
+cdef object get_ident
 cdef object _STAGED
 cdef Py_ssize_t _STAGE_LIMIT
 
@@ -40,6 +41,7 @@ cdef class Timer:
     cdef public object _last_lag_log
     cdef public object _logger
     cdef public double _max_when
+    cdef public tuple _running_here
     cdef public bint _shared
     cdef public list _staged
     cdef public double _tick

@@ -44,6 +44,7 @@ import contextvars
 import weakref
 from collections.abc import Callable, Sequence
 from math import inf
+from threading import get_ident
 from time import monotonic as _monotonic
 from typing import TYPE_CHECKING, Any, Final, TypeVarTuple, Unpack
 
@@ -191,6 +192,7 @@ class Timer:
         "_last_lag_log",
         "_logger",
         "_max_when",
+        "_running_here",
         "_shared",
         "_staged",
         "_tick",
@@ -212,6 +214,8 @@ class Timer:
         # Set on first use (_bind): the driver, and its clock.
         self._driver: Driver | None = None
         self._time: Callable[[], float] = _monotonic
+        # The driver's running_here, for _is_current without a call into it.
+        self._running_here: tuple[int, Callable[[], bool]] | None = None
         self._wheel = TimingWheel(int(wheel_size))
         # Tick the driver is armed for; inf when unarmed.
         self._armed: float = inf
@@ -476,11 +480,16 @@ class Timer:
                 ) from None
             self._driver = driver
             self._time = driver.time
+            self._running_here = driver.running_here
             self._wheel = TimingWheel(int(self._wheel_size), self._floor_tick(driver.time()))
         return driver.owner
 
     def _is_current(self) -> bool:
         """True if called on the loop or trio run the timer is bound to (for a bound timer)."""
+        # Once per watched operation: the driver's own test is a Python call.
+        here = self._running_here
+        if here is not None and here[0] == get_ident() and here[1]():
+            return True
         return self._driver.is_current()  # type: ignore[union-attr]
 
     def _deadline(self, delay: float, name: str) -> float:

@@ -128,6 +128,8 @@ class TrioDriver:
     backend = "trio"
     #: Not an asyncio loop.
     loop = None
+    #: No thread test: only :meth:`is_current` knows.
+    running_here = None
 
     def __init__(self, on_wake: Callable[[], None], on_flush: Callable[[], None]) -> None:
         #: The run this driver belongs to (its ``TrioToken``).
@@ -155,6 +157,10 @@ class TrioDriver:
     def running_time() -> float:
         """``trio.current_time()`` (RuntimeError outside a run)."""
         return float(trio.current_time())
+
+    def waiter(self) -> TrioWaiter:
+        """A waiter to park a task on (as :meth:`new_waiter`)."""
+        return TrioWaiter()
 
     @staticmethod
     def new_waiter() -> TrioWaiter:

@@ -290,3 +290,21 @@ def _print_acks(a: dict[str, Any], print_table: Any) -> None:
             for r in a["ratios"]
         ),
     )
+    calls = {
+        (c["loop"], c["pending"], c["impl"]): c["median"].get("call_us_per_trigger")
+        for c in a["cells"]
+    }
+    print_table(
+        "acks=all: us inside the trigger call alone (finding and completing the requests, "
+        "no task), median",
+        ("loop", "pending / partition", *impls, "check_and_complete / advance"),
+        (
+            (
+                r["loop"],
+                f"{r['pending']:,}",
+                *(_fmt(calls.get((r["loop"], r["pending"], impl))) for impl in impls),
+                _fmt(r.get("check_over_advance_call")),
+            )
+            for r in a["ratios"]
+        ),
+    )
