@@ -19,6 +19,7 @@ cdef extern from *:
 # Read per operation: C variables, never looked up by name.
 cdef object COMPLETED, EXPIRED, CANCELLED
 cdef object heappop, heappush
+cdef dict _modules
 
 
 @cython.locals(i=Py_ssize_t, j=Py_ssize_t, h=Py_hash_t)

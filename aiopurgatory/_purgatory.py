@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import enum
+import sys
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from heapq import heapify, heappop, heappush
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Self, TypeVar
 
-from ._backends import current_owner
+from ._backends import current_owner, new_waiter
 from ._errors import OperationStateError, PurgatoryClosedError, PurgatoryFullError
 from ._histogram import _Recorder
 from ._latency import Histogram, PurgatoryHistograms
@@ -42,6 +43,7 @@ OpT = TypeVar("OpT", bound=DelayedOperation)
 COMPLETED = Outcome.COMPLETED
 EXPIRED = Outcome.EXPIRED
 CANCELLED = Outcome.CANCELLED
+_modules = sys.modules
 
 # Whether finished operations are recorded in the histograms: always, except in
 # a compiled core built to measure their cost (see aiopurgatory._histogram).
@@ -446,8 +448,15 @@ class _PurgatoryCore(_Owner):
         parked: DelayedOperation = op
         if parked._outcome is not None:
             return None
-        # Watched, so the timer has the driver of the running loop.
-        waiter = self._timer._driver.waiter()  # type: ignore[union-attr]
+        # Watched, so the timer's driver is the running loop's, and its waiter is
+        # what the awaiting task can wait on; except in trio's guest mode, where
+        # trio tasks and the asyncio host's share the thread (and the driver).
+        driver = self._timer._driver
+        trio = _modules.get("trio")  # not imported: not trio, no guest run
+        if trio is not None and trio.lowlevel.in_trio_task() is not (driver.backend == "trio"):  # type: ignore[union-attr]
+            waiter = new_waiter()  # the awaiting task's library
+        else:
+            waiter = driver.waiter()  # type: ignore[union-attr]
         parked._add_waiter(waiter)
         return waiter
 

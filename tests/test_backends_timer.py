@@ -18,13 +18,14 @@ import logging
 import random
 import weakref
 from math import inf
-from typing import cast
+from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
 import pytest
 import trio
 import trio.testing
+import uvloop
 
 import aiopurgatory as ap
 from aiopurgatory._backends import current_owner
@@ -335,6 +336,65 @@ def test_trio_guest_mode_on_an_asyncio_host_is_detected_as_trio() -> None:
         return (await done).unwrap()  # type: ignore[attr-defined]
 
     assert asyncio.run(host()) == ("trio", ap.Outcome.EXPIRED)
+
+
+@pytest.mark.parametrize("host_loop", ["asyncio", "uvloop"])
+def test_a_trio_guest_task_watches_in_a_purgatory_of_the_asyncio_host(host_loop: str) -> None:
+    # Both libraries run in one thread: the purgatory is bound to the host loop,
+    # and a trio task awaits watch() (it must get a waiter it can wait on).
+    async def host() -> tuple[object, ap.Outcome | None]:
+        loop = asyncio.get_running_loop()
+        p: ap.Purgatory[ap.DelayedOperation] = ap.Purgatory()
+        p.try_complete_else_watch(ap.DelayedOperation(10), ["bind"])  # bound here
+        op = ap.DelayedOperation(0.01)
+
+        async def trio_main() -> ap.Outcome:
+            return await p.watch(op, ["k"])
+
+        done: asyncio.Future[Any] = loop.create_future()
+        trio.lowlevel.start_guest_run(
+            trio_main,
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            done_callback=done.set_result,
+            # uvloop sets the signal wakeup fd itself.
+            host_uses_signal_set_wakeup_fd=host_loop == "uvloop",
+        )
+        outcome = (await done).unwrap()
+        p.close()
+        return outcome, op.outcome
+
+    factory = asyncio.new_event_loop if host_loop == "asyncio" else uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        assert runner.run(host()) == (ap.Outcome.EXPIRED, ap.Outcome.EXPIRED)
+
+
+def test_an_asyncio_host_task_watches_in_a_purgatory_of_a_trio_guest_run() -> None:
+    async def host() -> tuple[object, ap.Outcome | None]:
+        loop = asyncio.get_running_loop()
+        holder: dict[str, ap.Purgatory[ap.DelayedOperation]] = {}
+        bound = asyncio.Event()
+
+        async def trio_main() -> None:
+            p: ap.Purgatory[ap.DelayedOperation] = ap.Purgatory()
+            p.try_complete_else_watch(ap.DelayedOperation(10), ["bind"])  # bound in trio
+            holder["p"] = p
+            loop.call_soon_threadsafe(bound.set)
+            await trio.sleep(0.5)
+            p.close()
+
+        done: asyncio.Future[Any] = loop.create_future()
+        trio.lowlevel.start_guest_run(
+            trio_main,
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            done_callback=done.set_result,
+        )
+        await bound.wait()
+        op = ap.DelayedOperation(0.01)
+        outcome = await holder["p"].watch(op, ["k"])
+        (await done).unwrap()
+        return outcome, op.outcome
+
+    assert asyncio.run(host()) == (ap.Outcome.EXPIRED, ap.Outcome.EXPIRED)
 
 
 def test_asyncio_a_timer_may_be_used_while_its_loop_is_stopped() -> None:
