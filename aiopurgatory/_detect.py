@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-__all__ = ["current_backend"]
+__all__ = ["current_backend", "in_trio_task"]
 
 _get_running_loop = asyncio._get_running_loop  # C; None outside a running loop
 
@@ -25,11 +25,17 @@ def current_backend() -> str | None:
     A trio task comes first: in trio's guest mode it runs inside an asyncio
     host loop's callbacks, where ``asyncio._get_running_loop()`` is the host's.
     """
-    trio = sys.modules.get("trio")
-    if trio is not None and trio.lowlevel.in_trio_task():
+    if in_trio_task():
         return "trio"
     if _get_running_loop() is not None:
         return "asyncio"
+    trio = sys.modules.get("trio")
     if trio is not None and trio.lowlevel.in_trio_run():
         return "trio"
     return None
+
+
+def in_trio_task() -> bool:
+    """True in a trio task (also one of trio's guest mode, on an asyncio host loop)."""
+    trio = sys.modules.get("trio")
+    return trio is not None and trio.lowlevel.in_trio_task()

@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Self, TypeVar
 
 from ._backends import current_owner, new_waiter
+from ._detect import in_trio_task
 from ._errors import OperationStateError, PurgatoryClosedError, PurgatoryFullError
 from ._histogram import _Recorder
 from ._latency import Histogram, PurgatoryHistograms
@@ -452,8 +453,10 @@ class _PurgatoryCore(_Owner):
         # what the awaiting task can wait on; except in trio's guest mode, where
         # trio tasks and the asyncio host's share the thread (and the driver).
         driver = self._timer._driver
-        trio = _modules.get("trio")  # not imported: not trio, no guest run
-        if trio is not None and trio.lowlevel.in_trio_task() is not (driver.backend == "trio"):  # type: ignore[union-attr]
+        # trio never imported: no trio task (and no Python call to ask _detect).
+        if _modules.get("trio") is not None and in_trio_task() is not (
+            driver.backend == "trio"  # type: ignore[union-attr]
+        ):
             waiter = new_waiter()  # the awaiting task's library
         else:
             waiter = driver.waiter()  # type: ignore[union-attr]

@@ -272,6 +272,47 @@ def test_a_purgatory_bound_to_one_backend_refuses_another() -> None:
         run_on("trio", use_q)
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "uvloop"])
+def test_a_purgatory_refuses_the_next_loop_of_its_thread(backend: str) -> None:
+    # uvloop does not track its thread: the purgatory's timer tests the thread it
+    # was bound in and is_running(); the loop it was bound to has stopped since.
+    p: ap.Purgatory[Flag] = ap.Purgatory()
+
+    async def use() -> None:
+        await p.watch(Flag(0.01), ["k"])
+
+    run_on(backend, use)
+    with pytest.raises(RuntimeError, match="bound to another event loop"):
+        run_on(backend, _try_watch(p))
+    assert p.pending == 0
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "uvloop"])
+def test_a_purgatory_refuses_a_loop_of_another_thread_while_its_own_runs(backend: str) -> None:
+    p: ap.Purgatory[Flag] = ap.Purgatory()
+    bound = threading.Event()
+    release = threading.Event()
+
+    async def hold() -> None:
+        p.try_complete_else_watch(Flag(10), ["bind"])  # bound to this thread's loop
+        bound.set()
+        await anyio.to_thread.run_sync(release.wait)
+        p.close()
+
+    thread = threading.Thread(target=run_on, args=(backend, hold))
+    thread.start()
+    try:
+        assert bound.wait(10)
+        # Its loop runs, in the other thread: this thread's loop is not it.
+        with pytest.raises(RuntimeError, match="bound to another event loop"):
+            run_on(backend, _try_watch(p))
+        assert p.pending == 1
+    finally:
+        release.set()
+        thread.join(10)
+    assert p.pending == 0
+
+
 def _try_watch(p: ap.Purgatory[Flag]) -> Callable[[], Awaitable[None]]:
     async def attempt() -> None:
         p.try_complete_else_watch(Flag(0.01), ["k"])
