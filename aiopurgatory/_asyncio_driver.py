@@ -77,8 +77,6 @@ class AsyncioDriver:
         "_on_flush",
         "_on_wake",
         "_soon",
-        "_thread",
-        "_thread_tracked",
         "call_soon_threadsafe",
         "loop",
         "owner",
@@ -107,13 +105,12 @@ class AsyncioDriver:
         self._handle: asyncio.TimerHandle | None = None
         self._soon: asyncio.Handle | None = None
         # asyncio's own loops (BaseEventLoop: the default loop, virtual time) keep
-        # the id of the thread running them in _thread_id (None while stopped).
-        self._thread_tracked = isinstance(loop, asyncio.BaseEventLoop)
-        # Other loops (uvloop): the thread the loop was running in when bound.
-        self._thread = get_ident()
+        # the id of the thread running them in _thread_id (None while stopped):
+        # None here. Other loops (uvloop): the thread the loop was running in
+        # when bound, and its is_running.
         #: ``(thread, loop.is_running)`` for loops that do not track their thread.
         self.running_here: tuple[int, Callable[[], bool]] | None = (
-            None if self._thread_tracked else (self._thread, loop.is_running)
+            None if isinstance(loop, asyncio.BaseEventLoop) else (get_ident(), loop.is_running)
         )
         #: ``loop.call_soon_threadsafe``.
         self.call_soon_threadsafe: Callable[[Callable[[], object]], object] = (
@@ -190,9 +187,10 @@ class AsyncioDriver:
         loop moved to another thread, or not running) ask asyncio.
         """
         loop = self.loop
-        if self._thread_tracked:
+        here = self.running_here
+        if here is None:
             return loop._thread_id == get_ident()  # type: ignore[attr-defined,no-any-return]
-        if self._thread == get_ident() and loop.is_running():
+        if here[0] == get_ident() and here[1]():
             return True
         return _get_running_loop() is loop
 

@@ -109,7 +109,8 @@ class _Partition:
 class _Counts:
     """What every implementation takes and counts the same way, in its request tasks.
 
-    Subclasses define ``_request(p, offset)`` (a request's task) and ``advance``.
+    Subclasses define ``_request(p, offset)`` (a request's task) and ``advance``,
+    and set up their own state in ``_setup``.
     """
 
     def __init__(
@@ -127,6 +128,10 @@ class _Counts:
         self.completed = 0
         self.expired = 0
         self.tasks: set[asyncio.Task[None]] = set()
+        self._setup(keys, kind)
+
+    def _setup(self, keys: list[str], kind: str) -> None:
+        """Its own state (``keys``: the partitions' keys; ``kind``: a key of :data:`IMPLS`)."""
 
     def spawn(self, coro: Any) -> None:
         task = self.create_task(coro)
@@ -147,15 +152,7 @@ class _Counts:
 class _Ap(_Counts):
     """``ap.Purgatory``: ``watch`` with a threshold or without, ``advance`` or ``check``."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        partitions: list[_Partition],
-        keys: list[str],
-        timeout: float,
-        kind: str,
-    ) -> None:
-        super().__init__(loop, partitions, keys, timeout, kind)
+    def _setup(self, keys: list[str], kind: str) -> None:
         import aiopurgatory as ap
 
         class ProduceOp(ap.DelayedOperation):
@@ -183,7 +180,7 @@ class _Ap(_Counts):
             "force": self._forced,
         }
         self.request = requests[kind]
-        self.fifos: list[deque[Any]] = [deque() for _ in partitions]
+        self.fifos: list[deque[Any]] = [deque() for _ in self.partitions]
         if kind == "check":
             self.advance: Callable[[int, int], int] = self._check
             self._check_key = self.purgatory.check_and_complete
@@ -245,17 +242,9 @@ def _expire(future: asyncio.Future[bool]) -> None:
 class _Scan(_Counts):
     """Futures in a list per partition, the whole list scanned at every advance."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        partitions: list[_Partition],
-        keys: list[str],
-        timeout: float,
-        kind: str,
-    ) -> None:
-        super().__init__(loop, partitions, keys, timeout, kind)
+    def _setup(self, keys: list[str], kind: str) -> None:
         self.waiters: list[list[tuple[int, asyncio.Future[bool], asyncio.TimerHandle]]] = [
-            [] for _ in partitions
+            [] for _ in self.partitions
         ]
 
     async def _request(self, p: int, offset: int) -> None:
@@ -291,18 +280,10 @@ class _Scan(_Counts):
 class _Heap(_Counts):
     """Futures in a heap per partition by required offset; an advance pops what it reached."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        partitions: list[_Partition],
-        keys: list[str],
-        timeout: float,
-        kind: str,
-    ) -> None:
-        super().__init__(loop, partitions, keys, timeout, kind)
+    def _setup(self, keys: list[str], kind: str) -> None:
         self.seq = 0
         self.heaps: list[list[tuple[int, int, asyncio.Future[bool], asyncio.TimerHandle]]] = [
-            [] for _ in partitions
+            [] for _ in self.partitions
         ]
 
     async def _request(self, p: int, offset: int) -> None:
@@ -335,16 +316,10 @@ class _Heap(_Counts):
 class _Null(_Counts):
     """The driver and the tasks: futures in offset order per partition, no timer."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        partitions: list[_Partition],
-        keys: list[str],
-        timeout: float,
-        kind: str,
-    ) -> None:
-        super().__init__(loop, partitions, keys, timeout, kind)
-        self.queues: list[deque[tuple[int, asyncio.Future[bool]]]] = [deque() for _ in partitions]
+    def _setup(self, keys: list[str], kind: str) -> None:
+        self.queues: list[deque[tuple[int, asyncio.Future[bool]]]] = [
+            deque() for _ in self.partitions
+        ]
 
     async def _request(self, p: int, offset: int) -> None:
         if self.partitions[p].high_watermark >= offset:
