@@ -356,10 +356,10 @@ class _HeapOp(_Heap):
         heap: list[Any] = self.heaps[p]
         pop = heapq.heappop
         completed = 0
-        not_ready = []
+        not_ready = None
         while heap and heap[0][0] <= high_watermark:
             entry = pop(heap)
-            future, handle, op = entry[2], entry[3], entry[4]
+            _, _, future, handle, op = entry
             if future.done():
                 continue  # expired
             # The op says whether it is ready, as the purgatory asks it; one that
@@ -368,10 +368,13 @@ class _HeapOp(_Heap):
                 handle.cancel()
                 future.set_result(True)
                 completed += 1
+            elif not_ready is None:
+                not_ready = [entry]
             else:
                 not_ready.append(entry)
-        for entry in not_ready:
-            heapq.heappush(heap, entry)
+        if not_ready is not None:
+            for entry in not_ready:
+                heapq.heappush(heap, entry)
         return completed
 
 
