@@ -74,8 +74,6 @@ cdef class _PurgatoryCore(_Owner):
     cdef public dict _watchers
 
     cdef bint _watch_any(self, op, keys) except -1
-    @cython.locals(parked=DelayedOperation)
-    cpdef _park(self, op, keys)
     @cython.locals(timer=Timer, watchers=dict, ops=dict)
     cdef bint _watch(self, DelayedOperation op, tuple keys, tuple thresholds) except -1
     @cython.locals(everything=dict, watch=_Thresholds, i=Py_ssize_t, seq=Py_ssize_t)
@@ -91,3 +89,17 @@ cdef class _PurgatoryCore(_Owner):
     @cython.locals(watermarks=dict)
     cdef _forget(self, key)
     cdef _record(self, DelayedOperation op)
+
+
+
+cdef class WatermarkOperation(DelayedOperation):
+    cdef public bint _all_keys
+
+    @cython.locals(thresholds=tuple, keys=tuple, marks=dict, i=Py_ssize_t, purgatory=_PurgatoryCore)
+    cpdef bint try_complete(self) except -1
+
+# For Purgatory.watch (a coroutine of a Python class): C calls, no lookup by name.
+@cython.locals(parked=DelayedOperation)
+cdef object _park(_PurgatoryCore core, op, keys)
+cdef object _outcome(DelayedOperation op)
+cdef object _expire_now(DelayedOperation op)

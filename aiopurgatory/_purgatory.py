@@ -437,32 +437,6 @@ class _PurgatoryCore(_Owner):
             return self._watch(op, watched, thresholds)
         return self._watch(op, _keys_of(keys), None)
 
-    def _park(self, op: Any, keys: Iterable[Hashable] | Mapping[Hashable, float]) -> Any:
-        """For :meth:`Purgatory.watch`: :meth:`try_complete_else_watch`, then a waiter.
-
-        Returns:
-            None if ``op`` finished at once; else a new waiter (an asyncio
-            future, or trio's equivalent) of the loop the purgatory is bound to,
-            which ``op`` sets when it finishes.
-        """
-        self._watch_any(op, keys)  # RuntimeError on another loop or trio run
-        parked: DelayedOperation = op
-        if parked._outcome is not None:
-            return None
-        # Watched, so the timer's driver is the running loop's, and its waiter is
-        # what the awaiting task can wait on; except in trio's guest mode, where
-        # trio tasks and the asyncio host's share the thread (and the driver).
-        driver = self._timer._driver
-        # trio never imported: no trio task (and no Python call to ask _detect).
-        if _modules.get("trio") is not None and in_trio_task() is not (
-            driver.backend == "trio"  # type: ignore[union-attr]
-        ):
-            waiter = new_waiter()  # the awaiting task's library
-        else:
-            waiter = driver.waiter()  # type: ignore[union-attr]
-        parked._add_waiter(waiter)
-        return waiter
-
     def _watch(
         self,
         op: DelayedOperation,
@@ -774,6 +748,48 @@ class _PurgatoryCore(_Owner):
                 self._timer._unschedule(op)
 
 
+def _park(
+    core: _PurgatoryCore, op: Any, keys: Iterable[Hashable] | Mapping[Hashable, float]
+) -> Any:
+    """For :meth:`Purgatory.watch`: :meth:`~_PurgatoryCore.try_complete_else_watch`, then a waiter.
+
+    A function, not a method: the compiled core calls it, and :func:`_outcome`,
+    without looking either up by name on the purgatory or the operation.
+
+    Returns:
+        None if ``op`` finished at once; else a new waiter (an asyncio future, or
+        trio's equivalent) of the loop the purgatory is bound to, which ``op`` sets
+        when it finishes.
+    """
+    core._watch_any(op, keys)  # RuntimeError on another loop or trio run
+    parked: DelayedOperation = op
+    if parked._outcome is not None:
+        return None
+    # Watched, so the timer's driver is the running loop's, and its waiter is
+    # what the awaiting task can wait on; except in trio's guest mode, where
+    # trio tasks and the asyncio host's share the thread (and the driver).
+    driver = core._timer._driver
+    # trio never imported: no trio task (and no Python call to ask _detect).
+    if _modules.get("trio") is not None and in_trio_task() is not (
+        driver.backend == "trio"  # type: ignore[union-attr]
+    ):
+        waiter = new_waiter()  # the awaiting task's library
+    else:
+        waiter = driver.waiter()  # type: ignore[union-attr]
+    parked._add_waiter(waiter)
+    return waiter
+
+
+def _expire_now(op: DelayedOperation) -> None:
+    """For :meth:`Purgatory.close`: expire the pending ``op``, as its timer would."""
+    op._fire()
+
+
+def _outcome(op: DelayedOperation) -> Outcome:
+    """For :meth:`Purgatory.watch`: the finished ``op``'s outcome, or its failure raised."""
+    return op._result()
+
+
 class Purgatory(_PurgatoryCore, Generic[OpT]):
     """Delayed operations watched under keys until completed, expired or cancelled.
 
@@ -1012,7 +1028,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             RuntimeError: awaited on another loop than the one the purgatory is bound to.
             Exception: whatever a callback of ``op`` raised (the op is finished).
         """
-        waiter = self._park(op, keys)
+        waiter = _park(self, op, keys)
         if waiter is not None:
             try:
                 await waiter
@@ -1021,7 +1037,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
                 # cancel scope) or abandoned: the caller owns the op, withdraw it.
                 op.cancel()
                 raise
-        return op._result()
+        return _outcome(op)
 
     # -- triggers ----------------------------------------------------------------------
 
@@ -1108,7 +1124,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             pending.update(watch.ops)
         for op in pending.values():
             if expire_pending:
-                op._fire()  # expires it
+                _expire_now(op)
             else:
                 op.cancel()
         if self._owns_timer:
@@ -1203,6 +1219,8 @@ class WatermarkOperation(DelayedOperation):
                 "of keys to thresholds, e.g. purgatory.watch(op, {key: threshold})"
             )
         purgatory: Any = self._purgatory
+        if purgatory is None:  # pragma: no cover - thresholds are set when watched
+            return False
         marks = purgatory._watermarks
         keys = self._keys
         if self._all_keys:

@@ -14,8 +14,8 @@ cdef Py_ssize_t _STAGE_LIMIT
 cdef class _TimerEntry(Entry):
     cdef public object _when
 
-    cpdef _fire(self)
-    cpdef _timer_closed(self)
+    cdef _fire(self)
+    cdef _timer_closed(self)
 
 
 cdef class TimerHandle(_TimerEntry):
@@ -25,8 +25,8 @@ cdef class TimerHandle(_TimerEntry):
     cdef public object _context
     cdef public Timer _timer
 
-    cpdef _fire(self)
-    cpdef _timer_closed(self)
+    cdef _fire(self)
+    cdef _timer_closed(self)
 
 
 cdef class Timer:
@@ -68,3 +68,5 @@ cdef class Timer:
     cpdef _drive(self, armed)
     @cython.locals(entry=_TimerEntry, i=Py_ssize_t)
     cpdef _run(self, list due)
+    @cython.locals(entry=_TimerEntry)
+    cdef _tell_closed(self, list entries)

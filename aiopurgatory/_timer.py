@@ -419,6 +419,10 @@ class Timer:
         ]
         self._staged = []
         self._due_now = []
+        self._tell_closed(entries)
+
+    def _tell_closed(self, entries: list[_TimerEntry]) -> None:
+        """Take the pending ones of ``entries`` out and tell each that the timer closed."""
         for entry in entries:
             if entry._tick is not None:
                 entry._tick = None

@@ -708,7 +708,7 @@ def test_cli_acks_only_reports_ratios_targets_and_a_plot(
     plot = tmp_path / "acks.png"
     argv = ["purgatory", "--acks-only", "--acks", "200,1000,20000", "--loop", "virtual"]
     argv += ["--acks-partitions", "1", "--acks-step", "1", "--acks-rounds", "3"]
-    argv += ["--acks-impls", "null,advance,check,force,heap,scan", "--repeat", "1"]
+    argv += ["--acks-impls", "null,advance,check,force,heap,heap_op,scan", "--repeat", "1"]
     argv += ["--no-isolate", "--no-progress", "--json", str(out), "--plot", str(plot)]
     assert bench_cli.main(argv) == 0
     report = _load(out)
@@ -724,6 +724,7 @@ def test_cli_acks_only_reports_ratios_targets_and_a_plot(
             "ap check_and_complete",
             "ap plain watch, force_complete",
             "hand-written heap",
+            "hand-written heap + the op",
             "hand-written list scan",
         )
     }
@@ -745,7 +746,11 @@ def test_cli_acks_only_reports_ratios_targets_and_a_plot(
     # against the CPU of the cycle, which a preempted call could pass in 3 rounds).
     assert all(cell["median"]["call_us_per_trigger"] > 0 for cell in a["cells"])
     assert math.isnan(row["wm_over_heap"])
+    # The op's own cost, and the purgatory's above it, are shown (the heap_op reference).
+    assert row["heap_op_over_heap"] > 0
+    assert row["advance_over_heap_op"] > 0
     printed = capsys.readouterr().out
+    assert "heap + the op / heap" in printed
     assert "acks=all" in printed
     assert "advance / heap" in printed
     assert "inside the trigger call" in printed

@@ -276,6 +276,61 @@ async def test_watermark_operation_expires() -> None:
     assert p.keys() == []
 
 
+class Announced(ap.WatermarkOperation):
+    """A subclass, as the docs suggest: its own fields, ``on_complete``, ``on_expiration``."""
+
+    def __init__(self, timeout: float, name: str, log: list[str], *, all_keys: bool = False):
+        super().__init__(timeout, all_keys=all_keys)
+        self.name = name
+        self.log = log
+
+    def on_complete(self) -> None:
+        self.log.append(f"{self.name} complete")
+
+    def on_expiration(self) -> None:
+        self.log.append(f"{self.name} expired")
+
+
+class AlsoWaitsForFlag(ap.WatermarkOperation):
+    """Adds a condition of its own to the thresholds (slots, as users may write)."""
+
+    __slots__ = ("flag",)
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(timeout)
+        self.flag = False
+
+    def try_complete(self) -> bool:
+        return self.flag and super().try_complete()
+
+
+@each_backend(virtual=True)
+async def test_watermark_operation_subclasses_keep_their_callbacks_and_conditions() -> None:
+    # WatermarkOperation is a compiled class in the compiled core: Python subclasses
+    # keep their fields, keyword arguments, callbacks and try_complete overrides.
+    p: ap.Purgatory[ap.WatermarkOperation] = ap.Purgatory()
+    log: list[str] = []
+    done = Announced(30.0, "done", log, all_keys=True)
+    late = Announced(1.0, "late", log)
+    flagged = AlsoWaitsForFlag(30.0)
+    assert p.try_complete_else_watch(done, {"a": 1, "b": 1}) is False
+    assert p.try_complete_else_watch(flagged, {"a": 1}) is False
+    assert p.try_complete_else_watch(late, {"c": 1}) is False
+    assert p.advance("a", 1) == 0  # done waits for "b" too; flagged for its flag
+    assert (done.outcome, flagged.outcome) == (None, None)
+    assert p.advance("b", 1) == 1
+    assert done.outcome is ap.Outcome.COMPLETED
+    flagged.flag = True
+    assert p.advance("a", 2) == 1
+    assert flagged.outcome is ap.Outcome.COMPLETED
+    assert await late is ap.Outcome.EXPIRED
+    assert log == ["done complete", "late complete", "late expired"]
+    with pytest.raises(TypeError):
+        ap.WatermarkOperation(1.0, True)  # type: ignore[misc]  # all_keys is keyword-only
+    with pytest.raises(TypeError, match="timeout"):
+        ap.WatermarkOperation("soon")  # type: ignore[arg-type]
+
+
 # -- try_complete returning True, and tuples as keys (issue 30, items 1-2) -------------
 
 

@@ -40,6 +40,12 @@ Implementations (every request has a timeout, 60 s, which never fires):
   are resolved, the others kept); a ``loop.call_later`` per request for its timeout;
 * ``heap``: a careful hand-written index: per partition a ``heapq`` of
   ``(offset, seq, future, timer handle)``; an advance pops what it reached;
+* ``heap_op``: a reference for what the operation itself costs: the hand-written
+  heap, whose requests also build ``advance``'s op (the same ``DelayedOperation``
+  subclass, never watched) and call its ``try_complete`` where the purgatory
+  does, once at the request and once when the watermark reaches it. What
+  ``advance`` costs above it is the purgatory's own work; what it costs above
+  ``heap`` is what any purgatory of such ops pays before doing anything;
 * ``null``: the driver and the tasks alone: per partition a deque of futures in
   offset order, resolved from the left, no timer at all. No purgatory can do
   less; what another implementation costs above it is its own.
@@ -62,6 +68,7 @@ is awaited, so that every run checks that every request completed exactly once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import heapq
 import math
@@ -84,6 +91,7 @@ IMPLS = {
     "force": "ap plain watch, force_complete",
     "scan": "hand-written list scan",
     "heap": "hand-written heap",
+    "heap_op": "hand-written heap + the op",
 }
 
 DEFAULTS: dict[str, Any] = {
@@ -149,28 +157,36 @@ class _Counts:
 # -- aiopurgatory ----------------------------------------------------------------------
 
 
+@functools.cache
+def _produce_op() -> type[Any]:
+    """The produce request of ``advance``, ``check``, ``force`` and ``heap_op``."""
+    import aiopurgatory as ap
+
+    class ProduceOp(ap.DelayedOperation):
+        """A produce request: committed once the high watermark reaches its offset."""
+
+        __slots__ = ("partition", "required_offset")
+
+        def __init__(self, timeout: float, partition: _Partition, offset: int) -> None:
+            super().__init__(timeout)
+            self.partition = partition
+            self.required_offset = offset
+
+        def try_complete(self) -> bool:
+            return self.partition.high_watermark >= self.required_offset
+
+    return ProduceOp
+
+
 class _Ap(_Counts):
     """``ap.Purgatory``: ``watch`` with a threshold or without, ``advance`` or ``check``."""
 
     def _setup(self, keys: list[str], kind: str) -> None:
         import aiopurgatory as ap
 
-        class ProduceOp(ap.DelayedOperation):
-            """A produce request: committed once the high watermark reaches its offset."""
-
-            __slots__ = ("partition", "required_offset")
-
-            def __init__(self, timeout: float, partition: _Partition, offset: int) -> None:
-                super().__init__(timeout)
-                self.partition = partition
-                self.required_offset = offset
-
-            def try_complete(self) -> bool:
-                return self.partition.high_watermark >= self.required_offset
-
         self.purgatory: ap.Purgatory[Any] = ap.Purgatory("acks")
         self.keys = keys
-        self.op = ProduceOp
+        self.op = _produce_op()
         self.wm_op = ap.WatermarkOperation
         self.completed_outcome = ap.Outcome.COMPLETED
         requests: dict[str, Callable[[int, int], Coroutine[Any, Any, None]]] = {
@@ -313,6 +329,43 @@ class _Heap(_Counts):
         return completed
 
 
+class _HeapOp(_Heap):
+    """The heap, whose requests also build the purgatory's op and call its ``try_complete``."""
+
+    def _setup(self, keys: list[str], kind: str) -> None:
+        super()._setup(keys, kind)
+        self.op = _produce_op()
+
+    async def _request(self, p: int, offset: int) -> None:
+        op = self.op(self.timeout, self.partitions[p], offset)
+        if op.try_complete():
+            self.completed += 1
+            return
+        loop = self.loop
+        future = loop.create_future()
+        handle = loop.call_later(self.timeout, _expire, future)
+        self.seq = seq = self.seq + 1
+        heap: list[Any] = self.heaps[p]
+        heapq.heappush(heap, (offset, seq, future, handle, op))
+        if await future:
+            self.completed += 1
+        else:
+            self.expired += 1
+
+    def advance(self, p: int, high_watermark: int) -> int:
+        heap: list[Any] = self.heaps[p]
+        pop = heapq.heappop
+        completed = 0
+        while heap and heap[0][0] <= high_watermark:
+            _, _, future, handle, op = pop(heap)
+            # The op says whether it is ready, as the purgatory asks it.
+            if not future.done() and op.try_complete():
+                handle.cancel()
+                future.set_result(True)
+                completed += 1
+        return completed
+
+
 class _Null(_Counts):
     """The driver and the tasks: futures in offset order per partition, no timer."""
 
@@ -347,6 +400,7 @@ _IMPL_CLASSES: dict[str, type[Any]] = {
     "force": _Ap,
     "scan": _Scan,
     "heap": _Heap,
+    "heap_op": _HeapOp,
 }
 
 

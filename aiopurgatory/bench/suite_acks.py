@@ -77,6 +77,10 @@ _RATIOS = {
     "check_over_advance": ("check", "advance"),
     "check_over_heap": ("check", "heap"),
     "scan_over_heap": ("scan", "heap"),
+    # What the op alone costs (heap_op: the heap, plus building the op and its
+    # two try_complete calls), and the purgatory's own cost above that.
+    "heap_op_over_heap": ("heap_op", "heap"),
+    "advance_over_heap_op": ("advance", "heap_op"),
 }
 
 
