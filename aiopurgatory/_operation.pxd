@@ -21,6 +21,7 @@ cdef class _Owner:
 cdef class DelayedOperation(_TimerEntry):
     cdef public object _exception
     cdef public tuple _keys
+    cdef public object _number
     cdef public object _outcome
     cdef public _Owner _purgatory
     cdef public tuple _thresholds

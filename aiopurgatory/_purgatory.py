@@ -21,7 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import enum
 import sys
-from collections import deque
+from bisect import insort
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
@@ -228,102 +228,155 @@ def _check_ops(ops: list[Any]) -> int:
 class _Thresholds:
     """The watchers of one key that watch it with a threshold.
 
-    ``ops`` holds every pending one (op id -> op). The entries
-    ``(threshold, seq, op id)`` of those the key's watermark has not reached
-    are in ``run`` or in ``heap`` (``seq`` is the watch order, so ties keep
-    it): ``run`` is a deque in ascending order that takes every watch whose
-    threshold is at least the last one's (the common case: a produce waits for
-    the offset it was just given), ``heap`` the others. An advance pops what it
-    reaches from both, in order, into ``reached`` (op id -> entry, in threshold
-    order): those are checked by every later advance until they finish. A
-    finishing op leaves ``ops`` and ``reached`` at once; its entry, three ints
-    that no longer reach the op, stays until it is popped, or until the stale
-    entries outnumber the live ones (then both are rebuilt: amortised O(1) per
-    op, at most about twice the live entries). They are only changed in place.
+    ``ops`` holds every pending one (its watch number -> op). Each has an
+    entry ``(threshold, watch number)``: the purgatory numbers watches in
+    order, so ties keep it, and never reuses a number (an op's id may be
+    reused once the op is freed: an entry of a finished op must not reach a
+    new one).
+    ``mark`` is the highest value :meth:`reach` was given (None before the
+    first): an entry is in ``reached`` if its threshold is at most ``mark``,
+    else in ``run`` or ``heap``. ``run`` is a list in ascending order, read
+    from ``head`` on, that takes every watch whose threshold is at least the
+    last one's (the common case: a produce waits for the offset it was just
+    given); ``heap`` takes the others. ``reached`` is in threshold order: a
+    reach appends what it pops, all above the old mark; a watch at or below
+    the mark is inserted in place (rare: its own check said no). Those are
+    checked by every later advance until they finish. The slots of ``run``
+    before ``head`` hold None, until the run is compacted.
+
+    A finishing op leaves ``ops`` at once; its entry, two numbers that no
+    longer reach the op, stays until it is popped or read, or until the stale
+    entries outnumber the live ones (then they are rebuilt: amortised O(1)
+    per op, at most about twice the live entries). ``live`` counts the
+    pending ops of ``reached``. Everything is changed in place but ``reached``.
     """
 
-    __slots__ = ("heap", "ops", "reached", "run")
+    __slots__ = ("head", "heap", "live", "mark", "ops", "reached", "run")
 
     def __init__(self) -> None:
         self.ops: dict[int, Any] = {}
-        self.run: deque[tuple[float, int, int]] = deque()
-        self.heap: list[tuple[float, int, int]] = []
-        self.reached: dict[int, tuple[float, int, int]] = {}
+        self.run: list[Any] = []  # entries, and None before ``head``
+        self.head = 0
+        self.heap: list[tuple[float, int]] = []
+        self.reached: list[tuple[float, int]] = []
+        self.live = 0
+        self.mark: Any = None
 
-    def add(self, entry: tuple[float, int, int]) -> None:
+    def add(self, entry: tuple[float, int]) -> None:
         """Take the entry of a new watcher (its op already in ``ops``)."""
+        mark = self.mark
+        if mark is not None and entry[0] <= mark:
+            insort(self.reached, entry)
+            self.live += 1
+            return
         run = self.run
-        if not run or entry[0] >= run[-1][0]:
+        if self.head == len(run):
+            if run:
+                run.clear()
+                self.head = 0
+            run.append(entry)
+        elif entry[0] >= run[-1][0]:
             run.append(entry)
         else:
             heappush(self.heap, entry)
 
-    def live(self) -> list[Any]:
+    def pending(self) -> list[Any]:
         """The pending ops, in threshold order (ties in watch order)."""
         ops = self.ops
-        entries = [entry for entry in self.heap if entry[2] in ops]
-        entries += [entry for entry in self.run if entry[2] in ops]
-        entries += self.reached.values()
+        entries = [entry for entry in self.heap if entry[1] in ops]
+        entries += [entry for entry in self.run[self.head :] if entry[1] in ops]
+        entries += [entry for entry in self.reached if entry[1] in ops]
         entries.sort()
-        return [ops[entry[2]] for entry in entries]
+        return [ops[entry[1]] for entry in entries]
 
-    def reached_ops(self) -> list[Any]:
-        """The pending ops the watermark reached, in threshold order."""
-        ops = self.ops
-        return [ops[oid] for oid in self.reached]
+    def reach(self, value: Any) -> list[Any]:
+        """Reach every entry whose threshold is at most ``value`` (above ``mark``).
 
-    def reach(self, value: float) -> None:
-        """Move the entries whose threshold is at most ``value`` into ``reached``."""
-        heap = self.heap
-        run = self.run
+        Returns:
+            The pending ops reached, in threshold order: those reached before,
+            then those reached now.
+        """
         ops = self.ops
         reached = self.reached
-        if not heap and not reached:
-            # The common case (thresholds watched in ascending order, the ops
-            # reached before complete): straight from the run, already in order.
-            while run and run[0][0] <= value:
-                entry = run.popleft()
-                if entry[2] in ops:
-                    reached[entry[2]] = entry
-            return
-        fresh = []
-        while True:
-            if run and run[0][0] <= value:
-                entry = heappop(heap) if heap and heap[0] < run[0] else run.popleft()
-            elif heap and heap[0][0] <= value:
-                entry = heappop(heap)
-            else:
-                break
-            if entry[2] in ops:
-                fresh.append(entry)
-        if not fresh:
-            return
-        # ``reached`` is in order: its last entry is its largest.
-        if reached and fresh[0] < next(reversed(reached.values())):
-            # Rare: an op watched with a threshold the watermark had already
-            # passed (its own check said no). Keep ``reached`` in threshold order.
-            fresh = sorted([*reached.values(), *fresh])
-            reached.clear()
-        for entry in fresh:
-            reached[entry[2]] = entry
+        checked = []
+        if reached:
+            # Read them, and let go of the entries of those that finished.
+            kept = []
+            for entry in reached:
+                op = ops.get(entry[1])
+                if op is not None:
+                    checked.append(op)
+                    kept.append(entry)
+            if len(kept) != len(reached):
+                self.reached = reached = kept
+        self.mark = value
+        run = self.run
+        head = self.head
+        heap = self.heap
+        end = len(run)
+        if not heap:
+            # The common case (thresholds watched in ascending order): straight
+            # from the run, already in order.
+            while head < end:
+                entry = run[head]
+                if entry[0] > value:
+                    break
+                run[head] = None  # let go of it now (not at the next compaction)
+                head += 1
+                op = ops.get(entry[1])
+                if op is not None:
+                    reached.append(entry)
+                    checked.append(op)
+        else:
+            while True:
+                if head < end and run[head][0] <= value:
+                    if heap and heap[0] < run[head]:
+                        entry = heappop(heap)
+                    else:
+                        entry = run[head]
+                        run[head] = None
+                        head += 1
+                elif heap and heap[0][0] <= value:
+                    entry = heappop(heap)
+                else:
+                    break
+                op = ops.get(entry[1])
+                if op is not None:
+                    reached.append(entry)
+                    checked.append(op)
+        if head == end:
+            run.clear()
+            head = 0
+        elif head > 64 and 2 * head > end:
+            del run[:head]
+            head = 0
+        self.head = head
+        self.live = len(reached)
+        return checked
 
-    def remove(self, oid: int) -> None:
-        """Take a finishing op (id ``oid``) out."""
+    def remove(self, number: int, threshold: Any) -> None:
+        """Take a finishing op (its watch number, its threshold on this key) out."""
         ops = self.ops
-        del ops[oid]
-        if self.reached.pop(oid, None) is None:
-            heap = self.heap
-            run = self.run
-            waiting = len(ops) - len(self.reached)
-            if not waiting:
-                heap.clear()
-                run.clear()
-            elif len(heap) + len(run) > 2 * waiting + 32:
-                heap[:] = [entry for entry in heap if entry[2] in ops]
-                heapify(heap)
-                kept = [entry for entry in run if entry[2] in ops]
-                run.clear()
-                run.extend(kept)
+        del ops[number]
+        mark = self.mark
+        if mark is not None and threshold <= mark:
+            self.live = live = self.live - 1
+            reached = self.reached
+            if len(reached) > 2 * live + 32:
+                self.reached = [entry for entry in reached if entry[1] in ops]
+            return
+        waiting = len(ops) - self.live
+        heap = self.heap
+        run = self.run
+        if not waiting:
+            heap.clear()
+            run.clear()
+            self.head = 0
+        elif len(heap) + len(run) - self.head > 2 * waiting + 32:
+            heap[:] = [entry for entry in heap if entry[1] in ops]
+            heapify(heap)
+            run[:] = [entry for entry in run[self.head :] if entry[1] in ops]
+            self.head = 0
 
 
 class _PurgatoryCore(_Owner):
@@ -368,6 +421,7 @@ class _PurgatoryCore(_Owner):
     _thresholds: dict[Hashable, _Thresholds]
     # The watermark of each key advanced while it has watchers (of either kind).
     _watermarks: dict[Hashable, Any]
+    # The last watch number given to an operation watched with thresholds.
     _seq: int
     _advances: int
     _max_pending: int | None
@@ -492,7 +546,7 @@ class _PurgatoryCore(_Owner):
         if outcome is not None:
             return outcome is COMPLETED
 
-        # One int object for the op's key in every watch list and in the wheel.
+        # One int object for the op's key in every plain watch list and in the wheel.
         op._key = oid = id(op)
         if thresholds is None:
             watchers = self._watchers
@@ -518,16 +572,19 @@ class _PurgatoryCore(_Owner):
     def _watch_thresholds(
         self, op: DelayedOperation, keys: tuple[Hashable, ...], thresholds: tuple[float, ...]
     ) -> None:
-        self._seq = seq = self._seq + 1  # one per op: ties keep watch order
-        oid = op._key
+        # The op's key in these watch lists: its watch number, not its id. An id
+        # is reused once its object is freed, and a finished op's entry may stay
+        # in a list for a while: it must not reach the new object.
+        self._seq += 1
+        op._number = number = self._seq  # one int object for all its entries
         everything = self._thresholds
         for i in range(len(keys)):
             key = keys[i]
             watch = everything.get(key)
             if watch is None:
                 everything[key] = watch = _Thresholds()
-            watch.ops[oid] = op
-            watch.add((thresholds[i], seq, oid))
+            watch.ops[number] = op
+            watch.add((thresholds[i], number))
 
     def check_and_complete(self, key: Hashable) -> int:
         """Call ``try_complete()`` on every pending operation watched under ``key``.
@@ -557,7 +614,7 @@ class _PurgatoryCore(_Owner):
                 return 0
             return _check_ops(list(ops.values()))
         checked = list(ops.values()) if ops else []
-        checked += watch.live()
+        checked += watch.pending()
         return _check_ops(checked)
 
     def advance(self, key: Hashable, value: float) -> int:
@@ -605,11 +662,10 @@ class _PurgatoryCore(_Owner):
         self._advances += 1
         if watch is None:
             return _check_ops(list(ops.values()))  # type: ignore[union-attr]
-        watch.reach(value)
         if ops is None:
-            return _check_ops(watch.reached_ops())
+            return _check_ops(watch.reach(value))
         checked = list(ops.values())
-        checked += watch.reached_ops()
+        checked += watch.reach(value)
         return _check_ops(checked)
 
     def watermark(self, key: Hashable) -> Any:
@@ -646,7 +702,7 @@ class _PurgatoryCore(_Owner):
         watch = self._thresholds.get(key) if self._thresholds else None
         candidates = list(ops.values()) if ops else []
         if watch is not None:
-            candidates += watch.live()
+            candidates += watch.pending()
         return [op for op in candidates if op.cancel()]
 
     # -- internals -------------------------------------------------------------------------
@@ -659,11 +715,14 @@ class _PurgatoryCore(_Owner):
         except Exception as exc:
             self._logger.error("aiopurgatory.recorder_failed", error=repr(exc), exc_info=exc)
 
-    def _unwatch_thresholds(self, oid: int, keys: tuple[Hashable, ...]) -> None:
+    def _unwatch_thresholds(
+        self, number: int, keys: tuple[Hashable, ...], thresholds: tuple[float, ...]
+    ) -> None:
         everything = self._thresholds
-        for key in keys:
+        for i in range(len(keys)):
+            key = keys[i]
             watch = everything[key]
-            watch.remove(oid)
+            watch.remove(number, thresholds[i])
             if not watch.ops:
                 del everything[key]
                 if self._watermarks:
@@ -725,7 +784,8 @@ class _PurgatoryCore(_Owner):
         oid = op._key
         if oid:  # it joined its watch lists (it was not finished by its first check)
             keys = op._keys
-            if op._thresholds is None:
+            thresholds = op._thresholds
+            if thresholds is None:
                 watchers = self._watchers
                 for key in keys:
                     ops = watchers[key]
@@ -739,7 +799,7 @@ class _PurgatoryCore(_Owner):
                     # distinct keys, start afresh rather than keep the peak's table.
                     self._watchers = {}
             else:
-                self._unwatch_thresholds(oid, keys)
+                self._unwatch_thresholds(op._number, keys, thresholds)
             self._watched -= len(keys)
             self._pending -= 1
         if op._when is not None:
@@ -868,8 +928,8 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         self._watchers: dict[Hashable, dict[int, OpT]] = {}
         self._thresholds: dict[Hashable, _Thresholds] = {}
         self._watermarks: dict[Hashable, Any] = {}
-        self._seq = 0
         self._advances = 0
+        self._seq = 0
         self._closed = False
         self._pending = 0
         self._watched = 0
