@@ -21,7 +21,7 @@ cdef class _Owner:
 cdef class DelayedOperation(_TimerEntry):
     cdef public object _exception
     cdef public tuple _keys
-    cdef public object _number
+    cdef public list _cell
     cdef public object _outcome
     cdef public _Owner _purgatory
     cdef public tuple _thresholds
@@ -33,6 +33,7 @@ cdef class DelayedOperation(_TimerEntry):
     cpdef result(self)
     cpdef exception(self)
     cpdef bint cancel(self) except -1
+    cpdef bint force_complete(self) except -1
     cdef _add_waiter(self, future)
     cdef _result(self)
     cdef _finished(self)

@@ -211,9 +211,9 @@ class DelayedOperation(_TimerEntry):
     """
 
     __slots__ = (
+        "_cell",
         "_exception",
         "_keys",
-        "_number",
         "_outcome",
         "_purgatory",
         "_thresholds",
@@ -222,7 +222,7 @@ class DelayedOperation(_TimerEntry):
     )
 
     # Set with ``_thresholds`` by a purgatory (see __init__), never before.
-    _number: int
+    _cell: list[Any]
 
     if TYPE_CHECKING:
 
@@ -250,8 +250,8 @@ class DelayedOperation(_TimerEntry):
         # The threshold on each of ``_keys`` (same order) for a watch with
         # thresholds (``watch(op, {key: threshold})``), else None.
         self._thresholds: tuple[float, ...] | None = None
-        # ``_number``, set with ``_thresholds`` (and read only while it is set):
-        # the watch's number in its purgatory, its key in the threshold index.
+        # ``_cell``, set with ``_thresholds`` (and read only while it is set):
+        # ``[self]`` for the purgatory's threshold index, ``[None]`` once finished.
         self._outcome: Outcome | None = None
         # The failure and its traceback as recorded, raised again with that
         # traceback each time (as asyncio.Future does), so that repeated awaits

@@ -33,24 +33,23 @@ cdef Py_ssize_t _check_ops(list ops) except -1
 
 
 cdef class _Thresholds:
+    cdef public Py_ssize_t count
     cdef public Py_ssize_t head
     cdef public list heap
     cdef public Py_ssize_t live
     cdef public object mark
-    cdef public dict ops
     cdef public list reached
     cdef public list run
 
     @cython.locals(mark=object, run=list)
     cpdef add(self, tuple entry)
-    @cython.locals(ops=dict)
     cpdef list pending(self)
-    @cython.locals(ops=dict, reached=list, checked=list, kept=list, run=list, heap=list,
-                   head=Py_ssize_t, end=Py_ssize_t, entry=tuple)
+    @cython.locals(reached=list, checked=list, kept=list, run=list, heap=list,
+                   head=Py_ssize_t, end=Py_ssize_t, entry=tuple, cell=list)
     cpdef list reach(self, value)
-    @cython.locals(ops=dict, heap=list, run=list, reached=list, waiting=Py_ssize_t,
-                   live=Py_ssize_t)
-    cpdef remove(self, number, threshold)
+    @cython.locals(heap=list, run=list, reached=list, waiting=Py_ssize_t,
+                   live=Py_ssize_t, count=Py_ssize_t)
+    cpdef remove(self, threshold)
 
 
 cdef class _PurgatoryCore(_Owner):
@@ -89,7 +88,7 @@ cdef class _PurgatoryCore(_Owner):
     @cython.locals(watchers=dict, ops=dict, keys=tuple, thresholds=tuple, late=double, wait=double)
     cdef _detach(self, DelayedOperation op, outcome)
     @cython.locals(everything=dict, watch=_Thresholds, i=Py_ssize_t)
-    cdef _unwatch_thresholds(self, number, tuple keys, tuple thresholds)
+    cdef _unwatch_thresholds(self, list cell, tuple keys, tuple thresholds)
     @cython.locals(watermarks=dict)
     cdef _forget(self, key)
     cdef _record(self, DelayedOperation op)

@@ -228,11 +228,13 @@ def _check_ops(ops: list[Any]) -> int:
 class _Thresholds:
     """The watchers of one key that watch it with a threshold.
 
-    ``ops`` holds every pending one (its watch number -> op). Each has an
-    entry ``(threshold, watch number)``: the purgatory numbers watches in
-    order, so ties keep it, and never reuses a number (an op's id may be
-    reused once the op is freed: an entry of a finished op must not reach a
-    new one).
+    Each pending one has an entry ``(threshold, number, cell)``: ``number``
+    is the watch's number in its purgatory (in watch order, so ties keep
+    it), and ``cell`` the op's one-item list ``[op]``, shared by its entries
+    under every key and emptied (``[None]``) when the op finishes: an entry
+    never holds the op itself, so a finished op is let go at once, whatever
+    entries stay behind. ``count`` counts the pending ops.
+
     ``mark`` is the highest value :meth:`reach` was given (None before the
     first): an entry is in ``reached`` if its threshold is at most ``mark``,
     else in ``run`` or ``heap``. ``run`` is a list in ascending order, read
@@ -244,26 +246,27 @@ class _Thresholds:
     checked by every later advance until they finish. The slots of ``run``
     before ``head`` hold None, until the run is compacted.
 
-    A finishing op leaves ``ops`` at once; its entry, two numbers that no
-    longer reach the op, stays until it is popped or read, or until the stale
-    entries outnumber the live ones (then they are rebuilt: amortised O(1)
-    per op, at most about twice the live entries). ``live`` counts the
-    pending ops of ``reached``. Everything is changed in place but ``reached``.
+    The entry of a finished op stays until it is popped or read, or until
+    the stale entries outnumber the live ones (then they are rebuilt:
+    amortised O(1) per op, at most about twice the live entries). ``live``
+    counts the pending ops of ``reached``. Everything is changed in place
+    but ``reached``.
     """
 
-    __slots__ = ("head", "heap", "live", "mark", "ops", "reached", "run")
+    __slots__ = ("count", "head", "heap", "live", "mark", "reached", "run")
 
     def __init__(self) -> None:
-        self.ops: dict[int, Any] = {}
+        self.count = 0
         self.run: list[Any] = []  # entries, and None before ``head``
         self.head = 0
-        self.heap: list[tuple[float, int]] = []
-        self.reached: list[tuple[float, int]] = []
+        self.heap: list[tuple[float, int, list[Any]]] = []
+        self.reached: list[tuple[float, int, list[Any]]] = []
         self.live = 0
         self.mark: Any = None
 
-    def add(self, entry: tuple[float, int]) -> None:
-        """Take the entry of a new watcher (its op already in ``ops``)."""
+    def add(self, entry: tuple[float, int, list[Any]]) -> None:
+        """Take the entry of a new watcher."""
+        self.count += 1
         mark = self.mark
         if mark is not None and entry[0] <= mark:
             insort(self.reached, entry)
@@ -282,12 +285,11 @@ class _Thresholds:
 
     def pending(self) -> list[Any]:
         """The pending ops, in threshold order (ties in watch order)."""
-        ops = self.ops
-        entries = [entry for entry in self.heap if entry[1] in ops]
-        entries += [entry for entry in self.run[self.head :] if entry[1] in ops]
-        entries += [entry for entry in self.reached if entry[1] in ops]
+        entries = [entry for entry in self.heap if entry[2][0] is not None]
+        entries += [entry for entry in self.run[self.head :] if entry[2][0] is not None]
+        entries += [entry for entry in self.reached if entry[2][0] is not None]
         entries.sort()
-        return [ops[entry[1]] for entry in entries]
+        return [entry[2][0] for entry in entries]
 
     def reach(self, value: Any) -> list[Any]:
         """Reach every entry whose threshold is at most ``value`` (above ``mark``).
@@ -296,14 +298,13 @@ class _Thresholds:
             The pending ops reached, in threshold order: those reached before,
             then those reached now.
         """
-        ops = self.ops
         reached = self.reached
         checked = []
         if reached:
             # Read them, and let go of the entries of those that finished.
             kept = []
             for entry in reached:
-                op = ops.get(entry[1])
+                op = entry[2][0]
                 if op is not None:
                     checked.append(op)
                     kept.append(entry)
@@ -323,7 +324,7 @@ class _Thresholds:
                     break
                 run[head] = None  # let go of it now (not at the next compaction)
                 head += 1
-                op = ops.get(entry[1])
+                op = entry[2][0]
                 if op is not None:
                     reached.append(entry)
                     checked.append(op)
@@ -340,7 +341,7 @@ class _Thresholds:
                     entry = heappop(heap)
                 else:
                     break
-                op = ops.get(entry[1])
+                op = entry[2][0]
                 if op is not None:
                     reached.append(entry)
                     checked.append(op)
@@ -354,18 +355,17 @@ class _Thresholds:
         self.live = len(reached)
         return checked
 
-    def remove(self, number: int, threshold: Any) -> None:
-        """Take a finishing op (its watch number, its threshold on this key) out."""
-        ops = self.ops
-        del ops[number]
+    def remove(self, threshold: Any) -> None:
+        """Count out a finished op (its cell already emptied), its threshold on this key."""
+        self.count = count = self.count - 1
         mark = self.mark
         if mark is not None and threshold <= mark:
             self.live = live = self.live - 1
             reached = self.reached
             if len(reached) > 2 * live + 32:
-                self.reached = [entry for entry in reached if entry[1] in ops]
+                self.reached = [entry for entry in reached if entry[2][0] is not None]
             return
-        waiting = len(ops) - self.live
+        waiting = count - self.live
         heap = self.heap
         run = self.run
         if not waiting:
@@ -373,9 +373,9 @@ class _Thresholds:
             run.clear()
             self.head = 0
         elif len(heap) + len(run) - self.head > 2 * waiting + 32:
-            heap[:] = [entry for entry in heap if entry[1] in ops]
+            heap[:] = [entry for entry in heap if entry[2][0] is not None]
             heapify(heap)
-            run[:] = [entry for entry in run[self.head :] if entry[1] in ops]
+            run[:] = [entry for entry in run[self.head :] if entry[2][0] is not None]
             self.head = 0
 
 
@@ -421,7 +421,7 @@ class _PurgatoryCore(_Owner):
     _thresholds: dict[Hashable, _Thresholds]
     # The watermark of each key advanced while it has watchers (of either kind).
     _watermarks: dict[Hashable, Any]
-    # The last watch number given to an operation watched with thresholds.
+    # The number of the last watch with thresholds (see _Thresholds).
     _seq: int
     _advances: int
     _max_pending: int | None
@@ -486,7 +486,15 @@ class _PurgatoryCore(_Owner):
             raise TypeError(f"op must be a DelayedOperation, got {type(op).__name__}")
         if type(keys) is list:
             return self._watch(op, _keys_of(keys), None)
-        if type(keys) is dict or isinstance(keys, Mapping):
+        if type(keys) is dict:
+            if len(keys) == 1:  # the common case, without _thresholds_of's tuples
+                for key, threshold in keys.items():
+                    cls = type(threshold)
+                    if cls is int or (cls is float and threshold == threshold):
+                        return self._watch(op, (key,), (threshold,))
+            watched, thresholds = _thresholds_of(keys)
+            return self._watch(op, watched, thresholds)
+        if isinstance(keys, Mapping):
             watched, thresholds = _thresholds_of(keys)
             return self._watch(op, watched, thresholds)
         return self._watch(op, _keys_of(keys), None)
@@ -572,19 +580,17 @@ class _PurgatoryCore(_Owner):
     def _watch_thresholds(
         self, op: DelayedOperation, keys: tuple[Hashable, ...], thresholds: tuple[float, ...]
     ) -> None:
-        # The op's key in these watch lists: its watch number, not its id. An id
-        # is reused once its object is freed, and a finished op's entry may stay
-        # in a list for a while: it must not reach the new object.
         self._seq += 1
-        op._number = number = self._seq  # one int object for all its entries
+        number = self._seq  # one int object for all its entries
+        # The op, for its entries; emptied when it finishes (see _Thresholds).
+        op._cell = cell = [op]
         everything = self._thresholds
         for i in range(len(keys)):
             key = keys[i]
             watch = everything.get(key)
             if watch is None:
                 everything[key] = watch = _Thresholds()
-            watch.ops[number] = op
-            watch.add((thresholds[i], number))
+            watch.add((thresholds[i], number, cell))
 
     def check_and_complete(self, key: Hashable) -> int:
         """Call ``try_complete()`` on every pending operation watched under ``key``.
@@ -716,14 +722,15 @@ class _PurgatoryCore(_Owner):
             self._logger.error("aiopurgatory.recorder_failed", error=repr(exc), exc_info=exc)
 
     def _unwatch_thresholds(
-        self, number: int, keys: tuple[Hashable, ...], thresholds: tuple[float, ...]
+        self, cell: list[Any], keys: tuple[Hashable, ...], thresholds: tuple[float, ...]
     ) -> None:
+        cell[0] = None  # every entry of the op lets go of it
         everything = self._thresholds
         for i in range(len(keys)):
             key = keys[i]
             watch = everything[key]
-            watch.remove(number, thresholds[i])
-            if not watch.ops:
+            watch.remove(thresholds[i])
+            if not watch.count:
                 del everything[key]
                 if self._watermarks:
                     self._forget(key)
@@ -799,7 +806,7 @@ class _PurgatoryCore(_Owner):
                     # distinct keys, start afresh rather than keep the peak's table.
                     self._watchers = {}
             else:
-                self._unwatch_thresholds(op._number, keys, thresholds)
+                self._unwatch_thresholds(op._cell, keys, thresholds)
             self._watched -= len(keys)
             self._pending -= 1
         if op._when is not None:
@@ -1183,7 +1190,8 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         for ops in list(self._watchers.values()):
             pending.update(ops)
         for watch in list(self._thresholds.values()):
-            pending.update(watch.ops)
+            for op in watch.pending():
+                pending[id(op)] = op
         for op in pending.values():
             if expire_pending:
                 _expire_now(op)

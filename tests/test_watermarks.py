@@ -567,7 +567,8 @@ def test_many_watchers_checked_as_the_naive_model_says() -> None:
             watch = p._thresholds.get("k")
             if ops:
                 assert watch is not None
-                assert sorted(map(id, watch.ops.values())) == sorted(map(id, ops.values()))
+                assert sorted(map(id, watch.pending())) == sorted(map(id, ops.values()))
+                assert watch.count == len(ops)
                 stored = len(watch.heap) + len(watch.run) - watch.head + len(watch.reached)
                 assert stored <= 3 * len(ops) + 3 * 32 + 1, step
             else:
