@@ -5,6 +5,7 @@ from aiopurgatory._timer cimport _TimerEntry
 
 # The outcomes as C variables: read on every operation, never looked up by name.
 cdef object COMPLETED, EXPIRED, CANCELLED, FAILED
+cdef object Future, _set_result
 
 cdef class DelayedOperation
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
-from asyncio import InvalidStateError
+from asyncio import Future, InvalidStateError
 from collections.abc import Callable, Generator, Hashable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,9 @@ from ._backends import done_callback_scheduler, new_waiter, running_call_soon_th
 from ._errors import as_seconds
 from ._logging import LazyLogger
 from ._timer import _TimerEntry
+
+# asyncio's Future.set_result, called on its futures without a lookup by name.
+_set_result = Future.set_result
 
 __all__ = ["DelayedOperation", "Outcome"]
 
@@ -499,8 +502,11 @@ class DelayedOperation(_TimerEntry):
         if waiters is not None:
             self._waiters = None
             for future in waiters:
-                try:  # noqa: SIM105 - a try costs nothing here, a context manager would
-                    future.set_result(None)
+                try:
+                    if type(future) is Future:  # most: asyncio's own (no lookup by name)
+                        _set_result(future, None)
+                    else:
+                        future.set_result(None)
                 except InvalidStateError:  # cancelled: its task gave up waiting
                     pass
         purgatory = self._purgatory
