@@ -22,7 +22,7 @@ cdef class _Owner:
 cdef class DelayedOperation(_TimerEntry):
     cdef public object _exception
     cdef public tuple _keys
-    cdef public list _cell
+    cdef public object _entries
     cdef public object _outcome
     cdef public _Owner _purgatory
     cdef public tuple _thresholds

@@ -214,7 +214,7 @@ class DelayedOperation(_TimerEntry):
     """
 
     __slots__ = (
-        "_cell",
+        "_entries",
         "_exception",
         "_keys",
         "_outcome",
@@ -225,7 +225,7 @@ class DelayedOperation(_TimerEntry):
     )
 
     # Set with ``_thresholds`` by a purgatory (see __init__), never before.
-    _cell: list[Any]
+    _entries: Any
 
     if TYPE_CHECKING:
 
@@ -253,8 +253,8 @@ class DelayedOperation(_TimerEntry):
         # The threshold on each of ``_keys`` (same order) for a watch with
         # thresholds (``watch(op, {key: threshold})``), else None.
         self._thresholds: tuple[float, ...] | None = None
-        # ``_cell``, set with ``_thresholds`` (and read only while it is set):
-        # ``[self]`` for the purgatory's threshold index, ``[None]`` once finished.
+        # ``_entries``, set with ``_thresholds`` (and read only while it is set):
+        # the op's entry in the purgatory's threshold index, or a tuple of them.
         self._outcome: Outcome | None = None
         # The failure and its traceback as recorded, raised again with that
         # traceback each time (as asyncio.Future does), so that repeated awaits

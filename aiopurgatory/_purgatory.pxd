@@ -33,6 +33,13 @@ cpdef tuple _thresholds_of(keys)
 cdef Py_ssize_t _check_ops(list ops) except -1
 
 
+@cython.final
+cdef class _Entry:
+    cdef public Py_ssize_t number
+    cdef public object op
+    cdef public object threshold
+
+
 cdef class _Thresholds:
     cdef public Py_ssize_t count
     cdef public Py_ssize_t head
@@ -43,10 +50,10 @@ cdef class _Thresholds:
     cdef public list run
 
     @cython.locals(mark=object, run=list)
-    cpdef add(self, tuple entry)
+    cpdef add(self, _Entry entry)
     cpdef list pending(self)
     @cython.locals(reached=list, checked=list, kept=list, run=list, heap=list,
-                   head=Py_ssize_t, end=Py_ssize_t, entry=tuple, cell=list)
+                   head=Py_ssize_t, end=Py_ssize_t, entry=_Entry)
     cpdef list reach(self, value)
     @cython.locals(heap=list, run=list, reached=list, waiting=Py_ssize_t,
                    live=Py_ssize_t, count=Py_ssize_t)
@@ -80,7 +87,8 @@ cdef class _PurgatoryCore(_Owner):
     cdef bint _watch_any(self, op, keys) except -1
     @cython.locals(timer=Timer, watchers=dict, ops=dict)
     cdef bint _watch(self, DelayedOperation op, tuple keys, tuple thresholds) except -1
-    @cython.locals(everything=dict, watch=_Thresholds, i=Py_ssize_t)
+    @cython.locals(everything=dict, watch=_Thresholds, i=Py_ssize_t, n=Py_ssize_t, 
+                   entry=_Entry, entries=list)
     cdef _watch_thresholds(self, DelayedOperation op, tuple keys, tuple thresholds)
     @cython.locals(ops=dict, watch=_Thresholds, checked=list)
     cpdef check_and_complete(self, key)
@@ -88,8 +96,8 @@ cdef class _PurgatoryCore(_Owner):
     cpdef advance(self, key, value)
     @cython.locals(watchers=dict, ops=dict, keys=tuple, thresholds=tuple, late=double, wait=double)
     cdef _detach(self, DelayedOperation op, outcome)
-    @cython.locals(everything=dict, watch=_Thresholds, i=Py_ssize_t)
-    cdef _unwatch_thresholds(self, list cell, tuple keys, tuple thresholds)
+    @cython.locals(everything=dict, watch=_Thresholds, i=Py_ssize_t, entry=_Entry)
+    cdef _unwatch_thresholds(self, entries, tuple keys, tuple thresholds)
     @cython.locals(watermarks=dict)
     cdef _forget(self, key)
     cdef _record(self, DelayedOperation op)

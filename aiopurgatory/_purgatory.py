@@ -234,15 +234,33 @@ def _check_ops(ops: list[Any]) -> int:
     return completed
 
 
+class _Entry:
+    """A threshold watch of one key: ordered by threshold, then watch number.
+
+    ``op`` is the operation until it finishes, then None (see _Thresholds).
+    """
+
+    __slots__ = ("number", "op", "threshold")
+
+    def __init__(self, threshold: Any, number: int, op: Any) -> None:
+        self.threshold = threshold
+        self.number = number
+        self.op = op
+
+    def __lt__(self, other: _Entry) -> bool:
+        if self.threshold == other.threshold:
+            return self.number < other.number
+        return self.threshold < other.threshold  # type: ignore[no-any-return]
+
+
 class _Thresholds:
     """The watchers of one key that watch it with a threshold.
 
-    Each pending one has an entry ``(threshold, number, cell)``: ``number``
-    is the watch's number in its purgatory (in watch order, so ties keep
-    it), and ``cell`` the op's one-item list ``[op]``, shared by its entries
-    under every key and emptied (``[None]``) when the op finishes: an entry
-    never holds the op itself, so a finished op is let go at once, whatever
-    entries stay behind. ``count`` counts the pending ops.
+    Each pending one has an :class:`_Entry`: its threshold on this key, its
+    watch's number in its purgatory (in watch order, so ties keep it), and the
+    op, until the op finishes: then its entries under every key let go of it
+    at once (``op`` None), whatever entries stay behind. ``count`` counts the
+    pending ops.
 
     ``mark`` is the highest value :meth:`reach` was given (None before the
     first): an entry is in ``reached`` if its threshold is at most ``mark``,
@@ -268,16 +286,16 @@ class _Thresholds:
         self.count = 0
         self.run: list[Any] = []  # entries, and None before ``head``
         self.head = 0
-        self.heap: list[tuple[float, int, list[Any]]] = []
-        self.reached: list[tuple[float, int, list[Any]]] = []
+        self.heap: list[_Entry] = []
+        self.reached: list[_Entry] = []
         self.live = 0
         self.mark: Any = None
 
-    def add(self, entry: tuple[float, int, list[Any]]) -> None:
+    def add(self, entry: _Entry) -> None:
         """Take the entry of a new watcher."""
         self.count += 1
         mark = self.mark
-        if mark is not None and entry[0] <= mark:
+        if mark is not None and entry.threshold <= mark:
             insort(self.reached, entry)
             self.live += 1
             return
@@ -287,18 +305,18 @@ class _Thresholds:
                 run.clear()
                 self.head = 0
             run.append(entry)
-        elif entry[0] >= run[-1][0]:
+        elif entry.threshold >= run[-1].threshold:
             run.append(entry)
         else:
             heappush(self.heap, entry)
 
     def pending(self) -> list[Any]:
         """The pending ops, in threshold order (ties in watch order)."""
-        entries = [entry for entry in self.heap if entry[2][0] is not None]
-        entries += [entry for entry in self.run[self.head :] if entry[2][0] is not None]
-        entries += [entry for entry in self.reached if entry[2][0] is not None]
+        entries = [entry for entry in self.heap if entry.op is not None]
+        entries += [entry for entry in self.run[self.head :] if entry.op is not None]
+        entries += [entry for entry in self.reached if entry.op is not None]
         entries.sort()
-        return [entry[2][0] for entry in entries]
+        return [entry.op for entry in entries]
 
     def reach(self, value: Any) -> list[Any]:
         """Reach every entry whose threshold is at most ``value`` (above ``mark``).
@@ -313,7 +331,7 @@ class _Thresholds:
             # Read them, and let go of the entries of those that finished.
             kept = []
             for entry in reached:
-                op = entry[2][0]
+                op = entry.op
                 if op is not None:
                     checked.append(op)
                     kept.append(entry)
@@ -329,28 +347,28 @@ class _Thresholds:
             # from the run, already in order.
             while head < end:
                 entry = run[head]
-                if entry[0] > value:
+                if entry.threshold > value:
                     break
                 run[head] = None  # let go of it now (not at the next compaction)
                 head += 1
-                op = entry[2][0]
+                op = entry.op
                 if op is not None:
                     reached.append(entry)
                     checked.append(op)
         else:
             while True:
-                if head < end and run[head][0] <= value:
+                if head < end and run[head].threshold <= value:
                     if heap and heap[0] < run[head]:
                         entry = heappop(heap)
                     else:
                         entry = run[head]
                         run[head] = None
                         head += 1
-                elif heap and heap[0][0] <= value:
+                elif heap and heap[0].threshold <= value:
                     entry = heappop(heap)
                 else:
                     break
-                op = entry[2][0]
+                op = entry.op
                 if op is not None:
                     reached.append(entry)
                     checked.append(op)
@@ -365,14 +383,14 @@ class _Thresholds:
         return checked
 
     def remove(self, threshold: Any) -> None:
-        """Count out a finished op (its cell already emptied), its threshold on this key."""
+        """Count out a finished op (its entries' ``op`` already None), its threshold here."""
         self.count = count = self.count - 1
         mark = self.mark
         if mark is not None and threshold <= mark:
             self.live = live = self.live - 1
             reached = self.reached
             if len(reached) > 2 * live + 32:
-                self.reached = [entry for entry in reached if entry[2][0] is not None]
+                self.reached = [entry for entry in reached if entry.op is not None]
             return
         waiting = count - self.live
         heap = self.heap
@@ -382,9 +400,9 @@ class _Thresholds:
             run.clear()
             self.head = 0
         elif len(heap) + len(run) - self.head > 2 * waiting + 32:
-            heap[:] = [entry for entry in heap if entry[2][0] is not None]
+            heap[:] = [entry for entry in heap if entry.op is not None]
             heapify(heap)
-            run[:] = [entry for entry in run[self.head :] if entry[2][0] is not None]
+            run[:] = [entry for entry in run[self.head :] if entry.op is not None]
             self.head = 0
 
 
@@ -590,16 +608,27 @@ class _PurgatoryCore(_Owner):
         self, op: DelayedOperation, keys: tuple[Hashable, ...], thresholds: tuple[float, ...]
     ) -> None:
         self._seq += 1
-        number = self._seq  # one int object for all its entries
-        # The op, for its entries; emptied when it finishes (see _Thresholds).
-        op._cell = cell = [op]
+        number = self._seq
         everything = self._thresholds
-        for i in range(len(keys)):
+        n = len(keys)
+        if n == 1:  # the common case: the op keeps its one entry
+            key = keys[0]
+            watch = everything.get(key)
+            if watch is None:
+                everything[key] = watch = _Thresholds()
+            op._entries = entry = _Entry(thresholds[0], number, op)
+            watch.add(entry)
+            return
+        entries = []
+        for i in range(n):
             key = keys[i]
             watch = everything.get(key)
             if watch is None:
                 everything[key] = watch = _Thresholds()
-            watch.add((thresholds[i], number, cell))
+            entry = _Entry(thresholds[i], number, op)
+            entries.append(entry)
+            watch.add(entry)
+        op._entries = tuple(entries)
 
     def check_and_complete(self, key: Hashable) -> int:
         """Call ``try_complete()`` on every pending operation watched under ``key``.
@@ -731,9 +760,14 @@ class _PurgatoryCore(_Owner):
             self._logger.error("aiopurgatory.recorder_failed", error=repr(exc), exc_info=exc)
 
     def _unwatch_thresholds(
-        self, cell: list[Any], keys: tuple[Hashable, ...], thresholds: tuple[float, ...]
+        self, entries: Any, keys: tuple[Hashable, ...], thresholds: tuple[float, ...]
     ) -> None:
-        cell[0] = None  # every entry of the op lets go of it
+        # Every entry of the op lets go of it: its one, or a tuple of them.
+        if type(entries) is tuple:
+            for entry in entries:
+                entry.op = None
+        else:
+            entries.op = None
         everything = self._thresholds
         for i in range(len(keys)):
             key = keys[i]
@@ -815,7 +849,7 @@ class _PurgatoryCore(_Owner):
                     # distinct keys, start afresh rather than keep the peak's table.
                     self._watchers = {}
             else:
-                self._unwatch_thresholds(op._cell, keys, thresholds)
+                self._unwatch_thresholds(op._entries, keys, thresholds)
             self._watched -= len(keys)
             self._pending -= 1
         if op._when is not None:
