@@ -6,6 +6,7 @@ from aiopurgatory._timer cimport _TimerEntry
 # The outcomes as C variables: read on every operation, never looked up by name.
 cdef object COMPLETED, EXPIRED, CANCELLED, FAILED
 cdef object Future, _set_result
+cdef _wake(waiter)
 
 cdef class DelayedOperation
 
@@ -27,7 +28,7 @@ cdef class DelayedOperation(_TimerEntry):
     cdef public _Owner _purgatory
     cdef public tuple _thresholds
     cdef public object _timeout
-    cdef public list _waiters
+    cdef public object _waiters
 
     cpdef bint done(self) except -1
     cpdef bint cancelled(self) except -1
