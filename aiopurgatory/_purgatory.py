@@ -761,6 +761,8 @@ def _park(
         trio's equivalent) of the loop the purgatory is bound to, which ``op`` sets
         when it finishes.
     """
+    if core is None:  # Purgatory.watch(None, ...): a C function must not take it on
+        raise TypeError("watch() is a method of a Purgatory")
     core._watch_any(op, keys)  # RuntimeError on another loop or trio run
     parked: DelayedOperation = op
     if parked._outcome is not None:

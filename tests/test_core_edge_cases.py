@@ -357,3 +357,18 @@ def test_a_clock_beyond_the_tick_range_neither_hangs_nor_crashes(start: float) -
     else:
         # start + 1.0 is start itself at these magnitudes: due at once.
         assert results == ["fired", 0]
+
+
+def test_watch_called_unbound_with_none_is_a_type_error() -> None:
+    # watch() hands the purgatory to a C function of the compiled core, which must
+    # not take None on (it would crash the process, not raise).
+    async def main() -> None:
+        op = Op(1.0)
+        with pytest.raises(TypeError, match="method of a Purgatory"):
+            await ap.Purgatory.watch(None, op, ["k"])  # type: ignore[arg-type]
+        assert op.outcome is None  # nothing changed: the op can still be watched
+        purgatory: ap.Purgatory[Op] = ap.Purgatory()
+        assert purgatory.try_complete_else_watch(op, ["k"]) is False
+        purgatory.close()
+
+    simulation.run(main())

@@ -326,7 +326,7 @@ async def test_watermark_operation_subclasses_keep_their_callbacks_and_condition
     assert await late is ap.Outcome.EXPIRED
     assert log == ["done complete", "late complete", "late expired"]
     with pytest.raises(TypeError):
-        ap.WatermarkOperation(1.0, True)  # type: ignore[misc]  # all_keys is keyword-only
+        ap.WatermarkOperation(1.0, True)  # type: ignore[call-arg]  # all_keys is keyword-only
     with pytest.raises(TypeError, match="timeout"):
         ap.WatermarkOperation("soon")  # type: ignore[arg-type]
 

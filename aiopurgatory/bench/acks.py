@@ -43,9 +43,9 @@ Implementations (every request has a timeout, 60 s, which never fires):
 * ``heap_op``: a reference for what the operation itself costs: the hand-written
   heap, whose requests also build ``advance``'s op (the same ``DelayedOperation``
   subclass, never watched) and call its ``try_complete`` where the purgatory
-  does, once at the request and once when the watermark reaches it. What
-  ``advance`` costs above it is the purgatory's own work; what it costs above
-  ``heap`` is what any purgatory of such ops pays before doing anything;
+  does, once at the request and once when the watermark reaches it. What it
+  costs above ``heap`` is the op's own cost; what ``advance`` costs above it is
+  what the purgatory's index, timer and waiting cost beyond the heap's;
 * ``null``: the driver and the tasks alone: per partition a deque of futures in
   offset order, resolved from the left, no timer at all. No purgatory can do
   less; what another implementation costs above it is its own.
@@ -356,13 +356,25 @@ class _HeapOp(_Heap):
         heap: list[Any] = self.heaps[p]
         pop = heapq.heappop
         completed = 0
+        not_ready = None
         while heap and heap[0][0] <= high_watermark:
-            _, _, future, handle, op = pop(heap)
-            # The op says whether it is ready, as the purgatory asks it.
-            if not future.done() and op.try_complete():
+            entry = pop(heap)
+            _, _, future, handle, op = entry
+            if future.done():
+                continue  # expired
+            # The op says whether it is ready, as the purgatory asks it; one that
+            # says no goes back in the heap, as it would stay watched there.
+            if op.try_complete():
                 handle.cancel()
                 future.set_result(True)
                 completed += 1
+            elif not_ready is None:
+                not_ready = [entry]
+            else:
+                not_ready.append(entry)
+        if not_ready is not None:
+            for entry in not_ready:
+                heapq.heappush(heap, entry)
         return completed
 
 
