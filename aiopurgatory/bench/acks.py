@@ -330,7 +330,11 @@ class _Heap(_Counts):
 
 
 class _HeapOp(_Heap):
-    """The heap, whose requests also build the purgatory's op and call its ``try_complete``."""
+    """The heap, whose requests also build the purgatory's op and call its ``try_complete``.
+
+    Its methods repeat ``_Heap``'s with the op added, rather than share a helper:
+    a shared call would add its own cost to the figures of both.
+    """
 
     def _setup(self, keys: list[str], kind: str) -> None:
         super()._setup(keys, kind)
