@@ -15,6 +15,7 @@ cdef extern from *:
 
 cdef long long _FIRST
 cdef long long _LAST
+cdef long long _E10, _E11, _E12, _E13
 cdef Py_ssize_t _PER_DECADE
 cdef Py_ssize_t _DECADES
 cdef Py_ssize_t _OVERFLOW

@@ -38,6 +38,12 @@ HISTOGRAMS = True
 # Nanoseconds: the first decade starts at 1 us, the last ends at 1e5 s.
 _FIRST: Final = 1_000
 _LAST: Final = 100_000_000_000_000
+# Powers of ten past 2**31, as named constants: C long longs in the compiled
+# core (there, literals this large would be Python ints, compared as objects).
+_E10: Final = 10**10
+_E11: Final = 10**11
+_E12: Final = 10**12
+_E13: Final = 10**13
 _PER_DECADE: Final = 70
 _DECADES: Final = 11
 #: Number of buckets: up to 1 us, 11 decades of 70, above 1e5 s.
@@ -78,21 +84,21 @@ def bucket_index(ns: int) -> int:
         else:
             p = 100_000_000
             d = 5
-    elif u < 1_000_000_000_000:
-        if u < 10_000_000_000:
+    elif u < _E12:
+        if u < _E10:
             p = 1_000_000_000
             d = 6
-        elif u < 100_000_000_000:
-            p = 10_000_000_000
+        elif u < _E11:
+            p = _E10
             d = 7
         else:
-            p = 100_000_000_000
+            p = _E11
             d = 8
-    elif u < 10_000_000_000_000:
-        p = 1_000_000_000_000
+    elif u < _E13:
+        p = _E12
         d = 9
     else:
-        p = 10_000_000_000_000
+        p = _E13
         d = 10
     q = u * 20 // p  # 20 .. 199: twentieths of the decade's power of ten
     if q < 40:

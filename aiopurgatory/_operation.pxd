@@ -5,6 +5,8 @@ from aiopurgatory._timer cimport _TimerEntry
 
 # The outcomes as C variables: read on every operation, never looked up by name.
 cdef object COMPLETED, EXPIRED, CANCELLED, FAILED
+cdef object Future, _set_result
+cdef _wake(waiter)
 
 cdef class DelayedOperation
 
@@ -21,17 +23,19 @@ cdef class _Owner:
 cdef class DelayedOperation(_TimerEntry):
     cdef public object _exception
     cdef public tuple _keys
+    cdef public object _entries
     cdef public object _outcome
     cdef public _Owner _purgatory
     cdef public tuple _thresholds
     cdef public object _timeout
-    cdef public list _waiters
+    cdef public object _waiters
 
     cpdef bint done(self) except -1
     cpdef bint cancelled(self) except -1
     cpdef result(self)
     cpdef exception(self)
     cpdef bint cancel(self) except -1
+    cpdef bint force_complete(self) except -1
     cdef _add_waiter(self, future)
     cdef _result(self)
     cdef _finished(self)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
-from asyncio import InvalidStateError
+from asyncio import Future, InvalidStateError
 from collections.abc import Callable, Generator, Hashable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,21 @@ from ._backends import done_callback_scheduler, new_waiter, running_call_soon_th
 from ._errors import as_seconds
 from ._logging import LazyLogger
 from ._timer import _TimerEntry
+
+# asyncio's Future.set_result, called on its futures without a lookup by name.
+_set_result = Future.set_result
+
+
+def _wake(waiter: Any) -> None:
+    """Wake an awaiter (``set_result(None)``), unless it has given up."""
+    try:
+        if type(waiter) is Future:  # most: asyncio's own (no lookup by name)
+            _set_result(waiter, None)
+        else:
+            waiter.set_result(None)
+    except InvalidStateError:  # cancelled: its task gave up waiting
+        pass
+
 
 __all__ = ["DelayedOperation", "Outcome"]
 
@@ -211,6 +226,7 @@ class DelayedOperation(_TimerEntry):
     """
 
     __slots__ = (
+        "_entries",
         "_exception",
         "_keys",
         "_outcome",
@@ -219,6 +235,9 @@ class DelayedOperation(_TimerEntry):
         "_timeout",
         "_waiters",
     )
+
+    # Set with ``_thresholds`` by a purgatory (see __init__), never before.
+    _entries: Any
 
     if TYPE_CHECKING:
 
@@ -246,6 +265,8 @@ class DelayedOperation(_TimerEntry):
         # The threshold on each of ``_keys`` (same order) for a watch with
         # thresholds (``watch(op, {key: threshold})``), else None.
         self._thresholds: tuple[float, ...] | None = None
+        # ``_entries``, set with ``_thresholds`` (and read only while it is set):
+        # the op's entry in the purgatory's threshold index, or a tuple of them.
         self._outcome: Outcome | None = None
         # The failure and its traceback as recorded, raised again with that
         # traceback each time (as asyncio.Future does), so that repeated awaits
@@ -254,7 +275,7 @@ class DelayedOperation(_TimerEntry):
         self._exception: tuple[Exception, TracebackType | None, _Unretrieved | None] | None = None
         # asyncio futures, or trio waiters (aiopurgatory._trio_driver.TrioWaiter),
         # and done callbacks (_DoneCallback).
-        self._waiters: list[Any] | None = None
+        self._waiters: Any = None  # None, one waiter, or a list of them
 
     def __repr__(self) -> str:
         state = self._outcome.value if self._outcome is not None else "pending"
@@ -371,12 +392,14 @@ class DelayedOperation(_TimerEntry):
             How many were removed (as ``asyncio.Future.remove_done_callback``).
         """
         waiters = self._waiters
-        if not waiters:
+        if waiters is None:
             return 0
+        if type(waiters) is not list:
+            waiters = [waiters]
         kept = [w for w in waiters if not (type(w) is _DoneCallback and w.fn == fn)]
         removed = len(waiters) - len(kept)
         if removed:
-            self._waiters = kept or None
+            self._waiters = kept if len(kept) > 1 else kept[0] if kept else None
         return removed
 
     # -- to override -----------------------------------------------------------------
@@ -466,7 +489,9 @@ class DelayedOperation(_TimerEntry):
                 # An observer gave up (wait_for polling, a cancel scope): forget its
                 # waiter now rather than when the operation finishes.
                 waiters = self._waiters
-                if waiters is not None and waiter in waiters:
+                if waiters is waiter:
+                    self._waiters = None
+                elif type(waiters) is list and waiter in waiters:
                     waiters.remove(waiter)
                 raise
         return self._result()
@@ -474,11 +499,14 @@ class DelayedOperation(_TimerEntry):
     # -- internals ---------------------------------------------------------------------
 
     def _add_waiter(self, future: Any) -> None:
+        # One waiter as itself (most operations have one awaiter), more in a list.
         waiters = self._waiters
         if waiters is None:
-            self._waiters = [future]
-        else:
+            self._waiters = future
+        elif type(waiters) is list:
             waiters.append(future)
+        else:
+            self._waiters = [waiters, future]
 
     def _result(self) -> Outcome:
         failure = self._exception
@@ -492,11 +520,11 @@ class DelayedOperation(_TimerEntry):
         waiters = self._waiters
         if waiters is not None:
             self._waiters = None
-            for future in waiters:
-                try:  # noqa: SIM105 - a try costs nothing here, a context manager would
-                    future.set_result(None)
-                except InvalidStateError:  # cancelled: its task gave up waiting
-                    pass
+            if type(waiters) is not list:
+                _wake(waiters)
+            else:
+                for future in waiters:
+                    _wake(future)
         purgatory = self._purgatory
         if purgatory is not None and purgatory._recorder is not None:
             purgatory._record(self)

@@ -18,7 +18,8 @@ cdef extern from *:
 
 # Read per operation: C variables, never looked up by name.
 cdef object COMPLETED, EXPIRED, CANCELLED
-cdef object heappop, heappush
+cdef object heappop, heappush, insort
+cdef object _force_complete
 cdef dict _modules
 
 
@@ -32,21 +33,31 @@ cpdef tuple _thresholds_of(keys)
 cdef Py_ssize_t _check_ops(list ops) except -1
 
 
-cdef class _Thresholds:
-    cdef public list heap
-    cdef public dict ops
-    cdef public dict reached
-    cdef public object run
+@cython.final
+cdef class _Entry:
+    cdef public Py_ssize_t number
+    cdef public object op
+    cdef public object threshold
 
-    cpdef add(self, tuple entry)
-    @cython.locals(ops=dict)
-    cpdef list live(self)
-    @cython.locals(ops=dict)
-    cpdef list reached_ops(self)
-    @cython.locals(heap=list, ops=dict, fresh=list, reached=dict, entry=tuple)
-    cpdef reach(self, value)
-    @cython.locals(heap=list, ops=dict, waiting=Py_ssize_t)
-    cpdef remove(self, oid)
+
+cdef class _Thresholds:
+    cdef public Py_ssize_t count
+    cdef public Py_ssize_t head
+    cdef public list heap
+    cdef public Py_ssize_t live
+    cdef public object mark
+    cdef public list reached
+    cdef public list run
+
+    @cython.locals(mark=object, run=list)
+    cpdef add(self, _Entry entry)
+    cpdef list pending(self)
+    @cython.locals(reached=list, checked=list, kept=list, run=list, heap=list,
+                   head=Py_ssize_t, end=Py_ssize_t, entry=_Entry)
+    cpdef list reach(self, value)
+    @cython.locals(heap=list, run=list, reached=list, waiting=Py_ssize_t,
+                   live=Py_ssize_t, count=Py_ssize_t)
+    cpdef remove(self, threshold)
 
 
 cdef class _PurgatoryCore(_Owner):
@@ -76,16 +87,17 @@ cdef class _PurgatoryCore(_Owner):
     cdef bint _watch_any(self, op, keys) except -1
     @cython.locals(timer=Timer, watchers=dict, ops=dict)
     cdef bint _watch(self, DelayedOperation op, tuple keys, tuple thresholds) except -1
-    @cython.locals(everything=dict, watch=_Thresholds, i=Py_ssize_t, seq=Py_ssize_t)
+    @cython.locals(everything=dict, watch=_Thresholds, i=Py_ssize_t, n=Py_ssize_t, 
+                   entry=_Entry, entries=list)
     cdef _watch_thresholds(self, DelayedOperation op, tuple keys, tuple thresholds)
     @cython.locals(ops=dict, watch=_Thresholds, checked=list)
     cpdef check_and_complete(self, key)
     @cython.locals(ops=dict, watch=_Thresholds, checked=list, watermarks=dict)
     cpdef advance(self, key, value)
-    @cython.locals(watchers=dict, ops=dict, keys=tuple, late=double, wait=double)
+    @cython.locals(watchers=dict, ops=dict, keys=tuple, thresholds=tuple, late=double, wait=double)
     cdef _detach(self, DelayedOperation op, outcome)
-    @cython.locals(everything=dict, watch=_Thresholds)
-    cdef _unwatch_thresholds(self, oid, tuple keys)
+    @cython.locals(everything=dict, watch=_Thresholds, i=Py_ssize_t, entry=_Entry)
+    cdef _unwatch_thresholds(self, entries, tuple keys, tuple thresholds)
     @cython.locals(watermarks=dict)
     cdef _forget(self, key)
     cdef _record(self, DelayedOperation op)

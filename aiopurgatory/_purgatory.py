@@ -21,7 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import enum
 import sys
-from collections import deque
+from bisect import insort
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
@@ -203,6 +203,11 @@ def _unhashable_key(key: object, exc: TypeError) -> TypeError:
     return TypeError(f"key must be hashable, got {key!r} ({exc})")
 
 
+# The class attribute itself (by getattr: the compiled core would otherwise
+# take the C method), to tell whether an op's class overrides it.
+_force_complete: Final = getattr(DelayedOperation, "force_complete")  # noqa: B009
+
+
 def _check_ops(ops: list[Any]) -> int:
     """Call ``try_complete()`` on each pending op of ``ops``; how many completed.
 
@@ -217,7 +222,11 @@ def _check_ops(ops: list[Any]) -> int:
             continue  # finished by a callback of an earlier op
         try:
             if op.try_complete() and op._outcome is None:
-                op.force_complete()
+                if type(op).force_complete is _force_complete:
+                    # Not overridden: called as such, not looked up on the op.
+                    DelayedOperation.force_complete(op)
+                else:
+                    op.force_complete()
         except Exception as exc:
             op._try_complete_failed(exc)
         if op._outcome is COMPLETED:
@@ -225,105 +234,176 @@ def _check_ops(ops: list[Any]) -> int:
     return completed
 
 
+class _Entry:
+    """A threshold watch of one key: ordered by threshold, then watch number.
+
+    ``op`` is the operation until it finishes, then None (see _Thresholds).
+    """
+
+    __slots__ = ("number", "op", "threshold")
+
+    def __init__(self, threshold: Any, number: int, op: Any) -> None:
+        self.threshold = threshold
+        self.number = number
+        self.op = op
+
+    def __lt__(self, other: _Entry) -> bool:
+        if self.threshold == other.threshold:
+            return self.number < other.number
+        return self.threshold < other.threshold  # type: ignore[no-any-return]
+
+
 class _Thresholds:
     """The watchers of one key that watch it with a threshold.
 
-    ``ops`` holds every pending one (op id -> op). The entries
-    ``(threshold, seq, op id)`` of those the key's watermark has not reached
-    are in ``run`` or in ``heap`` (``seq`` is the watch order, so ties keep
-    it): ``run`` is a deque in ascending order that takes every watch whose
-    threshold is at least the last one's (the common case: a produce waits for
-    the offset it was just given), ``heap`` the others. An advance pops what it
-    reaches from both, in order, into ``reached`` (op id -> entry, in threshold
-    order): those are checked by every later advance until they finish. A
-    finishing op leaves ``ops`` and ``reached`` at once; its entry, three ints
-    that no longer reach the op, stays until it is popped, or until the stale
-    entries outnumber the live ones (then both are rebuilt: amortised O(1) per
-    op, at most about twice the live entries). They are only changed in place.
+    Each pending one has an :class:`_Entry`: its threshold on this key, its
+    watch's number in its purgatory (in watch order, so ties keep it), and the
+    op, until the op finishes: then its entries under every key let go of it
+    at once (``op`` None), whatever entries stay behind. ``count`` counts the
+    pending ops.
+
+    ``mark`` is the highest value :meth:`reach` was given (None before the
+    first): an entry is in ``reached`` if its threshold is at most ``mark``,
+    else in ``run`` or ``heap``. ``run`` is a list in ascending order, read
+    from ``head`` on, that takes every watch whose threshold is at least the
+    last one's (the common case: a produce waits for the offset it was just
+    given); ``heap`` takes the others. ``reached`` is in threshold order: a
+    reach appends what it pops, all above the old mark; a watch at or below
+    the mark is inserted in place (rare: its own check said no). Those are
+    checked by every later advance until they finish. The slots of ``run``
+    before ``head`` hold None, until the run is compacted.
+
+    The entry of a finished op stays until it is popped or read, or until
+    the stale entries outnumber the live ones (then they are rebuilt:
+    amortised O(1) per op, at most about twice the live entries). ``live``
+    counts the pending ops of ``reached``. Everything is changed in place
+    but ``reached``.
     """
 
-    __slots__ = ("heap", "ops", "reached", "run")
+    __slots__ = ("count", "head", "heap", "live", "mark", "reached", "run")
 
     def __init__(self) -> None:
-        self.ops: dict[int, Any] = {}
-        self.run: deque[tuple[float, int, int]] = deque()
-        self.heap: list[tuple[float, int, int]] = []
-        self.reached: dict[int, tuple[float, int, int]] = {}
+        self.count = 0
+        self.run: list[Any] = []  # entries, and None before ``head``
+        self.head = 0
+        self.heap: list[_Entry] = []
+        self.reached: list[_Entry] = []
+        self.live = 0
+        self.mark: Any = None
 
-    def add(self, entry: tuple[float, int, int]) -> None:
-        """Take the entry of a new watcher (its op already in ``ops``)."""
+    def add(self, entry: _Entry) -> None:
+        """Take the entry of a new watcher."""
+        self.count += 1
+        mark = self.mark
+        if mark is not None and entry.threshold <= mark:
+            insort(self.reached, entry)
+            self.live += 1
+            return
         run = self.run
-        if not run or entry[0] >= run[-1][0]:
+        if self.head == len(run):
+            if run:
+                run.clear()
+                self.head = 0
+            run.append(entry)
+        elif entry.threshold >= run[-1].threshold:
             run.append(entry)
         else:
             heappush(self.heap, entry)
 
-    def live(self) -> list[Any]:
+    def pending(self) -> list[Any]:
         """The pending ops, in threshold order (ties in watch order)."""
-        ops = self.ops
-        entries = [entry for entry in self.heap if entry[2] in ops]
-        entries += [entry for entry in self.run if entry[2] in ops]
-        entries += self.reached.values()
+        entries = [entry for entry in self.heap if entry.op is not None]
+        entries += [entry for entry in self.run[self.head :] if entry.op is not None]
+        entries += [entry for entry in self.reached if entry.op is not None]
         entries.sort()
-        return [ops[entry[2]] for entry in entries]
+        return [entry.op for entry in entries]
 
-    def reached_ops(self) -> list[Any]:
-        """The pending ops the watermark reached, in threshold order."""
-        ops = self.ops
-        return [ops[oid] for oid in self.reached]
+    def reach(self, value: Any) -> list[Any]:
+        """Reach every entry whose threshold is at most ``value`` (above ``mark``).
 
-    def reach(self, value: float) -> None:
-        """Move the entries whose threshold is at most ``value`` into ``reached``."""
+        Returns:
+            The pending ops reached, in threshold order: those reached before,
+            then those reached now.
+        """
+        reached = self.reached
+        checked = []
+        if reached:
+            # Read them, and let go of the entries of those that finished.
+            kept = []
+            for entry in reached:
+                op = entry.op
+                if op is not None:
+                    checked.append(op)
+                    kept.append(entry)
+            if len(kept) != len(reached):
+                self.reached = reached = kept
+        self.mark = value
+        run = self.run
+        head = self.head
+        heap = self.heap
+        end = len(run)
+        if not heap:
+            # The common case (thresholds watched in ascending order): straight
+            # from the run, already in order.
+            while head < end:
+                entry = run[head]
+                if entry.threshold > value:
+                    break
+                run[head] = None  # let go of it now (not at the next compaction)
+                head += 1
+                op = entry.op
+                if op is not None:
+                    reached.append(entry)
+                    checked.append(op)
+        else:
+            while True:
+                if head < end and run[head].threshold <= value:
+                    if heap and heap[0] < run[head]:
+                        entry = heappop(heap)
+                    else:
+                        entry = run[head]
+                        run[head] = None
+                        head += 1
+                elif heap and heap[0].threshold <= value:
+                    entry = heappop(heap)
+                else:
+                    break
+                op = entry.op
+                if op is not None:
+                    reached.append(entry)
+                    checked.append(op)
+        if head == end:
+            run.clear()
+            head = 0
+        elif head > 64 and 2 * head > end:
+            del run[:head]
+            head = 0
+        self.head = head
+        self.live = len(reached)
+        return checked
+
+    def remove(self, threshold: Any) -> None:
+        """Count out a finished op (its entries' ``op`` already None), its threshold here."""
+        self.count = count = self.count - 1
+        mark = self.mark
+        if mark is not None and threshold <= mark:
+            self.live = live = self.live - 1
+            reached = self.reached
+            if len(reached) > 2 * live + 32:
+                self.reached = [entry for entry in reached if entry.op is not None]
+            return
+        waiting = count - self.live
         heap = self.heap
         run = self.run
-        ops = self.ops
-        reached = self.reached
-        if not heap and not reached:
-            # The common case (thresholds watched in ascending order, the ops
-            # reached before complete): straight from the run, already in order.
-            while run and run[0][0] <= value:
-                entry = run.popleft()
-                if entry[2] in ops:
-                    reached[entry[2]] = entry
-            return
-        fresh = []
-        while True:
-            if run and run[0][0] <= value:
-                entry = heappop(heap) if heap and heap[0] < run[0] else run.popleft()
-            elif heap and heap[0][0] <= value:
-                entry = heappop(heap)
-            else:
-                break
-            if entry[2] in ops:
-                fresh.append(entry)
-        if not fresh:
-            return
-        # ``reached`` is in order: its last entry is its largest.
-        if reached and fresh[0] < next(reversed(reached.values())):
-            # Rare: an op watched with a threshold the watermark had already
-            # passed (its own check said no). Keep ``reached`` in threshold order.
-            fresh = sorted([*reached.values(), *fresh])
-            reached.clear()
-        for entry in fresh:
-            reached[entry[2]] = entry
-
-    def remove(self, oid: int) -> None:
-        """Take a finishing op (id ``oid``) out."""
-        ops = self.ops
-        del ops[oid]
-        if self.reached.pop(oid, None) is None:
-            heap = self.heap
-            run = self.run
-            waiting = len(ops) - len(self.reached)
-            if not waiting:
-                heap.clear()
-                run.clear()
-            elif len(heap) + len(run) > 2 * waiting + 32:
-                heap[:] = [entry for entry in heap if entry[2] in ops]
-                heapify(heap)
-                kept = [entry for entry in run if entry[2] in ops]
-                run.clear()
-                run.extend(kept)
+        if not waiting:
+            heap.clear()
+            run.clear()
+            self.head = 0
+        elif len(heap) + len(run) - self.head > 2 * waiting + 32:
+            heap[:] = [entry for entry in heap if entry.op is not None]
+            heapify(heap)
+            run[:] = [entry for entry in run[self.head :] if entry.op is not None]
+            self.head = 0
 
 
 class _PurgatoryCore(_Owner):
@@ -368,6 +448,7 @@ class _PurgatoryCore(_Owner):
     _thresholds: dict[Hashable, _Thresholds]
     # The watermark of each key advanced while it has watchers (of either kind).
     _watermarks: dict[Hashable, Any]
+    # The number of the last watch with thresholds (see _Thresholds).
     _seq: int
     _advances: int
     _max_pending: int | None
@@ -432,7 +513,15 @@ class _PurgatoryCore(_Owner):
             raise TypeError(f"op must be a DelayedOperation, got {type(op).__name__}")
         if type(keys) is list:
             return self._watch(op, _keys_of(keys), None)
-        if type(keys) is dict or isinstance(keys, Mapping):
+        if type(keys) is dict:
+            if len(keys) == 1:  # the common case, without _thresholds_of's tuples
+                for key, threshold in keys.items():
+                    cls = type(threshold)
+                    if cls is int or (cls is float and threshold == threshold):
+                        return self._watch(op, (key,), (threshold,))
+            watched, thresholds = _thresholds_of(keys)
+            return self._watch(op, watched, thresholds)
+        if isinstance(keys, Mapping):
             watched, thresholds = _thresholds_of(keys)
             return self._watch(op, watched, thresholds)
         return self._watch(op, _keys_of(keys), None)
@@ -492,7 +581,7 @@ class _PurgatoryCore(_Owner):
         if outcome is not None:
             return outcome is COMPLETED
 
-        # One int object for the op's key in every watch list and in the wheel.
+        # One int object for the op's key in every plain watch list and in the wheel.
         op._key = oid = id(op)
         if thresholds is None:
             watchers = self._watchers
@@ -518,16 +607,28 @@ class _PurgatoryCore(_Owner):
     def _watch_thresholds(
         self, op: DelayedOperation, keys: tuple[Hashable, ...], thresholds: tuple[float, ...]
     ) -> None:
-        self._seq = seq = self._seq + 1  # one per op: ties keep watch order
-        oid = op._key
+        self._seq += 1
+        number = self._seq
         everything = self._thresholds
-        for i in range(len(keys)):
+        n = len(keys)
+        if n == 1:  # the common case: the op keeps its one entry
+            key = keys[0]
+            watch = everything.get(key)
+            if watch is None:
+                everything[key] = watch = _Thresholds()
+            op._entries = entry = _Entry(thresholds[0], number, op)
+            watch.add(entry)
+            return
+        entries = []
+        for i in range(n):
             key = keys[i]
             watch = everything.get(key)
             if watch is None:
                 everything[key] = watch = _Thresholds()
-            watch.ops[oid] = op
-            watch.add((thresholds[i], seq, oid))
+            entry = _Entry(thresholds[i], number, op)
+            entries.append(entry)
+            watch.add(entry)
+        op._entries = tuple(entries)
 
     def check_and_complete(self, key: Hashable) -> int:
         """Call ``try_complete()`` on every pending operation watched under ``key``.
@@ -557,7 +658,7 @@ class _PurgatoryCore(_Owner):
                 return 0
             return _check_ops(list(ops.values()))
         checked = list(ops.values()) if ops else []
-        checked += watch.live()
+        checked += watch.pending()
         return _check_ops(checked)
 
     def advance(self, key: Hashable, value: float) -> int:
@@ -605,11 +706,10 @@ class _PurgatoryCore(_Owner):
         self._advances += 1
         if watch is None:
             return _check_ops(list(ops.values()))  # type: ignore[union-attr]
-        watch.reach(value)
         if ops is None:
-            return _check_ops(watch.reached_ops())
+            return _check_ops(watch.reach(value))
         checked = list(ops.values())
-        checked += watch.reached_ops()
+        checked += watch.reach(value)
         return _check_ops(checked)
 
     def watermark(self, key: Hashable) -> Any:
@@ -646,7 +746,7 @@ class _PurgatoryCore(_Owner):
         watch = self._thresholds.get(key) if self._thresholds else None
         candidates = list(ops.values()) if ops else []
         if watch is not None:
-            candidates += watch.live()
+            candidates += watch.pending()
         return [op for op in candidates if op.cancel()]
 
     # -- internals -------------------------------------------------------------------------
@@ -659,12 +759,21 @@ class _PurgatoryCore(_Owner):
         except Exception as exc:
             self._logger.error("aiopurgatory.recorder_failed", error=repr(exc), exc_info=exc)
 
-    def _unwatch_thresholds(self, oid: int, keys: tuple[Hashable, ...]) -> None:
+    def _unwatch_thresholds(
+        self, entries: Any, keys: tuple[Hashable, ...], thresholds: tuple[float, ...]
+    ) -> None:
+        # Every entry of the op lets go of it: its one, or a tuple of them.
+        if type(entries) is tuple:
+            for entry in entries:
+                entry.op = None
+        else:
+            entries.op = None
         everything = self._thresholds
-        for key in keys:
+        for i in range(len(keys)):
+            key = keys[i]
             watch = everything[key]
-            watch.remove(oid)
-            if not watch.ops:
+            watch.remove(thresholds[i])
+            if not watch.count:
                 del everything[key]
                 if self._watermarks:
                     self._forget(key)
@@ -725,7 +834,8 @@ class _PurgatoryCore(_Owner):
         oid = op._key
         if oid:  # it joined its watch lists (it was not finished by its first check)
             keys = op._keys
-            if op._thresholds is None:
+            thresholds = op._thresholds
+            if thresholds is None:
                 watchers = self._watchers
                 for key in keys:
                     ops = watchers[key]
@@ -739,7 +849,7 @@ class _PurgatoryCore(_Owner):
                     # distinct keys, start afresh rather than keep the peak's table.
                     self._watchers = {}
             else:
-                self._unwatch_thresholds(oid, keys)
+                self._unwatch_thresholds(op._entries, keys, thresholds)
             self._watched -= len(keys)
             self._pending -= 1
         if op._when is not None:
@@ -868,8 +978,8 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         self._watchers: dict[Hashable, dict[int, OpT]] = {}
         self._thresholds: dict[Hashable, _Thresholds] = {}
         self._watermarks: dict[Hashable, Any] = {}
-        self._seq = 0
         self._advances = 0
+        self._seq = 0
         self._closed = False
         self._pending = 0
         self._watched = 0
@@ -1123,7 +1233,8 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         for ops in list(self._watchers.values()):
             pending.update(ops)
         for watch in list(self._thresholds.values()):
-            pending.update(watch.ops)
+            for op in watch.pending():
+                pending[id(op)] = op
         for op in pending.values():
             if expire_pending:
                 _expire_now(op)

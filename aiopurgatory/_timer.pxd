@@ -6,7 +6,9 @@ cimport cython
 from aiopurgatory._wheel cimport Entry, TimingWheel
 
 cdef object _copy_context
-cdef object get_ident
+cdef extern from "pythread.h":
+    # threading.get_ident() in the pure-Python build (see _timer.py).
+    unsigned long get_ident "PyThread_get_thread_ident" ()
 cdef object _STAGED
 cdef Py_ssize_t _STAGE_LIMIT
 
@@ -41,7 +43,8 @@ cdef class Timer:
     cdef public object _last_lag_log
     cdef public object _logger
     cdef public double _max_when
-    cdef public tuple _running_here
+    cdef public unsigned long _running_in
+    cdef public object _running_is
     cdef public bint _shared
     cdef public list _staged
     cdef public double _tick

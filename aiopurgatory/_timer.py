@@ -41,10 +41,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from math import inf
-from threading import get_ident
 from time import monotonic as _monotonic
 from typing import TYPE_CHECKING, Any, Final, TypeVarTuple, Unpack
 
@@ -63,6 +63,12 @@ _Ts = TypeVarTuple("_Ts")
 
 
 _copy_context = contextvars.copy_context
+
+# The calling thread's id. Pure Python: threading.get_ident, a module global
+# set through globals() because the compiled core must not see an assignment:
+# there _timer.pxd makes ``get_ident`` CPython's C function (no Python call,
+# no int object), once per watched operation in _is_current.
+globals()["get_ident"] = threading.get_ident
 
 # Timer lag (how late the driver wakes up) is logged at debug level when above
 # this, at most once per _LAG_LOG_INTERVAL seconds of loop time.
@@ -192,7 +198,8 @@ class Timer:
         "_last_lag_log",
         "_logger",
         "_max_when",
-        "_running_here",
+        "_running_in",
+        "_running_is",
         "_shared",
         "_staged",
         "_tick",
@@ -214,8 +221,10 @@ class Timer:
         # Set on first use (_bind): the driver, and its clock.
         self._driver: Driver | None = None
         self._time: Callable[[], float] = _monotonic
-        # The driver's running_here, for _is_current without a call into it.
-        self._running_here: tuple[int, Callable[[], bool]] | None = None
+        # The driver's running_here, for _is_current without a call into it:
+        # the thread, and the loop's is_running (None if the driver has none).
+        self._running_in = 0
+        self._running_is: Callable[[], bool] | None = None
         self._wheel = TimingWheel(int(wheel_size))
         # Tick the driver is armed for; inf when unarmed.
         self._armed: float = inf
@@ -484,15 +493,17 @@ class Timer:
                 ) from None
             self._driver = driver
             self._time = driver.time
-            self._running_here = driver.running_here
+            here = driver.running_here
+            if here is not None:
+                self._running_in, self._running_is = here
             self._wheel = TimingWheel(int(self._wheel_size), self._floor_tick(driver.time()))
         return driver.owner
 
     def _is_current(self) -> bool:
         """True if called on the loop or trio run the timer is bound to (for a bound timer)."""
         # Once per watched operation: the driver's own test is a Python call.
-        here = self._running_here
-        if here is not None and here[0] == get_ident() and here[1]():
+        is_running = self._running_is
+        if is_running is not None and self._running_in == get_ident() and is_running():  # type: ignore[name-defined]  # noqa: F821
             return True
         return self._driver.is_current()  # type: ignore[union-attr]
 

@@ -54,7 +54,13 @@ from typing import Any, Final
 
 __all__ = ["Bucket", "Entry", "TimingWheel"]
 
-_NOT_QUEUED: Final = None
+# Ticks are C long longs in the compiled build: timers refuse deadlines past
+# 2**62 ticks either way, and a level's span (and so its end) saturates here,
+# as no tick can reach it.
+_TICK_MAX: Final = 2**63 - 1
+# A bucket's ``first`` while it is not queued: above every tick, so that an add
+# to it always queues it, with one comparison.
+_NOT_QUEUED: Final = _TICK_MAX
 
 
 class Entry:
@@ -87,8 +93,8 @@ class Bucket:
 
     def __init__(self) -> None:
         self.entries: dict[int, Entry] = {}
-        # The heap key: the earliest tick added since queued; None while not queued.
-        self.first: int | None = _NOT_QUEUED
+        # The heap key: the earliest tick added since queued; _NOT_QUEUED while not queued.
+        self.first: int = _NOT_QUEUED
 
 
 class _Level:
@@ -96,11 +102,24 @@ class _Level:
 
     def __init__(self, width: int, wheel_size: int, current: int) -> None:
         self.width = width
-        self.span = width * wheel_size
+        # Saturated (see _TICK_MAX): a level spanning more than any tick is the last.
+        self.span = width * wheel_size if width <= _TICK_MAX // wheel_size else _TICK_MAX
         self.current = current - current % width
         # Deadlines below ``end`` fit this level (kept with ``current``: add() is hot).
-        self.end = self.current + self.span
+        self.end = _end(self.current, self.span)
         self.buckets = [Bucket() for _ in range(wheel_size)]
+
+
+def _end(current: int, span: int) -> int:
+    """``current + span``, saturated at _TICK_MAX (no overflow in the compiled build).
+
+    A saturated span ends at _TICK_MAX too: its level takes every later tick
+    (its slots may then alias, which costs a cascade, never a wrong result:
+    a bucket runs at the earliest tick added to it).
+    """
+    if span == _TICK_MAX or (current > 0 and span > _TICK_MAX - current):
+        return _TICK_MAX
+    return current + span
 
 
 class TimingWheel:
@@ -166,8 +185,7 @@ class TimingWheel:
         entries = bucket.entries
         entries[key] = entry
         entry._bucket = entries
-        first = bucket.first
-        if first is not None and e >= first:
+        if e >= bucket.first:  # queued (by an earlier tick): nothing to push
             return True
         bucket.first = e
         self._seq = seq = self._seq + 1
@@ -265,8 +283,8 @@ class TimingWheel:
             return
         self.current = tick
         for level in self._levels:
-            if tick >= level.current + level.width:
+            if tick >= _end(level.current, level.width):
                 level.current = current = tick - tick % level.width
-                level.end = current + level.span
+                level.end = _end(current, level.span)
             else:
                 break

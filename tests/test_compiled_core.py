@@ -162,6 +162,42 @@ def test_a_subclass_can_override_the_provided_methods_too() -> None:
     assert calls == ["force_complete", "cancel"]
 
 
+def test_an_overridden_force_complete_completes_ops_that_return_true() -> None:
+    # try_complete() returning True without finishing the op: the purgatory
+    # completes it through force_complete(), the subclass's own if it has one
+    # (the compiled core calls the provided one directly only when it is not
+    # overridden), on a watch's first check and on a trigger.
+    calls: list[str] = []
+
+    class SaysTrue(ap.DelayedOperation):
+        ready = False
+
+        def try_complete(self) -> bool:
+            return self.ready
+
+    class Audited(SaysTrue):
+        def force_complete(self) -> bool:
+            calls.append("force_complete")
+            return super().force_complete()
+
+    async def main() -> list[ap.Outcome | None]:
+        purgatory: ap.Purgatory[SaysTrue] = ap.Purgatory()
+        at_once = Audited(1.0)
+        at_once.ready = True
+        assert purgatory.try_complete_else_watch(at_once, ["k"])
+        plain, audited, reached = SaysTrue(1.0), Audited(1.0), Audited(1.0)
+        purgatory.try_complete_else_watch(plain, ["k"])
+        purgatory.try_complete_else_watch(audited, ["k"])
+        purgatory.try_complete_else_watch(reached, {"k": 5})
+        for op in (plain, audited, reached):
+            op.ready = True
+        assert purgatory.check_and_complete("k") == 3
+        return [op.outcome for op in (at_once, plain, audited, reached)]
+
+    assert simulation.run(main()) == [ap.Outcome.COMPLETED] * 4
+    assert calls == ["force_complete"] * 3
+
+
 def test_core_classes_are_the_same_kind_of_object_for_users() -> None:
     op = ap.DelayedOperation(1.0)
     assert isinstance(op, ap.DelayedOperation)

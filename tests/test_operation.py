@@ -186,6 +186,34 @@ async def test_cancelling_an_observer_does_not_cancel_the_operation() -> None:
     assert await second is ap.Outcome.CANCELLED
 
 
+async def test_observers_and_done_callbacks_come_and_go_in_any_order() -> None:
+    # One waiter is kept as itself, more in a list: every way between the two.
+    op = Recording()
+    calls: list[ap.DelayedOperation] = []
+    op.add_done_callback(calls.append)  # the only waiter
+    assert op.remove_done_callback(calls.append) == 1
+    assert op.remove_done_callback(calls.append) == 0
+    gives_up = asyncio.create_task(_observe(op))  # the only waiter again
+    await asyncio.sleep(0)
+    gives_up.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gives_up
+    stays = [asyncio.create_task(_observe(op)) for _ in range(2)]
+    await asyncio.sleep(0)
+    op.add_done_callback(calls.append)
+    op.add_done_callback(print)
+    assert op.remove_done_callback(print) == 1  # two observers and a callback left
+    first_gives_up = asyncio.create_task(_observe(op))
+    await asyncio.sleep(0)
+    first_gives_up.cancel()
+    await asyncio.sleep(0)
+    assert op.force_complete()
+    assert await asyncio.gather(*stays) == [ap.Outcome.COMPLETED] * 2
+    await asyncio.sleep(0)
+    assert calls == [op]
+    assert first_gives_up.cancelled()
+
+
 async def test_await_raises_the_callback_exception() -> None:
     op = Recording(fail_in="on_complete")
     observer = asyncio.create_task(_observe(op))

@@ -495,9 +495,115 @@ def test_finished_threshold_watchers_do_not_accumulate() -> None:
                 op.cancel()
             heap = [*p._thresholds["k"].heap, *p._thresholds["k"].run]
             assert len(heap) <= 2 * 10 + 32 + 1, (round_, len(heap))
+        # Ops the watermark reached that said no, then expire or are cancelled
+        # with no advance in between: the reached entries stay bounded too.
+        for round_ in range(50):
+            batch = [ap.WatermarkOperation(3600.0, all_keys=True) for _ in range(200)]
+            for j, op in enumerate(batch):
+                p.try_complete_else_watch(op, {"k": j, "flag": 10**9})  # both keys: waits
+            assert p.advance("k", 10**5 + round_) == 0
+            for op in batch:
+                op.cancel()
+            reached = p._thresholds["k"].reached
+            assert len(reached) <= 2 * 10 + 32 + 1, (round_, len(reached))
         assert p.watched == 10
         for op in keep:
             op.cancel()
         assert p._thresholds == {}
+
+    ap.simulation.run(main())
+
+
+def test_many_watchers_checked_as_the_naive_model_says() -> None:
+    # Hundreds of ops per key (enough to compact the run, the heap and the
+    # reached entries many times over), mostly ascending thresholds with some
+    # out of order and some at or below the watermark, ops that say no, and
+    # cancellations: every advance checks exactly the pending ops whose
+    # threshold it reached, in threshold order (ties in watch order).
+    import random
+
+    rng = random.Random(2028)
+
+    async def main() -> None:
+        p: ap.Purgatory[Any] = ap.Purgatory()
+        log: list[str] = []
+        ops: dict[str, Recorded] = {}
+        thresholds: dict[str, tuple[int, int]] = {}  # name -> (threshold, watch order)
+        mark = 0
+        for step in range(4000):
+            roll = rng.random()
+            if roll < 0.45:
+                name = f"o{step}"
+                if rng.random() < 0.8:
+                    threshold = mark + 1 + step // 8 + rng.randrange(40)
+                else:
+                    threshold = rng.randrange(max(1, mark + 30))  # anywhere, even reached
+                op = Recorded(name, log, timeout=3600.0)
+                op.ready = rng.random() < 0.6
+                log.clear()
+                if p.try_complete_else_watch(op, {"k": threshold}):
+                    continue
+                ops[name] = op
+                thresholds[name] = (threshold, step)
+            elif roll < 0.6 and ops:
+                name = rng.choice(sorted(ops))
+                ops.pop(name).cancel()
+            elif roll < 0.7 and ops:
+                ops[rng.choice(sorted(ops))].ready = True
+            else:
+                value = mark + rng.randrange(1, 12)
+                expected = sorted(
+                    (n for n in ops if thresholds[n][0] <= value),
+                    key=lambda n: thresholds[n],
+                )
+                log.clear()
+                completed = p.advance("k", value)
+                mark = value
+                assert log == expected, step
+                assert completed == sum(ops[n].ready for n in expected)
+                for n in expected:
+                    if ops[n].ready:
+                        del ops[n]
+            watch = p._thresholds.get("k")
+            if ops:
+                assert watch is not None
+                assert sorted(map(id, watch.pending())) == sorted(map(id, ops.values()))
+                assert watch.count == len(ops)
+                stored = len(watch.heap) + len(watch.run) - watch.head + len(watch.reached)
+                assert stored <= 3 * len(ops) + 3 * 32 + 1, step
+            else:
+                assert watch is None
+        for op in ops.values():
+            op.cancel()
+        assert p.pending == 0
+
+    ap.simulation.run(main())
+
+
+def test_a_finished_ops_entry_never_reaches_a_new_op_at_the_same_address() -> None:
+    # A finished op's entry may stay in the index until it is popped. Once the
+    # op is freed, a new object can get its id: the entry must not make the
+    # watermark reach the new op at the old op's threshold.
+    async def main() -> None:
+        p: ap.Purgatory[Any] = ap.Purgatory()
+        log: list[str] = []
+        keep = Recorded("keep", log)  # keeps the key's index alive
+        assert p.try_complete_else_watch(keep, {"k": 1000}) is False
+        reused = False
+        for attempt in range(200):
+            old = Recorded(f"old{attempt}", log)
+            assert p.try_complete_else_watch(old, {"k": 5}) is False
+            old_id = id(old)
+            old.cancel()  # its entry (threshold 5) stays in the index
+            del old
+            await asyncio.sleep(0)  # the timer lets go of it at its next flush
+            new = Recorded(f"new{attempt}", log)
+            assert p.try_complete_else_watch(new, {"k": 10**6 + attempt}) is False
+            reused = reused or id(new) == old_id
+        assert reused, "CPython gave no freed op's address to a new op: nothing tested"
+        log.clear()
+        assert p.advance("k", 10) == 0
+        assert log == []  # no op has a threshold at or below 10
+        p.close()
 
     ap.simulation.run(main())

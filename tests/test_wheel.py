@@ -509,3 +509,28 @@ async def test_kafka_timer_task_expiration_on_a_deep_wheel() -> None:
     assert [at for _, _, at in fired] == sorted(at for _, _, at in fired)
     assert len(timer) == 0
     assert timer._wheel.levels > 4  # the deadlines overflowed several levels
+
+
+@pytest.mark.parametrize("wheel_size", [2, 3, 20, 1000])
+@pytest.mark.parametrize("start", [-(2**62), -1, 0, 2**61])
+def test_ticks_at_the_ends_of_the_range_timers_use(wheel_size: int, start: int) -> None:
+    # Timers give the wheel ticks within +-(2**62 + 1). The compiled wheel
+    # counts them in C long longs: levels whose span would pass 2**63 - 1
+    # saturate instead of overflowing, and entries still come out in order,
+    # never early.
+    wheel = TimingWheel(wheel_size, start)
+    far = Item(2**62 + 1)
+    near = Item(start + 1)
+    mid = Item(start + (2**62 - start) // 2 + 1)
+    for item in (far, mid, near):
+        assert wheel.add(item)
+    assert wheel.advance(start) == []
+    assert wheel.advance(start + 1) == [near]
+    assert wheel.advance(mid.tick - 1) == []
+    assert wheel.advance(mid.tick) == [mid]
+    assert wheel.advance(2**62) == []
+    assert wheel.next_expiration() == 2**62 + 1
+    assert wheel.advance(2**62 + 1) == [far]
+    assert len(wheel) == 0
+    for level in wheel._levels:
+        assert level.end <= 2**63 - 1
