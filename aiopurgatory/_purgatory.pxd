@@ -19,7 +19,6 @@ cdef extern from *:
 # Read per operation: C variables, never looked up by name.
 cdef object COMPLETED, EXPIRED, CANCELLED
 cdef object heappop, heappush, insort
-cdef object _force_complete
 cdef dict _modules
 
 

@@ -203,11 +203,6 @@ def _unhashable_key(key: object, exc: TypeError) -> TypeError:
     return TypeError(f"key must be hashable, got {key!r} ({exc})")
 
 
-# The class attribute itself (by getattr: the compiled core would otherwise
-# take the C method), to tell whether an op's class overrides it.
-_force_complete: Final = getattr(DelayedOperation, "force_complete")  # noqa: B009
-
-
 def _check_ops(ops: list[Any]) -> int:
     """Call ``try_complete()`` on each pending op of ``ops``; how many completed.
 
@@ -222,11 +217,7 @@ def _check_ops(ops: list[Any]) -> int:
             continue  # finished by a callback of an earlier op
         try:
             if op.try_complete() and op._outcome is None:
-                if type(op).force_complete is _force_complete:
-                    # Not overridden: called as such, not looked up on the op.
-                    DelayedOperation.force_complete(op)
-                else:
-                    op.force_complete()
+                op.force_complete()  # an override, also one set on the op, is called
         except Exception as exc:
             op._try_complete_failed(exc)
         if op._outcome is COMPLETED:

@@ -169,10 +169,16 @@ class TimingWheel:
             True if the entry was inserted, False if its tick is at or before the
             wheel's clock (the caller runs it now). O(1) amortised: the level loop
             runs once per level, and levels grow logarithmically with the deadline.
+
+        Raises:
+            ValueError: the tick is ``2**63 - 1`` or more (timers give ticks
+                within ``2**62 + 1`` either way).
         """
         e: int = entry._tick  # type: ignore[assignment]
         if e <= self.current:
             return False
+        if e >= _TICK_MAX:
+            raise ValueError(f"tick {e} is beyond what the wheel counts (below 2**63 - 1)")
         for level in self._levels:
             if e < level.end:
                 break

@@ -20,6 +20,7 @@ import textwrap
 import venv
 import zipfile
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -196,6 +197,32 @@ def test_an_overridden_force_complete_completes_ops_that_return_true() -> None:
 
     assert simulation.run(main()) == [ap.Outcome.COMPLETED] * 4
     assert calls == ["force_complete"] * 3
+
+
+def test_a_force_complete_patched_on_one_operation_completes_it_on_triggers() -> None:
+    # An operation whose class has a __dict__ can carry an override of its own
+    # (mock.patch.object(op, ...)): triggers call it too, not only its first check.
+    class Open(ap.DelayedOperation):  # no __slots__: instances have a __dict__
+        ready = False
+
+        def try_complete(self) -> bool:
+            return self.ready
+
+    async def main() -> list[int]:
+        purgatory: ap.Purgatory[Open] = ap.Purgatory()
+        plain, threshold = Open(1.0), Open(1.0)
+        purgatory.try_complete_else_watch(plain, ["k"])
+        purgatory.try_complete_else_watch(threshold, {"k": 5})
+        with (
+            mock.patch.object(plain, "force_complete", wraps=plain.force_complete) as a,
+            mock.patch.object(threshold, "force_complete", wraps=threshold.force_complete) as b,
+        ):
+            plain.ready = threshold.ready = True
+            assert purgatory.advance("k", 10) == 2
+        assert plain.outcome is threshold.outcome is ap.Outcome.COMPLETED
+        return [a.call_count, b.call_count]
+
+    assert simulation.run(main()) == [1, 1]
 
 
 def test_core_classes_are_the_same_kind_of_object_for_users() -> None:

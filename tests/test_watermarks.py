@@ -489,7 +489,7 @@ def test_finished_threshold_watchers_do_not_accumulate() -> None:
         for round_ in range(50):
             batch = [ap.WatermarkOperation(3600.0) for _ in range(200)]
             for j, op in enumerate(batch):
-                # Ascending thresholds (the deque) in even rounds, descending (the heap) in odd.
+                # Ascending thresholds (the run) in even rounds, descending (the heap) in odd.
                 p.try_complete_else_watch(op, {"k": 10**7 + (j if round_ % 2 else -j)})
             for op in batch:
                 op.cancel()

@@ -533,4 +533,7 @@ def test_ticks_at_the_ends_of_the_range_timers_use(wheel_size: int, start: int) 
     assert wheel.advance(2**62 + 1) == [far]
     assert len(wheel) == 0
     for level in wheel._levels:
-        assert level.end <= 2**63 - 1
+        assert level.end <= 2**63 - 1  # saturated (the compiled build stores a C long long)
+    with pytest.raises(ValueError, match="beyond what the wheel counts"):
+        wheel.add(Item(2**63 - 1))
+    assert len(wheel) == 0
