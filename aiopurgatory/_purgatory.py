@@ -811,8 +811,12 @@ class _PurgatoryCore(_Owner):
             if when is None:
                 wait = 0.0
             else:
-                late = self._timer._time() - when
-                wait = late + op._timeout
+                # C doubles in the compiled core (no float object per step).
+                now = self._timer._time()
+                due = when
+                timeout = op._timeout
+                late = now - due
+                wait = late + timeout
                 if outcome is EXPIRED and late >= 0.0:
                     self._lateness.record(late)
             if outcome is COMPLETED:
