@@ -40,6 +40,8 @@ cdef class _Entry:
 
 
 @cython.locals(entry=_Entry)
+cdef _Entry _new_entry(threshold, Py_ssize_t number, op)
+@cython.locals(entry=_Entry)
 cdef list _unfinished(list entries)
 
 
