@@ -39,6 +39,10 @@ cdef class _Entry:
     cdef public object threshold
 
 
+@cython.locals(entry=_Entry)
+cdef list _unfinished(list entries)
+
+
 cdef class _Thresholds:
     cdef public Py_ssize_t count
     cdef public Py_ssize_t head

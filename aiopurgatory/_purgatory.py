@@ -176,11 +176,7 @@ def _thresholds_of(
 ) -> tuple[tuple[Hashable, ...], tuple[float, ...]]:
     """A Mapping of keys to thresholds as (keys, thresholds), checked."""
     plain = type(keys) is dict  # its keys are hashable: it holds them
-    if plain and len(keys) == 1:  # the common case, without the lists below
-        for key, threshold in keys.items():
-            cls = type(threshold)
-            if (cls is int or cls is float) and threshold == threshold:
-                return (key,), (threshold,)
+    # (A one-key dict of a valid threshold never gets here: _watch_any takes it.)
     watched = []
     thresholds = []
     for key, threshold in keys.items():
@@ -244,6 +240,11 @@ class _Entry:
         return self.threshold < other.threshold  # type: ignore[no-any-return]
 
 
+def _unfinished(entries: list[_Entry]) -> list[_Entry]:
+    """The entries of ``entries`` whose op has not finished, in their order."""
+    return [entry for entry in entries if entry.op is not None]
+
+
 class _Thresholds:
     """The watchers of one key that watch it with a threshold.
 
@@ -303,9 +304,9 @@ class _Thresholds:
 
     def pending(self) -> list[Any]:
         """The pending ops, in threshold order (ties in watch order)."""
-        entries = [entry for entry in self.heap if entry.op is not None]
-        entries += [entry for entry in self.run[self.head :] if entry.op is not None]
-        entries += [entry for entry in self.reached if entry.op is not None]
+        entries = _unfinished(self.heap)
+        entries += _unfinished(self.run[self.head :])
+        entries += _unfinished(self.reached)
         entries.sort()
         return [entry.op for entry in entries]
 
@@ -381,7 +382,7 @@ class _Thresholds:
             self.live = live = self.live - 1
             reached = self.reached
             if len(reached) > 2 * live + 32:
-                self.reached = [entry for entry in reached if entry.op is not None]
+                self.reached = _unfinished(reached)
             return
         waiting = count - self.live
         heap = self.heap
@@ -391,9 +392,9 @@ class _Thresholds:
             run.clear()
             self.head = 0
         elif len(heap) + len(run) - self.head > 2 * waiting + 32:
-            heap[:] = [entry for entry in heap if entry.op is not None]
+            heap[:] = _unfinished(heap)
             heapify(heap)
-            run[:] = [entry for entry in run[self.head :] if entry.op is not None]
+            run[:] = _unfinished(run[self.head :])
             self.head = 0
 
 
