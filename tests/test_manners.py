@@ -102,9 +102,9 @@ def test_watch_is_a_coroutine_function_and_an_unawaited_watch_warns() -> None:
     op = ap.DelayedOperation(1.0)
     # A forgotten await is not silent: Python's "never awaited" warning, and
     # nothing was watched (the watch starts when awaited).
+    coro = p.watch(op, ["k"])
+    assert asyncio.iscoroutine(coro)
     with pytest.warns(RuntimeWarning, match="was never awaited"):
-        coro = p.watch(op, ["k"])
-        assert asyncio.iscoroutine(coro)
         del coro
     assert not op.done()
     assert p.watched == 0
