@@ -104,10 +104,11 @@ class AsyncioDriver:
         self._on_flush = on_flush
         self._handle: asyncio.TimerHandle | None = None
         self._soon: asyncio.Handle | None = None
-        # asyncio's own loops (BaseEventLoop: the default loop, virtual time) keep
-        # the id of the thread running them in _thread_id (None while stopped):
-        # None here. Other loops (uvloop): the thread the loop was running in
-        # when bound, and its is_running.
+        # What is_current() tests first, and the timer without calling it: for a
+        # loop that does not track its own thread (uvloop), the thread it runs in
+        # when bound and its is_running. None for asyncio's own loops
+        # (BaseEventLoop: the default loop, virtual time), whose _thread_id
+        # is_current() reads instead (None while the loop is stopped).
         #: ``(thread, loop.is_running)`` for loops that do not track their thread.
         self.running_here: tuple[int, Callable[[], bool]] | None = (
             None if isinstance(loop, asyncio.BaseEventLoop) else (get_ident(), loop.is_running)

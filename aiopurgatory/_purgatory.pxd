@@ -40,6 +40,8 @@ cdef class _Entry:
 
 
 @cython.locals(entry=_Entry)
+cdef _Entry _new_entry(threshold, Py_ssize_t number, op)
+@cython.locals(entry=_Entry)
 cdef list _unfinished(list entries)
 
 
@@ -97,14 +99,14 @@ cdef class _PurgatoryCore(_Owner):
     cpdef check_and_complete(self, key)
     @cython.locals(ops=dict, watch=_Thresholds, checked=list, watermarks=dict)
     cpdef advance(self, key, value)
-    @cython.locals(watchers=dict, ops=dict, keys=tuple, thresholds=tuple, late=double, wait=double)
+    @cython.locals(watchers=dict, ops=dict, keys=tuple, thresholds=tuple, now=double, due=double,
+                   timeout=double, late=double, wait=double)
     cdef _detach(self, DelayedOperation op, outcome)
     @cython.locals(everything=dict, watch=_Thresholds, i=Py_ssize_t, entry=_Entry)
     cdef _unwatch_thresholds(self, entries, tuple keys, tuple thresholds)
     @cython.locals(watermarks=dict)
     cdef _forget(self, key)
     cdef _record(self, DelayedOperation op)
-
 
 
 cdef class WatermarkOperation(DelayedOperation):

@@ -225,19 +225,28 @@ class _Entry:
     """A threshold watch of one key: ordered by threshold, then watch number.
 
     ``op`` is the operation until it finishes, then None (see _Thresholds).
+    Made by :func:`_new_entry`.
     """
 
     __slots__ = ("number", "op", "threshold")
 
-    def __init__(self, threshold: Any, number: int, op: Any) -> None:
-        self.threshold = threshold
-        self.number = number
-        self.op = op
+    number: int
+    op: Any
+    threshold: Any
 
     def __lt__(self, other: _Entry) -> bool:
         if self.threshold == other.threshold:
             return self.number < other.number
         return self.threshold < other.threshold  # type: ignore[no-any-return]
+
+
+def _new_entry(threshold: Any, number: int, op: Any) -> _Entry:
+    """A new entry (once per watch: set in place, cheaper than a call of ``__init__``)."""
+    entry = _Entry.__new__(_Entry)
+    entry.threshold = threshold
+    entry.number = number
+    entry.op = op
+    return entry
 
 
 def _unfinished(entries: list[_Entry]) -> list[_Entry]:
@@ -608,7 +617,7 @@ class _PurgatoryCore(_Owner):
             watch = everything.get(key)
             if watch is None:
                 everything[key] = watch = _Thresholds()
-            op._entries = entry = _Entry(thresholds[0], number, op)
+            op._entries = entry = _new_entry(thresholds[0], number, op)
             watch.add(entry)
             return
         entries = []
@@ -617,7 +626,7 @@ class _PurgatoryCore(_Owner):
             watch = everything.get(key)
             if watch is None:
                 everything[key] = watch = _Thresholds()
-            entry = _Entry(thresholds[i], number, op)
+            entry = _new_entry(thresholds[i], number, op)
             entries.append(entry)
             watch.add(entry)
         op._entries = tuple(entries)
@@ -811,8 +820,12 @@ class _PurgatoryCore(_Owner):
             if when is None:
                 wait = 0.0
             else:
-                late = self._timer._time() - when
-                wait = late + op._timeout
+                # C doubles in the compiled core (no float object per step).
+                now = self._timer._time()
+                due = when
+                timeout = op._timeout
+                late = now - due
+                wait = late + timeout
                 if outcome is EXPIRED and late >= 0.0:
                     self._lateness.record(late)
             if outcome is COMPLETED:
