@@ -91,6 +91,26 @@ def test_a_never_watched_op_cancelled_answers_too() -> None:
     assert op.exception() is None
 
 
+# -- watch() is a coroutine function -------------------------------------------------
+
+
+def test_watch_is_a_coroutine_function_and_an_unawaited_watch_warns() -> None:
+    # SPEC: `async def watch`, on both cores (the compiled core's is Cython's
+    # coroutine; a plain function returning an awaitable would not pass).
+    assert inspect.iscoroutinefunction(ap.Purgatory.watch)
+    p: ap.Purgatory[ap.DelayedOperation] = ap.Purgatory()
+    op = ap.DelayedOperation(1.0)
+    # A forgotten await is not silent: Python's "never awaited" warning, and
+    # nothing was watched (the watch starts when awaited).
+    coro = p.watch(op, ["k"])
+    assert asyncio.iscoroutine(coro)
+    with pytest.warns(RuntimeWarning, match="was never awaited"):
+        del coro
+    assert not op.done()
+    assert p.watched == 0
+    assert op.keys == ()
+
+
 # -- closing: plain close(), aclose() coroutine -------------------------------------
 
 
