@@ -159,6 +159,13 @@ class Program:
                 samples[name] = float(value)
         return samples
 
+    def stop_and_read(self) -> str:
+        """SIGTERM (unless it exited); the rest of its stderr, as text (for a failure's report)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=30)
+        return err
+
     def stop(self) -> tuple[int, list[dict[str, Any]]]:
         """SIGTERM; the exit status and the log lines after the first."""
         self.proc.send_signal(signal.SIGTERM)
