@@ -151,3 +151,23 @@ class Worker:
             if stream is not None:
                 stream.close()
         return self.proc.returncode
+
+
+async def write_on_a_closed_uvloop_transport(wrap: Callable[[], Any]) -> BaseException:
+    """The error uvloop raises for a write on a connection that has closed, through ``wrap``."""
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.transport.close()
+        await asyncio.sleep(0.01)  # the loop closes the handle
+        try:
+            with wrap():
+                writer.writelines([b"PING\r\n"])
+        except BaseException as exc:
+            return exc
+        raise AssertionError("the write on a closed transport did not raise")
+    finally:
+        server.close()
+        await server.wait_closed()
+        await asyncio.sleep(0.01)  # the server's side of the connection closes too

@@ -10,6 +10,7 @@ GET is held long past its wait), never how fast a healthy server was.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -30,7 +31,7 @@ import pytest
 
 from aiopurgatory.redis.testing import RedisServer
 from tests.longpoll_helpers import ROOT, Program, wait_until
-from tests.redis_helpers import ServerFactory
+from tests.redis_helpers import ServerFactory, write_on_a_closed_uvloop_transport
 
 pytestmark = pytest.mark.realtime
 
@@ -594,3 +595,38 @@ async def test_a_waiter_that_cannot_reach_redis_fails_and_leaves_nothing_open() 
     purgatory: ap.Purgatory[Any] = waiter.purgatory
     with pytest.raises(ap.PurgatoryClosedError):
         purgatory.try_complete_else_watch(ap.WatermarkOperation(1), {"t": 1})
+
+
+def test_a_write_on_a_closed_uvloop_transport_is_a_503_not_a_500() -> None:
+    # Seen in CI: Redis went away between redis-py's connect and its HELLO; uvloop
+    # raised RuntimeError for the write and a GET was answered 500. A lost
+    # connection is Redis down: 503, Redis marked down. Other errors stay errors.
+    import uvloop
+
+    from examples.longpoll.feed import FeedError
+    from examples.longpoll.redisfeed import RedisWaiter
+
+    waiter = RedisWaiter("redis://127.0.0.1:1")  # call() runs the command it is given
+
+    async def main() -> tuple[BaseException, BaseException]:
+        raw = await write_on_a_closed_uvloop_transport(contextlib.nullcontext)
+
+        async def lost() -> None:
+            raise raw
+
+        async def bug() -> None:
+            raise RuntimeError("a bug")
+
+        with pytest.raises(FeedError) as lost_info:
+            await waiter.call(lost)
+        with pytest.raises(RuntimeError) as bug_info:
+            await waiter.call(bug)
+        return lost_info.value, bug_info.value
+
+    lost, bug = uvloop.run(main())
+    assert isinstance(lost, FeedError)
+    assert lost.status == 503
+    assert not waiter.redis_ok
+    assert waiter.last_error is not None
+    assert "the handler is closed" in waiter.last_error
+    assert str(bug) == "a bug"

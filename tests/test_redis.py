@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ import aiopurgatory as ap
 from aiopurgatory.redis import RedisTriggers, RedisTriggersClosedError, RedisTriggersError
 from aiopurgatory.redis._wire import watermark_prefix
 from aiopurgatory.redis.testing import RedisServer
-from tests.redis_helpers import Worker, encode_key
+from tests.redis_helpers import Worker, encode_key, write_on_a_closed_uvloop_transport
 
 pytestmark = pytest.mark.realtime
 
@@ -776,3 +777,29 @@ async def test_a_cancelled_close_still_leaves_nothing(
     assert triggers.statistics().connected is False
     with pytest.raises(RedisTriggersClosedError):
         triggers.advance("k", 2)
+
+
+# -- a connection closed under a write, on uvloop ------------------------------------
+
+
+def test_a_write_on_a_closed_uvloop_transport_is_a_lost_connection() -> None:
+    # uvloop raises RuntimeError there (asyncio's transports drop the write), and
+    # redis-py maps OSError only: seen in CI when Redis went away between a connect
+    # and its first command. The triggers' Redis I/O takes it for a lost connection
+    # (retried), not for a bug (a batch dropped, the subscriber ended).
+    import uvloop
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from aiopurgatory.redis._triggers import _CONNECTION_LOST, _closed_transport
+
+    raw = uvloop.run(write_on_a_closed_uvloop_transport(contextlib.nullcontext))
+    assert type(raw) is RuntimeError
+    assert _closed_transport(raw)
+    mapped = uvloop.run(write_on_a_closed_uvloop_transport(lambda: _CONNECTION_LOST))
+    assert isinstance(mapped, RedisConnectionError)
+    assert mapped.__cause__ is not None
+    assert _closed_transport(mapped.__cause__)
+    # Any other RuntimeError is left alone.
+    with pytest.raises(RuntimeError, match="a bug"), _CONNECTION_LOST:
+        raise RuntimeError("a bug")
+    assert not _closed_transport(RuntimeError("a bug"))

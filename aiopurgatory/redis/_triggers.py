@@ -41,6 +41,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, AuthorizationError, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .._detect import current_backend
 from .._errors import PurgatoryError
@@ -102,6 +103,35 @@ return redis.call('PUBLISH', ARGV[2], ARGV[3])
 # dropped and retried. Anything else escaping the loops is a bug, logged loudly
 # and retried as well (a subscriber never ends silently).
 _CONNECTION_ERRORS: Final = (RedisError, OSError, asyncio.TimeoutError, EOFError)
+
+
+def _closed_transport(exc: BaseException) -> bool:
+    """True for uvloop's error on a write to a connection that has closed.
+
+    asyncio's own transports drop such a write (the read then fails with
+    ``ConnectionError``); uvloop's raise ``RuntimeError("unable to perform
+    operation on <TCPTransport closed=True ...>; the handler is closed")``,
+    which redis-py (it maps ``OSError``) lets through: seen when Redis went away
+    between a connect and its first command.
+    """
+    return type(exc) is RuntimeError and str(exc).endswith("the handler is closed")
+
+
+class _ConnectionLost:
+    """``with _CONNECTION_LOST:`` around Redis I/O: :func:`_closed_transport` errors
+    become redis-py's ``ConnectionError``, handled as every lost connection is."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is not None and _closed_transport(exc):
+            raise RedisConnectionError(f"the connection closed under a write ({exc})") from exc
+
+
+_CONNECTION_LOST: Final = _ConnectionLost()
 
 
 class RedisTriggersError(PurgatoryError):
@@ -459,7 +489,8 @@ class RedisTriggers:
         self._check_running()
         failure: str | None = None
         try:
-            raw = await self._client.get(redis_key(self._prefix, key))
+            with _CONNECTION_LOST:
+                raw = await self._client.get(redis_key(self._prefix, key))
         except _CONNECTION_ERRORS as exc:
             failure = self._redactor.error(exc)
         if failure is not None:
@@ -510,7 +541,8 @@ class RedisTriggers:
             return
         failure: BaseException | None = None
         try:
-            raw = await self._client.mget([redis_key(self._prefix, key) for key in keys])
+            with _CONNECTION_LOST:
+                raw = await self._client.mget([redis_key(self._prefix, key) for key in keys])
         except _CONNECTION_ERRORS as exc:
             failure = exc
         if failure is not None:
@@ -553,10 +585,11 @@ class RedisTriggers:
         failure: BaseException | None = None
         connection: Any = None
         try:
-            await self._client.ping()
-            if self._purgatory is not None:
-                connection = await self._subscribe()
-                await self._resync()
+            with _CONNECTION_LOST:
+                await self._client.ping()
+                if self._purgatory is not None:
+                    connection = await self._subscribe()
+                    await self._resync()
         except _CONNECTION_ERRORS as exc:
             failure = exc
         except BaseException:  # cancelled while connecting: leave nothing open
@@ -709,7 +742,8 @@ class RedisTriggers:
                 self._inflight = len(batch)
                 self._inflight_waiters = waiters
                 try:
-                    await self._send(batch)
+                    with _CONNECTION_LOST:
+                        await self._send(batch)
                 except _CONNECTION_ERRORS as exc:
                     failures += 1
                     self._publish_errors += 1
@@ -833,9 +867,10 @@ class RedisTriggers:
         while True:
             if connection is None:
                 try:
-                    connection = await self._subscribe()
-                    self._connection = connection
-                    await self._resync()
+                    with _CONNECTION_LOST:
+                        connection = await self._subscribe()
+                        self._connection = connection
+                        await self._resync()
                 except _CONNECTION_ERRORS as exc:
                     if connection is not None:
                         await connection.disconnect(nowait=True)
@@ -855,7 +890,8 @@ class RedisTriggers:
                 attempt = 0
                 logged_failure = None
             try:
-                await self._listen(connection)
+                with _CONNECTION_LOST:
+                    await self._listen(connection)
             except _CONNECTION_ERRORS as exc:
                 text = self._record_error(exc)
                 self._logger.warning("aiopurgatory.redis.disconnected", error=text)
@@ -908,7 +944,7 @@ class RedisTriggers:
             elif not pinged:
                 pinged = True
                 # A failed send: the reader sees the broken connection too.
-                with contextlib.suppress(*_CONNECTION_ERRORS):
+                with contextlib.suppress(*_CONNECTION_ERRORS), _CONNECTION_LOST:
                     await connection.send_command("PING", check_health=False)
             else:
                 self._health_failure = TimeoutError(

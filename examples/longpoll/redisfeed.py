@@ -134,6 +134,13 @@ REDIS_DOWN: tuple[type[BaseException], ...] = (
 )
 
 
+def closed_transport(exc: RuntimeError) -> bool:
+    """uvloop's error on a write to a connection that has closed, which redis-py lets
+    through (it maps ``OSError``; asyncio's transports drop such a write instead):
+    Redis went away between a connect and its first command. A lost connection."""
+    return str(exc).endswith("the handler is closed")
+
+
 def _scrub(message: str, url: str) -> str:
     password = urllib.parse.urlsplit(url).password
     if password:
@@ -344,7 +351,12 @@ class RedisWaiter(PurgatoryWaiter):
         """
         try:
             async with asyncio.timeout(self.command_timeout + 0.5):
-                result = await make()
+                try:
+                    result = await make()
+                except RuntimeError as exc:
+                    if not closed_transport(exc):
+                        raise
+                    raise redis.exceptions.ConnectionError(str(exc)) from exc
         except REDIS_DOWN as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
