@@ -168,8 +168,7 @@ class Program:
 
     def stop(self) -> tuple[int, list[dict[str, Any]]]:
         """SIGTERM; the exit status and the log lines after the first."""
-        self.proc.send_signal(signal.SIGTERM)
-        _, err = self.proc.communicate(timeout=30)
+        err = self.stop_and_read()
         return self.proc.returncode, [json.loads(line) for line in err.splitlines()]
 
 
