@@ -1,0 +1,333 @@
+"""Web frameworks: a parked request that ends with its client, and a shutdown that does not wait.
+
+Pure ASGI (Starlette, FastAPI or any ASGI application), on asyncio loops (asyncio,
+uvloop: what uvicorn, gunicorn's uvicorn workers and hypercorn's asyncio and
+uvloop workers run). Two problems of a web service that parks requests in a
+purgatory, and their tools:
+
+* :class:`CancelOnDisconnect`: ASGI servers do not cancel a request's handler when
+  its client hangs up; they only say so with an ``http.disconnect`` message, to a
+  handler that is not listening while it awaits ``purgatory.watch(...)``. The
+  middleware listens for it and cancels the handler, which withdraws its
+  operation at once (``Outcome.CANCELLED``, out of the timer and every watch list).
+* :func:`release_on_shutdown`: uvicorn (and gunicorn's uvicorn workers) wait for
+  open requests to finish before they run the application's lifespan shutdown, so
+  ``async with purgatory:`` in the lifespan releases parked requests only after
+  they have all timed out. Entered in the lifespan, it makes SIGTERM and SIGINT
+  close the purgatories first (every parked operation ends ``CANCELLED``, its
+  handler answers at once), then lets the server's own handling run.
+
+Neither imports a framework or a server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import signal
+import threading
+from collections.abc import Awaitable, Callable, MutableMapping
+from types import FrameType, TracebackType
+from typing import Any, Final, Self
+
+from ._logging import LazyLogger
+from ._purgatory import Purgatory
+
+__all__ = ["SHUTDOWN_SIGNALS", "CancelOnDisconnect", "release_on_shutdown"]
+
+# The ASGI callable's types, spelled out so that no framework is needed for them.
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: The signals :func:`release_on_shutdown` answers: what process managers
+#: (systemd, Kubernetes, Docker, gunicorn's arbiter) and Ctrl+C send to stop a server.
+SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+
+_logger = LazyLogger()
+
+# Messages that end a response unless they say ``more_body`` (pathsend never does).
+_LAST_PARTS = frozenset(
+    ("http.response.body", "http.response.zerocopysend", "http.response.pathsend")
+)
+
+
+class CancelOnDisconnect:
+    """ASGI middleware: cancel an HTTP request's handler when its client disconnects.
+
+    Wrap the application (``app = CancelOnDisconnect(app)``, or Starlette's and
+    FastAPI's ``Middleware(CancelOnDisconnect)``). For each HTTP request, one
+    task reads the server's ``receive`` and hands the messages on to the handler,
+    which reads its request body as before. When the client disconnects while the
+    handler runs and before its response is complete, the handler's task is
+    cancelled: an ``await purgatory.watch(...)`` there withdraws its operation at
+    once (``Outcome.CANCELLED``) and ``CancelledError`` unwinds the handler. The
+    middleware then returns normally (there is nobody to answer), so the server
+    logs no error.
+
+    What it does not change: a handler that finished (its response complete) is
+    never cancelled, background work after the response included; the body is
+    read ahead by at most one message while the handler has not taken it, so the
+    server's flow control on large uploads stays in force (a disconnect is then
+    seen once the handler reads on, as without the middleware); a cancellation
+    from elsewhere (the server's own shutdown timeout) propagates as before.
+    WebSocket and lifespan scopes pass through untouched.
+
+    Reading ahead means the server's ``receive()`` is called as soon as the
+    request starts: a request with ``Expect: 100-continue`` is told to send its
+    body then, not when the handler first asks for it.
+
+    Args:
+        app: the ASGI application to wrap.
+
+    Raises:
+        TypeError: ``app`` is not callable.
+        RuntimeError: (per request) the server does not run an asyncio loop.
+    """
+
+    __slots__ = ("app",)
+
+    def __init__(self, app: ASGIApp) -> None:
+        if not callable(app):
+            raise TypeError(f"app must be an ASGI application (callable), got {type(app).__name__}")
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            task = None
+        if task is None:
+            raise RuntimeError("CancelOnDisconnect needs an asyncio loop (asyncio or uvloop)")
+        request = _Request(receive, send, task)
+        reader = asyncio.get_running_loop().create_task(request.read())
+        try:
+            await self.app(scope, request.receive, request.send)
+        except asyncio.CancelledError:
+            # Ours (the client is gone): the request ends here, quietly. Anyone
+            # else's (uvicorn's shutdown timeout, an outer cancel scope): on its way.
+            if request.cancelled and task.uncancel() == 0:
+                return
+            raise
+        else:
+            if request.cancelled:
+                # The handler caught our cancellation and returned: it is spent.
+                task.uncancel()
+        finally:
+            request.finished = True
+            reader.cancel()
+
+
+class _Request:
+    """One HTTP request's messages: read from the server by :meth:`read`, handed to the
+    application by :meth:`receive`; :meth:`send` notes when the response is complete."""
+
+    __slots__ = (
+        "_arrived",
+        "_error",
+        "_messages",
+        "_receive",
+        "_send",
+        "_taken",
+        "_task",
+        "cancelled",
+        "finished",
+        "responded",
+    )
+
+    def __init__(self, receive: Receive, send: Send, task: asyncio.Task[Any]) -> None:
+        self._receive = receive
+        self._send = send
+        self._task = task
+        # Read from the server, not yet taken by the application (at most a request
+        # message and the disconnect).
+        self._messages: collections.deque[Message] = collections.deque()
+        self._arrived = asyncio.Event()
+        self._taken = asyncio.Event()
+        self._error: Exception | None = None
+        #: The handler was cancelled because its client disconnected.
+        self.cancelled = False
+        #: The handler returned (or raised).
+        self.finished = False
+        #: The response is complete (its last body message was sent).
+        self.responded = False
+
+    async def read(self) -> None:
+        """Read the server's messages until the disconnect (then cancel the handler if
+        it still runs and has not answered) or until the handler finishes."""
+        while True:
+            try:
+                message = await self._receive()
+            except Exception as exc:
+                # The application gets it from its next receive(), as it would have.
+                self._error = exc
+                self._arrived.set()
+                return
+            self._messages.append(message)
+            self._arrived.set()
+            kind = message["type"]
+            if kind == "http.disconnect":
+                if not (self.finished or self.responded):
+                    self.cancelled = True
+                    self._task.cancel()
+                return
+            if kind == "http.request" and message.get("more_body", False):
+                # More body to come: read it when the handler has taken this part, so
+                # the server keeps pausing a client that sends faster than it is read.
+                while self._messages:
+                    self._taken.clear()
+                    await self._taken.wait()
+            # After the last part of the body, only the disconnect can come.
+
+    async def receive(self) -> Message:
+        """The application's ``receive``: the server's messages, in order."""
+        while not self._messages:
+            if self._error is not None:
+                raise self._error
+            self._arrived.clear()
+            await self._arrived.wait()
+        message = self._messages[0]
+        if message["type"] == "http.disconnect":
+            # Left in place: every later receive() says so too, as servers do.
+            return message
+        self._messages.popleft()
+        self._taken.set()
+        return message
+
+    async def send(self, message: Message) -> None:
+        """The application's ``send``: the server's, noting the end of the response."""
+        kind = message["type"]
+        if kind in _LAST_PARTS and not message.get("more_body", False):
+            self.responded = True
+        await self._send(message)
+
+
+class _ReleaseOnShutdown:
+    """What :func:`release_on_shutdown` returns (an async context manager)."""
+
+    __slots__ = ("_installed", "_loop", "_purgatories", "_released")
+
+    def __init__(self, purgatories: tuple[Purgatory[Any], ...]) -> None:
+        self._purgatories = purgatories
+        self._installed: dict[int, tuple[Any, Callable[[int, FrameType | None], None]]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._released = False
+
+    async def __aenter__(self) -> Self:
+        if self._loop is not None:
+            raise RuntimeError("release_on_shutdown(...) is entered once; call it again for more")
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                "release_on_shutdown needs an asyncio loop (asyncio or uvloop)"
+            ) from None
+        if threading.current_thread() is not threading.main_thread():
+            # Python runs signal handlers in the main thread only: a server serving
+            # from another thread (uvicorn there) does not handle signals either.
+            _logger.debug("aiopurgatory.release_on_shutdown_inactive", reason="not main thread")
+            return self
+        for sig in SHUTDOWN_SIGNALS:
+            previous = signal.getsignal(sig)
+            if previous is signal.SIG_IGN or previous is None:
+                # Ignored on purpose (hypercorn's workers ignore SIGINT and stop when
+                # their parent says so), or set outside Python: not ours to take over.
+                continue
+            handler = self._handler(previous)
+            signal.signal(sig, handler)
+            self._installed[sig] = (previous, handler)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        installed, self._installed = self._installed, {}
+        for sig, (previous, handler) in installed.items():
+            # Only if ours is still there: a server that replaced it since (asyncio's
+            # remove_signal_handler, say) keeps its own choice.
+            if signal.getsignal(sig) is handler:
+                signal.signal(sig, previous)
+
+    def _handler(self, previous: Any) -> Callable[[int, FrameType | None], None]:
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            # A signal handler runs between two bytecodes of whatever the main thread
+            # was doing, possibly inside a purgatory: the closing waits for the loop.
+            loop = self._loop
+            if not self._released and loop is not None and not loop.is_closed():
+                self._released = True
+                loop.call_soon_threadsafe(self._release, signum)
+            if callable(previous):
+                # The server's handler, in the context it was written for (uvicorn's
+                # sets a flag its main loop polls; the Python half of asyncio's and
+                # uvloop's add_signal_handler hands the signal to the loop).
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL and loop is not None and not loop.is_closed():
+                # Nobody handles it: the default action (the end of the process),
+                # once the purgatories are closed.
+                loop.call_soon_threadsafe(self._default, signum)
+
+        return on_signal
+
+    def _release(self, signum: int) -> None:
+        pending = sum(p.pending for p in self._purgatories)
+        for purgatory in self._purgatories:
+            purgatory.close()
+        _logger.info(
+            "aiopurgatory.released_on_shutdown",
+            signal=signal.Signals(signum).name,
+            purgatories=[p.name for p in self._purgatories],
+            cancelled=pending,
+        )
+
+    def _default(self, signum: int) -> None:
+        self._restore()
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+
+
+def release_on_shutdown(*purgatories: Purgatory[Any]) -> _ReleaseOnShutdown:
+    """An async context manager for an application's lifespan: SIGTERM and SIGINT close
+    ``purgatories`` first, then run the server's own handling.
+
+    On entry it puts its handler in front of the process's current ones (those
+    that the server installed before the lifespan started: uvicorn's, also under
+    ``--workers N`` and in gunicorn's uvicorn workers, or the Python half of an
+    event loop's ``add_signal_handler``, as hypercorn uses). On a signal, the
+    purgatories are closed on the loop at once (every parked operation ends
+    ``CANCELLED``, so its handler answers now, and a new ``watch()`` raises
+    ``PurgatoryClosedError``), and the previous handler is called as it would
+    have been; with none (``SIG_DFL``), the default action follows the closing.
+    A signal ignored (``SIG_IGN``) stays ignored. On exit the previous handlers
+    are back, unless the server has replaced ours since.
+
+    Signals reach Python's handlers in the main thread only: entered in another
+    thread, it installs nothing (a server there does not handle signals either).
+
+    Args:
+        *purgatories: the purgatories whose parked operations hold requests.
+
+    Raises:
+        TypeError: no purgatory given, or an argument that is not an
+            :class:`~aiopurgatory.Purgatory` (the message names its position).
+        RuntimeError: (on entry) no running asyncio loop; entered twice.
+    """
+    if not purgatories:
+        raise TypeError("release_on_shutdown() needs at least one purgatory")
+    for index, purgatory in enumerate(purgatories):
+        if not isinstance(purgatory, Purgatory):
+            raise TypeError(
+                f"purgatories[{index}] must be an aiopurgatory.Purgatory, "
+                f"got {type(purgatory).__name__}"
+            )
+    return _ReleaseOnShutdown(purgatories)
