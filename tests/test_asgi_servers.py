@@ -73,14 +73,20 @@ class Served:
         self.kind = kind
         self.events = events
         self.port = free_port()
-        self.proc = subprocess.Popen(
-            kind.argv(self.port),
-            cwd=ROOT,
-            env={**os.environ, EVENTS_ENV: str(events)},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
+        # A file, not a pipe: a server that logs more than a pipe holds must not block.
+        self.log = events.with_suffix(".log")
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                kind.argv(self.port),
+                cwd=ROOT,
+                env={**os.environ, EVENTS_ENV: str(events)},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # Its own process group: the end of a test ends the workers too, whatever
+                # became of their parent.
+                start_new_session=True,
+            )
 
     def read_events(self) -> list[dict[str, Any]]:
         if not self.events.exists():
@@ -120,17 +126,12 @@ class Served:
             time.sleep(0.02)
 
     def output(self) -> str:
-        assert self.proc.stdout is not None
-        if self.proc.poll() is None:
-            return "(still running)"
-        return self.proc.stdout.read().decode(errors="replace")
+        return self.log.read_text(encoding="utf-8", errors="replace")[-4000:]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
 
 
 @pytest.fixture(params=KINDS, ids=lambda kind: kind.name)
