@@ -68,11 +68,12 @@ class CancelOnDisconnect:
     logs no error.
 
     What it does not change: a handler that finished (its response complete) is
-    never cancelled, background work after the response included; the body is
+    never cancelled, background work after the response included. The body is
     read ahead by at most one message while the handler has not taken it, so the
-    server's flow control on large uploads stays in force (a disconnect is then
-    seen once the handler reads on, as without the middleware); a cancellation
-    from elsewhere (the server's own shutdown timeout) propagates as before.
+    server's flow control on large uploads stays in force, and a hang-up before
+    the body is whole reaches the handler from its next ``receive()``, as without
+    the middleware (Starlette's ``ClientDisconnect``). A cancellation from
+    elsewhere (the server's own shutdown timeout) propagates as before.
     WebSocket and lifespan scopes pass through untouched.
 
     Reading ahead means the server's ``receive()`` is called as soon as the
@@ -129,6 +130,7 @@ class _Request:
 
     __slots__ = (
         "_arrived",
+        "_body_done",
         "_error",
         "_messages",
         "_receive",
@@ -150,6 +152,7 @@ class _Request:
         self._arrived = asyncio.Event()
         self._taken = asyncio.Event()
         self._error: Exception | None = None
+        self._body_done = False
         #: The handler was cancelled because its client disconnected.
         self.cancelled = False
         #: The handler returned (or raised).
@@ -172,17 +175,20 @@ class _Request:
             self._arrived.set()
             kind = message["type"]
             if kind == "http.disconnect":
-                if not (self.finished or self.responded):
+                # Before the body is whole the handler is reading it: it learns of the
+                # hang-up from its next receive(), as without the middleware.
+                if self._body_done and not (self.finished or self.responded):
                     self.cancelled = True
                     self._task.cancel()
                 return
-            if kind == "http.request" and message.get("more_body", False):
+            if kind != "http.request" or not message.get("more_body", False):
+                self._body_done = True
+            else:
                 # More body to come: read it when the handler has taken this part, so
                 # the server keeps pausing a client that sends faster than it is read.
                 while self._messages:
                     self._taken.clear()
                     await self._taken.wait()
-            # After the last part of the body, only the disconnect can come.
 
     async def receive(self) -> Message:
         """The application's ``receive``: the server's messages, in order."""
@@ -210,10 +216,15 @@ class _Request:
 class _ReleaseOnShutdown:
     """What :func:`release_on_shutdown` returns (an async context manager)."""
 
-    __slots__ = ("_installed", "_loop", "_purgatories", "_released")
+    __slots__ = ("_installed", "_loop", "_on_signal", "_purgatories", "_released")
 
-    def __init__(self, purgatories: tuple[Purgatory[Any], ...]) -> None:
+    def __init__(
+        self,
+        purgatories: tuple[Purgatory[Any], ...],
+        on_signal: Callable[[signal.Signals], object] | None,
+    ) -> None:
         self._purgatories = purgatories
+        self._on_signal = on_signal
         self._installed: dict[int, tuple[Any, Callable[[int, FrameType | None], None]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._released = False
@@ -280,12 +291,24 @@ class _ReleaseOnShutdown:
         return on_signal
 
     def _release(self, signum: int) -> None:
+        sig = signal.Signals(signum)
+        if self._on_signal is not None:
+            try:
+                self._on_signal(sig)
+            except Exception as exc:
+                # Logged, and the purgatories are closed all the same.
+                _logger.error(
+                    "aiopurgatory.on_signal_failed",
+                    signal=sig.name,
+                    error=f"{type(exc).__name__}: {exc}",
+                    exc_info=exc,
+                )
         pending = sum(p.pending for p in self._purgatories)
         for purgatory in self._purgatories:
             purgatory.close()
         _logger.info(
             "aiopurgatory.released_on_shutdown",
-            signal=signal.Signals(signum).name,
+            signal=sig.name,
             purgatories=[p.name for p in self._purgatories],
             cancelled=pending,
         )
@@ -296,7 +319,10 @@ class _ReleaseOnShutdown:
         signal.raise_signal(signum)
 
 
-def release_on_shutdown(*purgatories: Purgatory[Any]) -> _ReleaseOnShutdown:
+def release_on_shutdown(
+    *purgatories: Purgatory[Any],
+    on_signal: Callable[[signal.Signals], object] | None = None,
+) -> _ReleaseOnShutdown:
     """An async context manager for an application's lifespan: SIGTERM and SIGINT close
     ``purgatories`` first, then run the server's own handling.
 
@@ -316,18 +342,26 @@ def release_on_shutdown(*purgatories: Purgatory[Any]) -> _ReleaseOnShutdown:
 
     Args:
         *purgatories: the purgatories whose parked operations hold requests.
+        on_signal: called with the signal, on the loop, just before the
+            purgatories are closed: for what else the application stops at that
+            moment (a draining flag that ``/healthz`` reports, waits of its own).
+            An exception from it is logged (``aiopurgatory.on_signal_failed``)
+            and the purgatories are closed all the same.
 
     Raises:
-        TypeError: no purgatory given, or an argument that is not an
-            :class:`~aiopurgatory.Purgatory` (the message names its position).
+        TypeError: neither a purgatory nor ``on_signal`` given; an argument that
+            is not an :class:`~aiopurgatory.Purgatory` (the message names its
+            position); ``on_signal`` not callable.
         RuntimeError: (on entry) no running asyncio loop; entered twice.
     """
-    if not purgatories:
-        raise TypeError("release_on_shutdown() needs at least one purgatory")
     for index, purgatory in enumerate(purgatories):
         if not isinstance(purgatory, Purgatory):
             raise TypeError(
                 f"purgatories[{index}] must be an aiopurgatory.Purgatory, "
                 f"got {type(purgatory).__name__}"
             )
-    return _ReleaseOnShutdown(purgatories)
+    if on_signal is not None and not callable(on_signal):
+        raise TypeError(f"on_signal must be callable or None, got {type(on_signal).__name__}")
+    if not purgatories and on_signal is None:
+        raise TypeError("release_on_shutdown() needs a purgatory (or on_signal)")
+    return _ReleaseOnShutdown(purgatories, on_signal)

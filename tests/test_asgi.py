@@ -171,6 +171,24 @@ async def test_the_handler_reads_its_own_body_one_part_ahead_at_most() -> None:
     assert reads_seen == [1, 2, 3]
 
 
+async def test_a_hang_up_before_the_body_is_whole_reaches_the_handler() -> None:
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            seen.append(message["type"])
+            if message["type"] == "http.disconnect":
+                return
+
+    server = Server(request(b"part", more_body=True))
+    call = asyncio.create_task(CancelOnDisconnect(app)(http_scope(), server.receive, server.send))
+    await until(lambda: seen == ["http.request"])
+    server.hang_up()
+    await call  # the handler saw the hang-up itself and returned: not cancelled
+    assert seen == ["http.request", "http.disconnect"]
+
+
 async def test_a_finished_handler_is_not_cancelled_and_leaves_no_task() -> None:
     before = asyncio.all_tasks()
     background_done = asyncio.Event()
@@ -442,6 +460,34 @@ async def test_sigterm_closes_the_purgatories_then_runs_the_servers_handler(
     assert signal.getsignal(signal.SIGTERM) is handler
 
 
+async def test_on_signal_runs_first_and_its_failure_does_not_stop_the_closing(
+    server_handler: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    purgatory: ap.Purgatory[Wait] = ap.Purgatory("web")
+    seen: list[tuple[signal.Signals, bool]] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        seen.append((sig, purgatory.closed))
+        raise RuntimeError("draining flag broken")
+
+    async with release_on_shutdown(purgatory, on_signal=on_signal):
+        wait = asyncio.create_task(purgatory.watch(Wait(30), ["a"]))
+        await until(lambda: purgatory.pending == 1)
+        signal.raise_signal(signal.SIGTERM)
+        assert await wait is ap.Outcome.CANCELLED
+    assert seen == [(signal.SIGTERM, False)]
+    assert "aiopurgatory.on_signal_failed" in caplog.text
+    assert "draining flag broken" in caplog.text
+
+
+async def test_on_signal_alone(server_handler: list[int]) -> None:
+    seen: list[signal.Signals] = []
+    async with release_on_shutdown(on_signal=seen.append):
+        signal.raise_signal(signal.SIGTERM)
+        await until(lambda: seen == [signal.SIGTERM])
+    assert server_handler == [signal.SIGTERM]
+
+
 async def test_a_loops_signal_handler_still_runs() -> None:
     # hypercorn's way: loop.add_signal_handler, whose Python half is replaced by ours.
     loop = asyncio.get_running_loop()
@@ -500,8 +546,10 @@ def test_outside_the_main_thread_nothing_is_installed() -> None:
 def test_bad_arguments_are_named() -> None:
     with pytest.raises(TypeError, match=r"purgatories\[1\] must be an aiopurgatory.Purgatory"):
         release_on_shutdown(ap.Purgatory("web"), "web")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="at least one purgatory"):
+    with pytest.raises(TypeError, match=r"needs a purgatory \(or on_signal\)"):
         release_on_shutdown()
+    with pytest.raises(TypeError, match="on_signal must be callable"):
+        release_on_shutdown(ap.Purgatory("web"), on_signal="stop")  # type: ignore[arg-type]
 
 
 async def test_entered_once() -> None:
