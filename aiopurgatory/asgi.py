@@ -105,8 +105,9 @@ class CancelOnDisconnect:
             task = None
         if task is None:
             raise RuntimeError("CancelOnDisconnect needs an asyncio loop (asyncio or uvloop)")
-        request = _Request(receive, send, task)
-        reader = asyncio.get_running_loop().create_task(request.read())
+        loop = asyncio.get_running_loop()
+        request = _Request(receive, send, task, loop)
+        reader = loop.create_task(request.read())
         try:
             await self.app(scope, request.receive, request.send)
         except asyncio.CancelledError:
@@ -129,28 +130,35 @@ class _Request:
     application by :meth:`receive`; :meth:`send` notes when the response is complete."""
 
     __slots__ = (
-        "_arrived",
         "_body_done",
         "_error",
+        "_loop",
         "_messages",
         "_receive",
         "_send",
         "_taken",
         "_task",
+        "_waiters",
         "cancelled",
         "finished",
         "responded",
     )
 
-    def __init__(self, receive: Receive, send: Send, task: asyncio.Task[Any]) -> None:
+    def __init__(
+        self, receive: Receive, send: Send, task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop
+    ) -> None:
         self._receive = receive
         self._send = send
         self._task = task
+        self._loop = loop
         # Read from the server, not yet taken by the application (at most a request
         # message and the disconnect).
         self._messages: collections.deque[Message] = collections.deque()
-        self._arrived = asyncio.Event()
-        self._taken = asyncio.Event()
+        # The application's receive() calls waiting for a message (futures, not
+        # Events: they cost less, and most requests never wait).
+        self._waiters: list[asyncio.Future[None]] = []
+        # The reader, waiting for the application to take a part of the body.
+        self._taken: asyncio.Future[None] | None = None
         self._error: Exception | None = None
         self._body_done = False
         #: The handler was cancelled because its client disconnected.
@@ -169,10 +177,10 @@ class _Request:
             except Exception as exc:
                 # The application gets it from its next receive(), as it would have.
                 self._error = exc
-                self._arrived.set()
+                self._wake()
                 return
             self._messages.append(message)
-            self._arrived.set()
+            self._wake()
             kind = message["type"]
             if kind == "http.disconnect":
                 # Before the body is whole the handler is reading it: it learns of the
@@ -187,22 +195,35 @@ class _Request:
                 # More body to come: read it when the handler has taken this part, so
                 # the server keeps pausing a client that sends faster than it is read.
                 while self._messages:
-                    self._taken.clear()
-                    await self._taken.wait()
+                    self._taken = self._loop.create_future()
+                    await self._taken
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def receive(self) -> Message:
         """The application's ``receive``: the server's messages, in order."""
         while not self._messages:
             if self._error is not None:
                 raise self._error
-            self._arrived.clear()
-            await self._arrived.wait()
+            waiter = self._loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if not waiter.done():  # cancelled while waiting (Starlette's is_disconnected)
+                    self._waiters.remove(waiter)
         message = self._messages[0]
         if message["type"] == "http.disconnect":
             # Left in place: every later receive() says so too, as servers do.
             return message
         self._messages.popleft()
-        self._taken.set()
+        taken = self._taken
+        if taken is not None and not taken.done():
+            taken.set_result(None)
         return message
 
     async def send(self, message: Message) -> None:
