@@ -30,17 +30,17 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from types import FrameType, TracebackType
 from typing import Any, Final, Self
 
+from . import Purgatory
 from ._logging import LazyLogger
-from ._purgatory import Purgatory
 
 __all__ = ["SHUTDOWN_SIGNALS", "CancelOnDisconnect", "release_on_shutdown"]
 
 # The ASGI callable's types, spelled out so that no framework is needed for them.
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+_Scope = MutableMapping[str, Any]
+_Message = MutableMapping[str, Any]
+_Receive = Callable[[], Awaitable[_Message]]
+_Send = Callable[[_Message], Awaitable[None]]
+_ASGIApp = Callable[[_Scope, _Receive, _Send], Awaitable[None]]
 
 #: The signals :func:`release_on_shutdown` answers: what process managers
 #: (systemd, Kubernetes, Docker, gunicorn's arbiter) and Ctrl+C send to stop a server.
@@ -90,12 +90,12 @@ class CancelOnDisconnect:
 
     __slots__ = ("app",)
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: _ASGIApp) -> None:
         if not callable(app):
             raise TypeError(f"app must be an ASGI application (callable), got {type(app).__name__}")
         self.app = app
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -145,7 +145,11 @@ class _Request:
     )
 
     def __init__(
-        self, receive: Receive, send: Send, task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop
+        self,
+        receive: _Receive,
+        send: _Send,
+        task: asyncio.Task[Any],
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._receive = receive
         self._send = send
@@ -153,7 +157,7 @@ class _Request:
         self._loop = loop
         # Read from the server, not yet taken by the application (at most a request
         # message and the disconnect).
-        self._messages: collections.deque[Message] = collections.deque()
+        self._messages: collections.deque[_Message] = collections.deque()
         # The application's receive() calls waiting for a message (futures, not
         # Events: they cost less, and most requests never wait).
         self._waiters: list[asyncio.Future[None]] = []
@@ -204,7 +208,7 @@ class _Request:
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def receive(self) -> Message:
+    async def receive(self) -> _Message:
         """The application's ``receive``: the server's messages, in order."""
         while not self._messages:
             if self._error is not None:
@@ -226,7 +230,7 @@ class _Request:
             taken.set_result(None)
         return message
 
-    async def send(self, message: Message) -> None:
+    async def send(self, message: _Message) -> None:
         """The application's ``send``: the server's, noting the end of the response."""
         kind = message["type"]
         if kind in _LAST_PARTS and not message.get("more_body", False):
