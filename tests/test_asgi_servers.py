@@ -48,7 +48,7 @@ class Kind:
 
 _UVICORN = ("uvicorn", APP, "--port", "{port}", "--log-level", "warning")
 _GUNICORN = ("gunicorn", APP, "-k", "uvicorn_worker.UvicornWorker", "-b", "127.0.0.1:{port}")
-_HYPERCORN = ("hypercorn", APP, "-b", "127.0.0.1:{port}", "-w", "0", "--backlog", "2048")
+_HYPERCORN = ("hypercorn", APP, "-b", "127.0.0.1:{port}", "--backlog", "2048", "-w", "0")
 
 KINDS = [
     Kind("uvicorn", 1, _UVICORN),
@@ -237,3 +237,29 @@ def test_a_hang_up_withdraws_its_operation_within_100_ms(served: Served) -> None
         for sock in socks:
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+def test_hypercorns_worker_processes_get_no_signal(tmp_path: Path) -> None:
+    # What the how-to says of hypercorn with worker processes (its default): the parent
+    # tells them to stop through an event, not a signal, so release_on_shutdown never
+    # runs there; the parked requests wait for --graceful-timeout, then hypercorn
+    # cancels them and answers 500.
+    kind = Kind("hypercorn-workers-1", 1, (*_HYPERCORN[:-1], "1", "--graceful-timeout", "1"))
+    server = Served(kind, tmp_path / "events.jsonl")
+    socks: list[socket.socket] = []
+    try:
+        server.wait_for("started", 1)
+        server.wait_listening()
+        socks = park(server.port, 20)
+        server.wait_for("parked", 20)
+        start = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        answers = read_answers(socks, seconds=10)
+        answered = time.monotonic() - start
+        server.proc.wait(timeout=10)
+    finally:
+        for sock in socks:
+            sock.close()
+        server.stop()
+    assert [raw.split(b"\r\n", 1)[0] for raw in answers] == [b"HTTP/1.1 500 "] * 20
+    assert answered >= 1.0
