@@ -116,6 +116,10 @@ class CancelOnDisconnect:
             if request.cancelled and task.uncancel() == 0:
                 return
             raise
+        except BaseException:
+            if request.cancelled:
+                task.uncancel()  # the handler turned our cancellation into an error
+            raise
         else:
             if request.cancelled:
                 # The handler caught our cancellation and returned: it is spent.

@@ -7,6 +7,7 @@ Under real servers, with real signals and clients that hang up: tests/test_asgi_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -250,6 +251,34 @@ async def test_a_cancellation_from_elsewhere_propagates() -> None:
     with pytest.raises(asyncio.CancelledError):
         await call
     assert op.outcome is ap.Outcome.CANCELLED
+
+
+@pytest.mark.parametrize("ends", ["returns", "raises"])
+async def test_a_handler_that_swallows_the_cancellation_leaves_its_task_clean(ends: str) -> None:
+    purgatory: ap.Purgatory[Wait] = ap.Purgatory("web")
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await purgatory.watch(Wait(30), ["job"])
+        except asyncio.CancelledError:
+            if ends == "raises":
+                raise ValueError("gone") from None
+
+    async def serve() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        with contextlib.suppress(ValueError):
+            await CancelOnDisconnect(app)(http_scope(), server.receive, server.send)
+        # A later timeout in the same task still works: no cancellation left pending.
+        async with asyncio.timeout(0.01):
+            await asyncio.sleep(0)
+        return task.cancelling()
+
+    server = Server(request())
+    call = asyncio.create_task(serve())
+    await until(lambda: purgatory.pending == 1)
+    server.hang_up()
+    assert await call == 0
 
 
 async def test_the_handler_errors_pass_unchanged() -> None:
