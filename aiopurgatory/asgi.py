@@ -107,7 +107,10 @@ class CancelOnDisconnect:
             raise RuntimeError("CancelOnDisconnect needs an asyncio loop (asyncio or uvloop)")
         loop = asyncio.get_running_loop()
         request = _Request(receive, send, task, loop)
-        reader = loop.create_task(request.read())
+        # The reader starts on the next loop iteration (or at the handler's first
+        # receive()): a handler that answers without waiting, most of them, never
+        # costs a task.
+        starting = loop.call_soon(request.start_reading)
         try:
             await self.app(scope, request.receive, request.send)
         except asyncio.CancelledError:
@@ -126,7 +129,9 @@ class CancelOnDisconnect:
                 task.uncancel()
         finally:
             request.finished = True
-            reader.cancel()
+            starting.cancel()
+            if request.reader is not None:
+                request.reader.cancel()
 
 
 class _Request:
@@ -145,6 +150,7 @@ class _Request:
         "_waiters",
         "cancelled",
         "finished",
+        "reader",
         "responded",
     )
 
@@ -175,6 +181,13 @@ class _Request:
         self.finished = False
         #: The response is complete (its last body message was sent).
         self.responded = False
+        #: The task running :meth:`read`, once started.
+        self.reader: asyncio.Task[None] | None = None
+
+    def start_reading(self) -> None:
+        """Start :meth:`read` (once, and not after the handler finished)."""
+        if self.reader is None and not self.finished:
+            self.reader = self._loop.create_task(self.read())
 
     async def read(self) -> None:
         """Read the server's messages until the disconnect (then cancel the handler if
@@ -214,6 +227,8 @@ class _Request:
 
     async def receive(self) -> _Message:
         """The application's ``receive``: the server's messages, in order."""
+        if self.reader is None:
+            self.start_reading()  # one reader of the server's receive, always
         while not self._messages:
             if self._error is not None:
                 raise self._error

@@ -190,6 +190,33 @@ async def test_a_hang_up_before_the_body_is_whole_reaches_the_handler() -> None:
     assert seen == ["http.request", "http.disconnect"]
 
 
+async def test_a_handler_that_answers_at_once_costs_no_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+    created: list[object] = []
+    create_task = loop.create_task
+
+    def counting(coro: Any, **kwargs: Any) -> Any:
+        created.append(coro)
+        return create_task(coro, **kwargs)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    server = Server(request())
+    monkeypatch.setattr(loop, "create_task", counting)
+    try:
+        await CancelOnDisconnect(app)(http_scope(), server.receive, server.send)
+        await asyncio.sleep(0)
+    finally:
+        monkeypatch.undo()
+    assert created == []
+    assert server.body() == b"ok"
+    assert server.reads == 0
+
+
 async def test_a_finished_handler_is_not_cancelled_and_leaves_no_task() -> None:
     before = asyncio.all_tasks()
     background_done = asyncio.Event()
