@@ -61,8 +61,9 @@ class CancelOnDisconnect:
     FastAPI's ``Middleware(CancelOnDisconnect)``). For each HTTP request still
     running on the next loop iteration (or reading its body), one task reads the
     server's ``receive`` and hands the messages on to the handler, which reads
-    its request body as before; a handler that answers at once costs no task. When the client disconnects while the
-    handler runs and before its response is complete, the handler's task is
+    its request body as before; a handler that answers at once costs no task.
+    When the client disconnects while the handler runs and before its response
+    is complete, the handler's task is
     cancelled: an ``await purgatory.watch(...)`` there withdraws its operation at
     once (``Outcome.CANCELLED``) and ``CancelledError`` unwinds the handler. The
     middleware then returns normally (there is nobody to answer), so the server
