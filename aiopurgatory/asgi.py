@@ -63,11 +63,10 @@ class CancelOnDisconnect:
     server's ``receive`` and hands the messages on to the handler, which reads
     its request body as before; a handler that answers at once costs no task.
     When the client disconnects while the handler runs and before its response
-    is complete, the handler's task is
-    cancelled: an ``await purgatory.watch(...)`` there withdraws its operation at
-    once (``Outcome.CANCELLED``) and ``CancelledError`` unwinds the handler. The
-    middleware then returns normally (there is nobody to answer), so the server
-    logs no error.
+    is complete, the handler's task is cancelled: an ``await purgatory.watch(...)``
+    there withdraws its operation at once (``Outcome.CANCELLED``) and
+    ``CancelledError`` unwinds the handler. The middleware then returns normally
+    (there is nobody to answer), so the server logs no error.
 
     What it does not change: a handler that finished (its response complete) is
     never cancelled, background work after the response included. The body is
