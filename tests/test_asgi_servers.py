@@ -6,7 +6,8 @@ workers (``uvicorn_worker.UvicornWorker``) and hypercorn (asyncio and uvloop wor
 The application is tests/asgi_app.py. Clients are raw sockets that park requests,
 hang up (close) or wait for their answers; the server gets a real SIGTERM.
 Bounds: a SIGTERM with 500 parked waits answers every one and the server exits
-within 2 s; a hang-up withdraws its operation within 100 ms.
+within 2 s; a hang-up withdraws its operation within 100 ms. Also: SIGINT alike,
+and hypercorn's worker processes, which no signal reaches (what the how-to says).
 """
 
 from __future__ import annotations
@@ -263,3 +264,26 @@ def test_hypercorns_worker_processes_get_no_signal(tmp_path: Path) -> None:
         server.stop()
     assert [raw.split(b"\r\n", 1)[0] for raw in answers] == [b"HTTP/1.1 500 "] * 20
     assert answered >= 1.0
+
+
+@pytest.mark.parametrize("kind", [KINDS[0], KINDS[-1]], ids=lambda kind: kind.name)
+def test_sigint_too(kind: Kind, tmp_path: Path) -> None:
+    # Ctrl+C: uvicorn's signal.signal handler and hypercorn's loop handler, chained alike.
+    server = Served(kind, tmp_path / "events.jsonl")
+    socks: list[socket.socket] = []
+    try:
+        server.wait_for("started", 1)
+        server.wait_listening()
+        socks = park(server.port, 50)
+        server.wait_for("parked", 50)
+        start = time.monotonic()
+        server.proc.send_signal(signal.SIGINT)
+        answers = read_answers(socks, seconds=10)
+        server.proc.wait(timeout=10)
+        exited = time.monotonic() - start
+    finally:
+        for sock in socks:
+            sock.close()
+        server.stop()
+    assert [answer(raw)[1]["outcome"] for raw in answers] == ["cancelled"] * 50
+    assert exited < 2.0
