@@ -102,6 +102,7 @@ PUBLIC_MODULES = [
     "aiopurgatory",
     "aiopurgatory.simulation",
     "aiopurgatory.events",
+    "aiopurgatory.asgi",
     "aiopurgatory.metrics.prometheus",
     "aiopurgatory.metrics.otel",
     "aiopurgatory.redis",

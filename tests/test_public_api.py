@@ -31,7 +31,12 @@ SPEC_NAMES = {
     "simulation",
 }
 
-PUBLIC_MODULES = ["aiopurgatory", "aiopurgatory.simulation", "aiopurgatory.events"]
+PUBLIC_MODULES = [
+    "aiopurgatory",
+    "aiopurgatory.simulation",
+    "aiopurgatory.events",
+    "aiopurgatory.asgi",
+]
 
 # Never imported by ``import aiopurgatory`` (STYLE.md: heavy imports only lazily).
 HEAVY = ["pyspark", "pandas", "matplotlib", "rich", "uvloop"]
@@ -144,7 +149,7 @@ def probe(modules: str) -> list[str]:
 @pytest.fixture(scope="module")
 def loaded_by_import() -> list[str]:
     # A fresh interpreter: this test process has long since imported uvloop etc.
-    return probe("aiopurgatory, aiopurgatory.simulation, aiopurgatory.events")
+    return probe("aiopurgatory, aiopurgatory.simulation, aiopurgatory.events, aiopurgatory.asgi")
 
 
 def test_import_does_not_pull_heavy_dependencies(loaded_by_import: list[str]) -> None:

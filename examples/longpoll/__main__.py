@@ -43,22 +43,14 @@ LOOPS = ("auto", "asyncio", "uvloop")
 class LongPollServer(uvicorn.Server):
     """uvicorn's server, with SIGTERM/SIGINT left to :func:`serve`.
 
-    uvicorn's own handlers would re-raise the signal after shutting down (so the
-    process ends by the signal, not with status 0) and would not know that parked
-    GETs must be answered before connections can drain.
+    uvicorn's own handlers would re-raise the signal after shutting down, so the
+    process would end by the signal, not with status 0. (Parked GETs are released
+    by the application itself: ``release_on_shutdown`` in its lifespan.)
     """
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
-
-    def stop(self, feed: Feed) -> int:
-        """Answer every parked GET and make :meth:`serve` return; return how many were parked.
-
-        A GET arriving before the listening socket closes is answered at once.
-        """
-        self.should_exit = True
-        return feed.shutdown()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -292,12 +284,13 @@ async def serve(
     )
     loop = asyncio.get_running_loop()
 
-    def on_signal(sig: signal.Signals) -> None:
-        released = server.stop(feed)
-        log.info("longpoll.stopping", signal=sig.name, released=released)
+    def on_signal() -> None:
+        # The server's own handling; the application's lifespan (release_on_shutdown)
+        # has answered the parked GETs by the time uvicorn drains its connections.
+        server.should_exit = True
 
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
+        loop.add_signal_handler(sig, on_signal)
     if args.gc_threshold is not None:
         # What start-up made (modules, the app) is never garbage: out of every
         # collection. Then collections far rarer than Python's (700, 10, 10): with

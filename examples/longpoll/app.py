@@ -9,10 +9,15 @@ headers, else a 408 that closes the connection. A client that hangs up before
 its body is whole is counted (``longpoll_incomplete_bodies_total``), like a
 parked GET's client that goes away: careless clients are traffic, not errors.
 
-A parked GET also listens for its client going away: ASGI says so with an
-``http.disconnect`` message, which a task per parked GET awaits; on it, the
-handler's task is cancelled, which withdraws the wait at once (for the purgatory
-waiter: the operation is cancelled, out of the wheel and the watch list).
+A parked GET ends with its client: :class:`aiopurgatory.asgi.CancelOnDisconnect`
+cancels the handler when the client goes away, which withdraws the wait at once
+(for the purgatory waiter: the operation is cancelled, out of the wheel and the
+watch list); the feed counts it (``longpoll_disconnects_total``).
+
+SIGTERM and SIGINT release the parked GETs before the server drains its
+connections: :func:`aiopurgatory.asgi.release_on_shutdown` in the lifespan
+shuts the feed down (every parked GET is answered with what its topic holds, a
+new one at once) and closes the purgatory, then the server's own handling runs.
 """
 
 from __future__ import annotations
@@ -20,18 +25,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Awaitable, Iterable
+import signal
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
+import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from aiopurgatory.asgi import CancelOnDisconnect, release_on_shutdown
 from aiopurgatory.metrics.prometheus import PurgatoryCollector
 
 from .feed import Feed, FeedError, Settings
@@ -239,13 +248,11 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
         name = request.path_params["name"]
         try:
             offset, wait, min_bytes = parse_fetch(request.query_params.multi_items(), settings)
-            fetched = await feed.fetch(
-                name, offset, wait, min_bytes, park=lambda waiting: _park(request, waiting)
-            )
+            # A client that goes away cancels this (CancelOnDisconnect).
+            fetched = await feed.fetch(name, offset, wait, min_bytes)
         except FeedError as exc:
             return error(exc.status, exc.message)
-        if fetched is None:
-            return Response(status_code=499)  # the client is gone: nobody reads this
+        assert fetched is not None  # None only with a park= callable, not given here
         return JSONResponse(fetched.as_dict())
 
     async def metrics(request: Request) -> Response:
@@ -265,9 +272,19 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
     async def server_error(request: Request, exc: Exception) -> Response:
         return error(500, f"internal error: {type(exc).__name__}")
 
+    log = structlog.get_logger("examples.longpoll")
+
+    def on_signal(sig: signal.Signals) -> None:
+        released = feed.shutdown()
+        log.info("longpoll.stopping", signal=sig.name, released=released)
+
+    # The purgatory waiter's (and the Redis one's) purgatory, closed on the signal
+    # too; the asyncio waiter has none, the feed's shutdown releases its waits.
+    purgatories = [waiter.purgatory] if isinstance(waiter, PurgatoryWaiter) else []
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with waiter:
+        async with waiter, release_on_shutdown(*purgatories, on_signal=on_signal):
             yield
             feed.shutdown()
 
@@ -280,6 +297,7 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
             Route("/topics/{name}", post, methods=["POST"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
+        middleware=[Middleware(CancelOnDisconnect)],
         lifespan=lifespan,
     )
     app.state.feed = feed
@@ -287,29 +305,3 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
     app.state.incomplete_bodies = incomplete_bodies
     app.state.refused_heads = refused_heads
     return app
-
-
-async def _park(request: Request, waiting: Awaitable[None]) -> bool:
-    """Await a fetch's wait; return False if its client went away meanwhile (the wait withdrawn)."""
-    task = asyncio.current_task()
-    assert task is not None
-    state = {"waiting": True, "gone": False}
-
-    async def watch_disconnect() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        if state["waiting"]:
-            state["gone"] = True
-            task.cancel()
-
-    watcher = asyncio.create_task(watch_disconnect())
-    try:
-        await waiting
-    except asyncio.CancelledError:
-        if state["gone"] and task.uncancel() == 0:
-            return False
-        raise
-    finally:
-        state["waiting"] = False
-        watcher.cancel()
-    return True
