@@ -4,7 +4,9 @@
 Redis channel: a trigger made in any process (``check_and_complete(key)``,
 ``advance(key, value)``) reaches the operations waiting in every process, and
 watermarks are kept in Redis so that a process that was disconnected catches up
-when it reconnects. See the documentation page "Across processes (Redis)".
+when it reconnects. :class:`SyncPublisher` sends the same triggers from
+synchronous code (a Celery task, a Django view, a thread) with redis-py's sync
+client. See the documentation page "Across processes (Redis)".
 
 Needs the ``redis`` extra (redis-py's asyncio client, and hiredis for speed):
 ``pip install 'aiopurgatory[redis]'``; Redis 7 as the server (Valkey
@@ -21,6 +23,7 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
     ) from exc
 
 from ._redact import describe_url
+from ._sync import SyncPublisher
 from ._triggers import (
     DEFAULT_CHANNEL,
     MAX_MESSAGE_TRIGGERS,
@@ -37,5 +40,6 @@ __all__ = [
     "RedisTriggersClosedError",
     "RedisTriggersError",
     "RedisTriggersStatistics",
+    "SyncPublisher",
     "describe_url",
 ]
