@@ -13,15 +13,14 @@ Needs the ``redis`` extra (redis-py's asyncio client, and hiredis for speed):
 speaks the same commands; it is not tested here).
 """
 
-from __future__ import annotations
-
 try:
-    import redis.asyncio  # noqa: F401
+    import redis.asyncio
 except ImportError as exc:  # pragma: no cover - the extra is part of the test install
     raise ImportError(
         "aiopurgatory.redis needs redis-py: pip install 'aiopurgatory[redis]'"
     ) from exc
 
+from .._namespace import public_dir as _public_dir
 from ._redact import describe_url
 from ._sync import SyncPublisher
 from ._triggers import (
@@ -43,3 +42,13 @@ __all__ = [
     "SyncPublisher",
     "describe_url",
 ]
+
+# Errors name their public module, in tracebacks too (not the private one that
+# defines them): aiopurgatory.redis.RedisTriggersError; pickle finds them there.
+for _name in __all__:
+    _value = globals()[_name]
+    if isinstance(_value, type) and issubclass(_value, BaseException):
+        _value.__module__ = __name__
+del _name, _value, redis  # redis-py (bound by the import check above) is not our API
+
+__dir__ = _public_dir(__name__, [*__all__, "testing"])
