@@ -51,4 +51,15 @@ for _name in __all__:
         _value.__module__ = __name__
 del _name, _value, redis  # redis-py (bound by the import check above) is not our API
 
+
+def __getattr__(name: str) -> object:
+    # aiopurgatory.redis.testing (a test helper, not needed by every user) loads on
+    # first access, as `import aiopurgatory.redis.testing` does.
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.testing")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __dir__ = _public_dir(__name__, [*__all__, "testing"])
