@@ -298,3 +298,40 @@ def test_plain_async_fixtures_run_on_virtual_time_in_both_modes(
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error", "-v")
     result.assert_outcomes(passed=5)
     result.stdout.fnmatch_lines([f"*asyncio: mode=Mode.{mode.upper()}*"])
+
+
+def test_the_fixture_is_handed_over_only_for_virtual_time_tests(pytester: pytest.Pytester) -> None:
+    # Strict mode leaves plain async fixtures to other plugins (pytest-trio, say):
+    # the plugin hands one to pytest-asyncio while a virtual-time test runs, and
+    # takes it back afterwards.
+    pytester.makeini(
+        "[pytest]\nasyncio_mode = strict\nasyncio_default_fixture_loop_scope = function\n"
+    )
+    pytester.makepyfile(
+        test_users="""
+        import asyncio
+
+        import pytest
+
+        async def _answer():
+            return asyncio.get_running_loop().time()
+
+        answer = pytest.fixture(name="answer")(_answer)
+        DURING = []
+
+        @pytest.fixture
+        def flag_now():
+            return lambda: getattr(_answer, "_force_asyncio_fixture", False)
+
+        @pytest.mark.virtual_time(start=7.0)
+        async def test_virtual(answer, flag_now):
+            assert answer == 7.0
+            DURING.append(flag_now())
+
+        def test_afterwards():
+            assert DURING == [True]
+            assert not hasattr(_answer, "_force_asyncio_fixture")
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error")
+    result.assert_outcomes(passed=2)
