@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: install install-redis build test lint demo bench docs pipeline cluster-up cluster-down clean
 
@@ -45,7 +46,18 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-demo: install
+# The demo needs the package and rich only (the extra `demo`): installed with the
+# pure-Python core (the same results; compiling the core takes minutes), in about
+# half a minute rather than the minutes of `install`, whose full set (a venv that
+# `install` filled and that is up to date) it takes as it is. `make test` and the
+# other targets still install everything.
+$(DEMO_STAMP): pyproject.toml setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	if [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt setup.py ]; then :; else \
+		AIOPURGATORY_NO_EXTENSIONS=1 $(PY) -m pip install --quiet -e '.[demo]'; fi
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(PY) -m examples.acks_all --scenario follower-crash
 
 bench: install

@@ -9,9 +9,7 @@ Everything public is importable from here::
     import aiopurgatory as ap
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._compiled import COMPILED
 from ._errors import (
@@ -22,6 +20,7 @@ from ._errors import (
     TimerClosedError,
 )
 from ._latency import Histogram, PurgatoryHistograms
+from ._namespace import public_dir as _public_dir
 from ._operation import DelayedOperation, Outcome
 from ._purgatory import Purgatory, PurgatoryStatistics, WatermarkOperation
 from ._timeout import Timeout
@@ -29,6 +28,7 @@ from ._timer import Timer, TimerHandle, shared_timer, timeout, timeout_at
 
 if TYPE_CHECKING:
     from . import simulation as simulation
+del TYPE_CHECKING  # the namespace holds the public API only
 
 __version__ = "0.1.0"
 
@@ -57,10 +57,13 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     # Submodules that are public but not needed by every user load on first access.
     if name == "simulation":
         import importlib
 
         return importlib.import_module(f"{__name__}.simulation")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__dir__ = _public_dir(__name__, __all__)

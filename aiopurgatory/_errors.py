@@ -14,12 +14,18 @@ __all__ = [
 ]
 
 
+# Each error names its public home (aiopurgatory.PurgatoryError in a traceback,
+# not aiopurgatory._errors.PurgatoryError); pickle finds it there too.
 class PurgatoryError(Exception):
     """Base class of every error raised by aiopurgatory itself."""
+
+    __module__ = "aiopurgatory"
 
 
 class PurgatoryClosedError(PurgatoryError):
     """A purgatory was used after ``close()``."""
+
+    __module__ = "aiopurgatory"
 
 
 class TimerClosedError(PurgatoryError, RuntimeError):
@@ -28,13 +34,19 @@ class TimerClosedError(PurgatoryError, RuntimeError):
     A ``RuntimeError``, as asyncio raises for ``loop.call_later`` on a closed loop.
     """
 
+    __module__ = "aiopurgatory"
+
 
 class PurgatoryFullError(PurgatoryError):
     """``max_pending`` operations are already pending (backpressure)."""
 
+    __module__ = "aiopurgatory"
+
 
 class OperationStateError(PurgatoryError):
     """An operation was already watched, is finished, or belongs to another purgatory."""
+
+    __module__ = "aiopurgatory"
 
 
 def as_seconds(value: Any, name: str) -> float:

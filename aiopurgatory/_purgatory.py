@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Self
 
 from ._backends import current_owner, new_waiter
 from ._detect import in_trio_task
@@ -37,9 +37,15 @@ from ._logging import LazyLogger
 from ._operation import DelayedOperation, Outcome, _Owner
 from ._timer import Timer
 
+if sys.version_info >= (3, 13):
+    from typing import TypeVar
+else:  # a TypeVar with a default (PEP 696) is typing's from 3.13 on
+    from typing_extensions import TypeVar
+
 __all__ = ["Purgatory", "PurgatoryStatistics", "WatermarkOperation"]
 
-OpT = TypeVar("OpT", bound=DelayedOperation)
+# Defaults to DelayedOperation, so `ap.Purgatory("fetch")` needs no annotation.
+OpT = TypeVar("OpT", bound=DelayedOperation, default=DelayedOperation)
 
 COMPLETED = Outcome.COMPLETED
 EXPIRED = Outcome.EXPIRED

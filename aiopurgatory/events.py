@@ -192,3 +192,9 @@ class EventRecorder:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+# dir() shows the public API, not the names the module uses.
+from ._namespace import public_dir as _public_dir  # noqa: E402
+
+__dir__ = _public_dir(__name__, __all__)

@@ -23,7 +23,9 @@ asks for it, with the marker or the fixture::
 It works through pytest-asyncio (1.4 or later), in both of its modes: the marker
 (or the fixture) is enough, also in ``strict`` mode, pytest-asyncio's default,
 where the plugin marks the test ``@pytest.mark.asyncio`` itself (a test with its
-own ``asyncio`` marker keeps it, ``loop_scope`` included). It supplies the loop through
+own ``asyncio`` marker keeps it, ``loop_scope`` included), and hands the test's
+plain ``@pytest.fixture`` async fixtures to pytest-asyncio for that test (strict
+mode otherwise runs only ``@pytest_asyncio.fixture`` ones). It supplies the loop through
 pytest-asyncio's ``pytest_asyncio_loop_factories`` hook, and overrides a project's
 own implementation of that hook (a loop matrix, say) only for the tests that ask
 for virtual time; the others keep the project's loops, or asyncio's default loop.
@@ -32,6 +34,7 @@ for virtual time; the others keep the project's loops, or asyncio's default loop
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Generator, Mapping
@@ -44,6 +47,9 @@ __all__ = ["MARKER", "virtual_loop"]
 #: The marker's name.
 MARKER = "virtual_time"
 _FIXTURE = "virtual_loop"
+# The attribute by which pytest-asyncio (1.x) recognises a fixture declared with
+# @pytest_asyncio.fixture (its _is_asyncio_fixture_function).
+_ASYNCIO_FIXTURE_FLAG = "_force_asyncio_fixture"
 
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
@@ -140,6 +146,43 @@ def pytest_asyncio_loop_factories(
         # implementation exists. asyncio's default loop is what it would use.
         return {"asyncio": asyncio.new_event_loop}
     return chosen
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    # In strict mode pytest-asyncio runs only the async fixtures declared with
+    # @pytest_asyncio.fixture and leaves a plain @pytest.fixture coroutine to
+    # pytest, which refuses it. For a test that asks for virtual time the plugin
+    # promises its async fixtures run too, so each plain async fixture the test
+    # uses is flagged as pytest-asyncio's own while this test runs (set-up, call
+    # and teardown; pytest-asyncio reads the flag at each), and only then:
+    # another test using the same fixture (a trio test, say) sees it unflagged.
+    # In auto mode pytest-asyncio takes every async fixture anyway.
+    if not _wants_virtual_time(item):
+        return (yield)
+    flagged = _flag_async_fixtures(item)
+    try:
+        return (yield)
+    finally:
+        for function in flagged:
+            with contextlib.suppress(AttributeError):
+                delattr(function, _ASYNCIO_FIXTURE_FLAG)
+
+
+def _flag_async_fixtures(item: pytest.Item) -> list[Any]:
+    """Flag ``item``'s unflagged async fixture functions as pytest-asyncio's; return them."""
+    info = getattr(item, "_fixtureinfo", None)
+    flagged: list[Any] = []
+    for fixturedefs in getattr(info, "name2fixturedefs", {}).values():
+        for fixturedef in fixturedefs:
+            # A fixture in a class is a method: the flag goes on its function.
+            function = getattr(fixturedef.func, "__func__", fixturedef.func)
+            if (
+                inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function)
+            ) and not getattr(function, _ASYNCIO_FIXTURE_FLAG, False):
+                setattr(function, _ASYNCIO_FIXTURE_FLAG, True)
+                flagged.append(function)
+    return flagged
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -293,3 +293,9 @@ def _seeded_trio_scheduler(seed: int | None) -> Iterator[None]:
 
 # Held by the seeded run_trio in progress (trio's scheduler state is per process).
 _SEEDED = threading.Lock()
+
+
+# dir() shows the public API, not the names the module uses.
+from ._namespace import public_dir as _public_dir  # noqa: E402
+
+__dir__ = _public_dir(__name__, __all__)

@@ -2,18 +2,17 @@
 
 A snippet is a ```python block preceded by ``<!-- test: NAME -->``; its expected
 standard output, if the page shows it, is the ```text block preceded by
-``<!-- output: NAME -->``. Snippets are programs ending in ``asyncio.run(main())``:
-they run on virtual time (``asyncio.run`` is replaced by
-``aiopurgatory.simulation.run``), except those marked ``<!-- test: NAME realtime -->``,
-which need real threads or sockets and run on the default loop (only their output is
-checked, never their timing). Log lines (structlog) are captured, not compared.
+``<!-- output: NAME -->``. Snippets run **as written**, as a reader who copies one
+runs it: one that ends in ``asyncio.run(main())`` runs on the real clock (so what it
+prints must not depend on timing finer than its own margins), one that shows exact
+times runs itself on virtual time (``simulation.run(main())``, and says so).
+Log lines (structlog) are captured, not compared.
 
 Also checked: the API reference documents every public name.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib
 import importlib.util
@@ -25,12 +24,10 @@ from typing import Any, NamedTuple
 import pytest
 import structlog
 
-from aiopurgatory import simulation
-
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 _MARKED = re.compile(
-    r"<!-- (?P<kind>test|output): (?P<name>[\w-]+)(?P<realtime> realtime)? -->\n"
+    r"<!-- (?P<kind>test|output): (?P<name>[\w-]+) -->\n"
     r"```(?P<lang>\w+)\n(?P<body>.*?)^```$",
     re.DOTALL | re.MULTILINE,
 )
@@ -41,7 +38,6 @@ class Snippet(NamedTuple):
     name: str
     code: str
     output: str | None
-    realtime: bool
 
 
 def snippets() -> list[Snippet]:
@@ -50,22 +46,19 @@ def snippets() -> list[Snippet]:
         if "_build" in path.parts:
             continue
         text = path.read_text(encoding="utf-8")
-        codes: dict[str, tuple[str, bool]] = {}
+        codes: dict[str, str] = {}
         outputs: dict[str, str] = {}
         for match in _MARKED.finditer(text):
             name = match["name"]
             if match["kind"] == "test":
                 assert match["lang"] == "python", f"{path.name}: snippet {name} is not python"
                 assert name not in codes, f"{path.name}: two snippets named {name}"
-                codes[name] = (match["body"], bool(match["realtime"]))
+                codes[name] = match["body"]
             else:
                 outputs[name] = match["body"]
         assert set(outputs) <= set(codes), f"{path.name}: output without snippet"
         page = str(path.relative_to(DOCS))
-        found += [
-            Snippet(page, name, code, outputs.get(name), realtime)
-            for name, (code, realtime) in codes.items()
-        ]
+        found += [Snippet(page, name, code, outputs.get(name)) for name, code in codes.items()]
     return found
 
 
@@ -84,10 +77,16 @@ def test_the_pages_have_snippets() -> None:
     assert marked == len(SNIPPETS)
 
 
-@pytest.mark.parametrize("snippet", SNIPPETS, ids=lambda s: f"{s.page}:{s.name}")
-def test_snippet(snippet: Snippet, monkeypatch: pytest.MonkeyPatch) -> None:
-    if not snippet.realtime:
-        monkeypatch.setattr(asyncio, "run", simulation.run)
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        # On the wall clock: those that run themselves with asyncio.run (or trio.run).
+        pytest.param(s, marks=[pytest.mark.realtime] if "simulation.run" not in s.code else [])
+        for s in SNIPPETS
+    ],
+    ids=lambda s: f"{s.page}:{s.name}",
+)
+def test_snippet(snippet: Snippet) -> None:
     out = io.StringIO()
     namespace = {"__name__": f"docs_snippet_{snippet.name.replace('-', '_')}"}
     # structlog, unconfigured, would print the library's rare log lines (with a

@@ -214,3 +214,124 @@ def test_the_how_to_pages_tests_pass_with_an_empty_configuration(
     pytester.makepyfile(test_from_docs=_docs_test_file("testing-howto"))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=3)
+
+
+PLAIN_ASYNC_FIXTURES = """
+import asyncio
+
+import pytest
+
+import aiopurgatory as ap
+from aiopurgatory.simulation import VirtualTimeLoop
+
+TORN_DOWN = []
+
+
+@pytest.fixture
+async def purgatory():
+    async with ap.Purgatory("fixture") as purgatory:
+        yield purgatory
+    TORN_DOWN.append(asyncio.get_running_loop().time())
+
+
+@pytest.fixture
+async def fixture_loop():
+    await asyncio.sleep(2)  # virtual: the test starts at t=2
+    return asyncio.get_running_loop()
+
+
+@pytest.fixture
+async def derived(fixture_loop, purgatory):
+    return fixture_loop, purgatory
+
+
+@pytest.mark.virtual_time
+async def test_plain_async_fixtures(purgatory, fixture_loop):
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualTimeLoop)
+    assert fixture_loop is loop
+    assert loop.time() == 2.0
+    assert await purgatory.watch(ap.DelayedOperation(30.0), ["k"]) is ap.Outcome.EXPIRED
+    assert loop.time() == 32.0
+
+
+@pytest.mark.virtual_time(start=50.0)
+async def test_fixtures_that_use_fixtures(derived):
+    fixture_loop, purgatory = derived
+    assert fixture_loop is asyncio.get_running_loop()
+    assert fixture_loop.time() == 52.0
+    assert isinstance(purgatory, ap.Purgatory)
+
+
+async def test_fixture_only_with_a_plain_fixture(virtual_loop, fixture_loop):
+    assert fixture_loop is virtual_loop
+
+
+@pytest.mark.virtual_time
+class TestInAClass:
+    @pytest.fixture
+    async def method_fixture(self):
+        return asyncio.get_running_loop()
+
+    async def test_method(self, method_fixture):
+        assert method_fixture is asyncio.get_running_loop()
+
+
+def test_teardowns_ran_on_virtual_time():
+    # After the tests above: the async generator fixture's teardown ran, on the
+    # virtual loop of its test (its clock at the test's end).
+    assert TORN_DOWN == [32.0, 52.0]
+"""
+
+
+@pytest.mark.parametrize("mode", ["strict", "auto"])
+def test_plain_async_fixtures_run_on_virtual_time_in_both_modes(
+    pytester: pytest.Pytester, mode: str
+) -> None:
+    # Issue 39: the how-to says the marker runs the test "and its async fixtures";
+    # with plain @pytest.fixture, pytest-asyncio's strict mode left them to pytest,
+    # which refuses async fixtures.
+    pytester.makeini(
+        f"[pytest]\nasyncio_mode = {mode}\nasyncio_default_fixture_loop_scope = function\n"
+    )
+    pytester.makepyfile(test_users=PLAIN_ASYNC_FIXTURES)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error", "-v")
+    result.assert_outcomes(passed=5)
+    result.stdout.fnmatch_lines([f"*asyncio: mode=Mode.{mode.upper()}*"])
+
+
+def test_the_fixture_is_handed_over_only_for_virtual_time_tests(pytester: pytest.Pytester) -> None:
+    # Strict mode leaves plain async fixtures to other plugins (pytest-trio, say):
+    # the plugin hands one to pytest-asyncio while a virtual-time test runs, and
+    # takes it back afterwards.
+    pytester.makeini(
+        "[pytest]\nasyncio_mode = strict\nasyncio_default_fixture_loop_scope = function\n"
+    )
+    pytester.makepyfile(
+        test_users="""
+        import asyncio
+
+        import pytest
+
+        async def _answer():
+            return asyncio.get_running_loop().time()
+
+        answer = pytest.fixture(name="answer")(_answer)
+        DURING = []
+
+        @pytest.fixture
+        def flag_now():
+            return lambda: getattr(_answer, "_force_asyncio_fixture", False)
+
+        @pytest.mark.virtual_time(start=7.0)
+        async def test_virtual(answer, flag_now):
+            assert answer == 7.0
+            DURING.append(flag_now())
+
+        def test_afterwards():
+            assert DURING == [True]
+            assert not hasattr(_answer, "_force_asyncio_fixture")
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error")
+    result.assert_outcomes(passed=2)

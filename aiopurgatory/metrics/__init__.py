@@ -30,9 +30,7 @@ as Prometheus name / OpenTelemetry name:
   (``completed``, ``expired``, ``cancelled``, ``failed``).
 """
 
-from __future__ import annotations
-
-from typing import Any
+from .._namespace import public_dir as _public_dir
 
 # The submodules are reachable as attributes, but star-imports export nothing:
 # each needs its own optional dependency.
@@ -41,10 +39,13 @@ __all__: list[str] = []
 _SUBMODULES = frozenset({"otel", "prometheus"})
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     # Load a submodule (and with it its client library) only when asked for.
     if name in _SUBMODULES:
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__dir__ = _public_dir(__name__, _SUBMODULES)

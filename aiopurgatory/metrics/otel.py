@@ -243,3 +243,9 @@ class PurgatoryInstruments:
             for stats in self._purgatories.snapshot()
             for outcome, count in outcome_values(stats)
         ]
+
+
+# dir() shows the public API, not the names the module uses.
+from .._namespace import public_dir as _public_dir  # noqa: E402
+
+__dir__ = _public_dir(__name__, __all__)

@@ -379,3 +379,9 @@ class RedisTriggersCollector(Collector):
             if stats.last_error is not None:
                 last_error.add_metric([*values, stats.last_error.split(":", 1)[0]], 1.0)
         return [connected, pending, *(family for family, _ in counters), last_error]
+
+
+# dir() shows the public API, not the names the module uses.
+from .._namespace import public_dir as _public_dir  # noqa: E402
+
+__dir__ = _public_dir(__name__, __all__)

@@ -13,9 +13,11 @@ and the password part of anything that looks like a URL.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import quote, quote_plus, unquote, urlsplit
 
-__all__ = ["MASK", "Redactor", "describe_url"]
+__all__ = ["MASK", "Redactor", "describe_client", "describe_url", "url_password"]
 
 MASK = "***"
 
@@ -69,3 +71,23 @@ def describe_url(url: str) -> str:
     userinfo, _, hostport = netloc.rpartition("@")
     user = userinfo.split(":", 1)[0]
     return parts._replace(netloc=f"{user}:{MASK}@{hostport}").geturl()
+
+
+def url_password(url: str) -> str | None:
+    """The password in ``url`` (percent-decoded), or None: for a :class:`Redactor`."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return None
+    return None if password is None else unquote(password)
+
+
+def describe_client(kwargs: Mapping[str, Any]) -> str:
+    """A URL-like description of a client's connection keyword arguments, no password."""
+    if "path" in kwargs:
+        where = f"unix://{kwargs['path']}"
+    else:
+        where = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+    user = kwargs.get("username") or ""
+    auth = f"{user}:{MASK}@" if kwargs.get("password") else (f"{user}@" if user else "")
+    return f"redis://{auth}{where}/{kwargs.get('db', 0)}"

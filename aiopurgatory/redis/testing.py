@@ -243,3 +243,9 @@ class RedisServer:
         tb: TracebackType | None,
     ) -> None:
         self.kill()
+
+
+# dir() shows the public API, not the names the module uses.
+from .._namespace import public_dir as _public_dir  # noqa: E402
+
+__dir__ = _public_dir(__name__, __all__)
