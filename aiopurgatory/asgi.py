@@ -410,3 +410,8 @@ def release_on_shutdown(
     if not purgatories and on_signal is None:
         raise TypeError("release_on_shutdown() needs a purgatory (or on_signal)")
     return _ReleaseOnShutdown(purgatories, on_signal)
+
+
+from ._namespace import public_dir as _public_dir  # noqa: E402
+
+__dir__ = _public_dir(__name__, __all__)

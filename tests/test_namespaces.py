@@ -22,6 +22,7 @@ PUBLIC_MODULES = [
     "aiopurgatory.metrics.otel",
     "aiopurgatory.redis",
     "aiopurgatory.redis.testing",
+    "aiopurgatory.asgi",
 ]
 # Submodules listed beside __all__ (reachable as attributes, not star-exported).
 SUBMODULES = {
