@@ -175,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # A worker of --workers N: bind with SO_REUSEPORT beside its siblings.
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    # A worker of --workers N: the supervisor's pid; the worker ends when it does.
+    p.add_argument("--supervisor", type=int, default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -346,6 +348,12 @@ def main(argv: list[str] | None = None) -> int:
     on stderr naming the cause.
     """
     args = build_parser().parse_args(argv)
+    if args.supervisor is not None:
+        from .workers import die_with_supervisor
+
+        if not die_with_supervisor(args.supervisor):
+            print("error: the supervisor is gone", file=sys.stderr)
+            return 1
     redis_url = args.redis or os.environ.get(REDIS_ENV) or None
     try:
         if not 1 <= args.workers <= 64:
