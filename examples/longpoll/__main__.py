@@ -126,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds for a POST body to arrive whole, else 408 (%(default)s)",
     )
     p.add_argument(
+        "--idempotency-ttl",
+        type=float,
+        default=d.idempotency_ttl,
+        help="seconds a POST's Idempotency-Key is remembered: a retry within it gets the "
+        "first POST's offset, nothing stored twice (%(default)s)",
+    )
+    p.add_argument(
         "--header-timeout",
         type=float,
         default=10.0,
@@ -373,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             max_topics=args.max_topics,
             max_parked=args.max_parked,
             body_timeout=args.body_timeout,
+            idempotency_ttl=args.idempotency_ttl,
         )
         if not 0 <= args.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {args.port}")
