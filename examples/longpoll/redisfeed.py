@@ -617,6 +617,10 @@ class RedisFeed(Feed):
                 (503), Redis down (503).
         """
         check_topic(name)
+        loop = asyncio.get_running_loop()
+        # The wait counts from the request, so a slow first read shortens the park
+        # rather than adding to it.
+        start = loop.time()
         try:
             view = await self._read(name, offset)
         except FeedError:
@@ -624,10 +628,10 @@ class RedisFeed(Feed):
             raise
         if offset > view.next:
             raise FeedError(400, f"offset {offset} is past the end of topic {name} ({view.next})")
-        if self.closing or wait == 0 or view.readable >= min_bytes:
+        left = start + wait - loop.time()
+        if self.closing or left <= 0 or view.readable >= min_bytes:
             return view.fetched
-        start = asyncio.get_running_loop().time()
-        waiting = self._wait(name, wait, view.position + min_bytes)
+        waiting = self._wait(name, left, view.position + min_bytes)
         if park is None:
             await waiting
         elif not await park(waiting):
@@ -637,9 +641,8 @@ class RedisFeed(Feed):
         except FeedError:
             self.unavailable["parked"] += 1
             raise
-        now = asyncio.get_running_loop().time()
         enough = view.readable >= min_bytes
-        self.answers[answer_reason(enough, self.closing, now, start + wait)] += 1
+        self.answers[answer_reason(enough, self.closing, loop.time(), start + wait)] += 1
         return view.fetched
 
     async def _wait(self, name: str, wait: float, threshold: int) -> None:

@@ -47,10 +47,13 @@ _ROOT = Path(__file__).resolve().parents[2]
 _WRITE = threading.Lock()
 
 
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
 def emit(event: str, level: str = "info", **fields: Any) -> None:
     """One JSON log line on stderr, shaped like the workers' structlog lines."""
-    now = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
-    line = json.dumps({**fields, "event": event, "level": level, "timestamp": now})
+    line = json.dumps({**fields, "event": event, "level": level, "timestamp": _now()})
     with _WRITE:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
@@ -148,7 +151,18 @@ class _Worker:
                     self.listening.set()
                     record["event"] = "longpoll.worker_listening"
                 record["worker"] = self.index
-                line = json.dumps(record)
+            else:
+                # A line the worker wrote without its logger (its one-line refusal to
+                # start, say, while Redis is away): passed on as JSON, so that the
+                # supervisor's log stays JSON lines.
+                record = {
+                    "line": line,
+                    "event": "longpoll.worker_output",
+                    "level": "error",
+                    "timestamp": _now(),
+                    "worker": self.index,
+                }
+            line = json.dumps(record)
             with _WRITE:
                 sys.stderr.write(line + "\n")
                 sys.stderr.flush()
