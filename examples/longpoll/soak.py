@@ -134,6 +134,8 @@ class _Server:
             self.proc.kill()
             status = self.proc.wait()
         self._reader.join(10)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
         return status
 
     def records(self) -> tuple[list[dict[str, Any]], list[str]]:
