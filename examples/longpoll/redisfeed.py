@@ -20,14 +20,19 @@ instead of the in-memory :class:`~examples.longpoll.feed.Feed`:
   with that threshold, in the process's own purgatory. A POST on any process
   advances the topic's watermark through :class:`aiopurgatory.redis.RedisTriggers`:
   at once in its own purgatory, by one PUBLISH in every other process's.
-* **Redis down.** Commands have short timeouts and no retries (a retried append
-  could store a message twice): a POST answers 503 within ``command_timeout`` and
-  is never acknowledged unless Redis answered the script; a new GET answers 503;
-  a parked GET answers at its wait with what the process read when it parked it;
-  ``/healthz`` says ``degraded``. A monitor pings Redis every second; when Redis
-  answers again, the process re-reads the watermark of every topic it has GETs
-  parked on (a POST whose notice was lost meanwhile completes them then), and
-  :class:`~aiopurgatory.redis.RedisTriggers` resubscribes by itself.
+* **Redis down.** Every command has a deadline (``command_timeout + 0.5`` s); one
+  whose connection failed is sent once more on a new connection, so a connection
+  that died while Redis was away is replaced, not failed on. That is safe for an
+  append because each carries a token (the client's ``Idempotency-Key``, else the
+  server's own) that the script stores with the message: a token already stored
+  answers with its first offset. A POST Redis could not store answers 503; a
+  parked GET is answered from a read made when its wait ends, or 503 if that read
+  fails (never an empty answer before its wait); ``/healthz`` says ``degraded``.
+  A monitor pings Redis every second; the first failure of an outage and the
+  recovery are logged once each; when Redis answers again, the process re-reads
+  the watermark of every topic it has GETs parked on (a POST whose notice was lost
+  meanwhile completes them then), and :class:`~aiopurgatory.redis.RedisTriggers`
+  resubscribes by itself.
 """
 
 from __future__ import annotations
@@ -355,7 +360,8 @@ class RedisWaiter(PurgatoryWaiter):
             timeout=self.command_timeout,
             socket_timeout=self.command_timeout,
             socket_connect_timeout=self.command_timeout,
-            # No retries: an append retried after its reply was lost is stored twice.
+            # No retries inside redis-py: call() retries itself, once, on a new
+            # connection, and only what may run twice (reads; appends with a token).
             retry=Retry(NoBackoff(), 0),
         )
         self.client = aioredis.Redis.from_pool(pool)
@@ -574,6 +580,9 @@ class RedisFeed(Feed):
             raise FeedError(409, f"the feed already holds {self.settings.max_topics} topics")
         if offset == -2:
             raise FeedError(422, "this Idempotency-Key was used for another body")
+        # The server's own token found: its first attempt stored the message, then
+        # lost the reply. Stored by this request, so no replay for the client.
+        replayed = replayed and idempotency_key is not None
         if replayed:
             self.replayed += 1
         else:
