@@ -521,6 +521,9 @@ class RedisFeed(Feed):
         #: Requests answered 503 because Redis could not be read or written: ``post``,
         #: ``get`` (a new GET's first read), ``parked`` (a parked GET's read at its end).
         self.unavailable = {"post": 0, "get": 0, "parked": 0}
+        #: The most a parked GET was answered (200 or 503) after its wait, seconds,
+        #: from its arrival in the application.
+        self.lateness_max = 0.0
 
     # -- posting ---------------------------------------------------------------------------
 
@@ -649,9 +652,12 @@ class RedisFeed(Feed):
             view = await self._read(name, offset)
         except FeedError:
             self.unavailable["parked"] += 1
+            self.lateness_max = max(self.lateness_max, loop.time() - start - wait)
             raise
         enough = view.readable >= min_bytes
-        self.answers[answer_reason(enough, self.closing, loop.time(), start + wait)] += 1
+        now = loop.time()
+        self.answers[answer_reason(enough, self.closing, now, start + wait)] += 1
+        self.lateness_max = max(self.lateness_max, now - start - wait)
         return view.fetched
 
     async def _wait(self, name: str, wait: float, threshold: int) -> None:
@@ -766,7 +772,12 @@ class RedisFeed(Feed):
             "POSTs whose Idempotency-Key was stored already: answered with the first offset.",
         )
         replayed.add_metric([], self.replayed)
-        return [up, errors, timeouts, resyncs, retries, unavailable, replayed]
+        lateness = GaugeMetricFamily(
+            "longpoll_parked_lateness_max_seconds",
+            "The most a parked GET was answered after its wait (from its arrival).",
+        )
+        lateness.add_metric([], self.lateness_max)
+        return [up, errors, timeouts, resyncs, retries, unavailable, replayed, lateness]
 
     def health(self) -> tuple[int, dict[str, object]]:
         if self.closing:

@@ -170,8 +170,13 @@ async def _http(
     body: bytes = b"",
     headers: dict[str, str] | None = None,
     within: float = 30.0,
+    sent: list[float] | None = None,
 ) -> tuple[int, dict[str, str], Any]:
     """One request on a new connection (``Connection: close``): status, headers, JSON body.
+
+    ``sent``: the loop time once the request was written is appended to it (the
+    server's clock for the request starts after that, so an answer measured from
+    there and found early was early on the server too).
 
     Raises:
         OSError, asyncio.IncompleteReadError, TimeoutError: no answer.
@@ -184,6 +189,9 @@ async def _http(
                 head += f"{name}: {value}\r\n"
             head += f"Content-Length: {len(body)}\r\n\r\n"
             writer.write(head.encode() + body)
+            await writer.drain()
+            if sent is not None:
+                sent.append(asyncio.get_running_loop().time())
             raw = await reader.read()
         finally:
             writer.close()
@@ -227,6 +235,7 @@ class _Client:
         self.stopping = False
         self.posting = True
         self.loop = asyncio.get_running_loop()
+        self.started = self.loop.time()
 
     def live(self, rng: random.Random) -> _Server:
         choices = [s for s in self.servers.values() if s.terminated_at is None]
@@ -246,9 +255,11 @@ class _Client:
                 with contextlib.suppress(OSError, TimeoutError, asyncio.IncompleteReadError):
                     await _http(server.port, "GET", path, within=rng.uniform(0.05, wait * 0.8))
                 continue
-            sent = self.loop.time()
+            sent_at: list[float] = []
             try:
-                status, _, body = await _http(server.port, "GET", path, within=wait + 60)
+                status, _, body = await _http(
+                    server.port, "GET", path, within=wait + 60, sent=sent_at
+                )
             except (OSError, asyncio.IncompleteReadError):
                 ledger.counts["gets_lost_connection"] += 1  # a killed worker, a stopped server
                 await asyncio.sleep(0.2)
@@ -257,12 +268,20 @@ class _Client:
                 ledger.problem(f"GET {path} on {server.name}: no answer in {wait + 60} s")
                 continue
             received = self.loop.time()
+            sent = sent_at[0]
             late = received - sent - wait
             shutdown = server.terminated_at is not None and received >= server.terminated_at
             if late > ledger.max_late:
                 ledger.max_late = late
             if late > self.soak.late_bound:
-                ledger.late.append({"server": server.name, "status": status, "late": late})
+                ledger.late.append(
+                    {
+                        "server": server.name,
+                        "status": status,
+                        "late": round(late, 3),
+                        "at": round(received - self.started, 1),
+                    }
+                )
             ledger.counts[f"gets_{status}"] += 1
             if status != 200:
                 if status != 503:
@@ -276,7 +295,13 @@ class _Client:
                 if shutdown:
                     ledger.counts["gets_answered_by_shutdown"] += 1
                 else:
-                    ledger.early.append({"server": server.name, "early": wait - received + sent})
+                    ledger.early.append(
+                        {
+                            "server": server.name,
+                            "early": round(wait - received + sent, 3),
+                            "at": round(received - self.started, 1),
+                        }
+                    )
             seen = ledger.read[topic]
             for i, text in enumerate(messages, start=body["offset"]):
                 if seen.setdefault(i, text) != text:
@@ -414,6 +439,19 @@ async def _read_back(port: int, topic: str) -> list[str]:
         offset = body["next_offset"]
 
 
+def _metrics(port: int) -> dict[str, float]:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
 def _check(
     soak: Soak, ledger: _Ledger, logs: dict[str, list[str]], stored: dict[str, list[str]]
 ) -> dict[str, bool]:
@@ -494,6 +532,7 @@ async def run(soak: Soak) -> dict[str, Any]:
             topic: await _read_back(servers["a"].port, topic)
             for topic in (f"t{i}" for i in range(soak.topics))
         }
+        server_a = await asyncio.to_thread(_metrics, servers["a"].port)
     finally:
         for name, server in servers.items():
             statuses[name] = await asyncio.to_thread(server.stop)
@@ -516,6 +555,19 @@ async def run(soak: Soak) -> dict[str, Any]:
         "soak": vars(soak) | {"command": "python -m examples.longpoll.soak"},
         "counts": dict(sorted(ledger.counts.items())),
         "max_late_s": round(ledger.max_late, 3),
+        # what server a measured itself, from a request's arrival in the application
+        "server_a": {
+            name: server_a.get(metric)
+            for name, metric in (
+                ("max_late_s", "longpoll_parked_lateness_max_seconds"),
+                ("unavailable_parked", 'longpoll_unavailable_total{request="parked"}'),
+                ("unavailable_get", 'longpoll_unavailable_total{request="get"}'),
+                ("unavailable_post", 'longpoll_unavailable_total{request="post"}'),
+                ("redis_retries", "longpoll_redis_retries_total"),
+                ("replayed_posts", "longpoll_replayed_posts_total"),
+            )
+        },
+        "load_average": [round(x, 1) for x in os.getloadavg()],
         "faults": faults,
         "exit_statuses": statuses,
         "checks": checks,
