@@ -336,6 +336,11 @@ def test_redis_killed_and_restarted_mid_traffic(
     for offset, text in acked.items():
         assert stored[offset] == text
     assert len(set(stored)) == len(stored)
+    # Redis is back: no request fails for a connection the outage left behind
+    with ThreadPoolExecutor(16) as pool:
+        gets = list(pool.map(lambda n: call(ports[n % 2], "GET", "/topics/live?wait=0"), range(50)))
+        posts = list(pool.map(lambda n: post(ports[n % 2], "back", f"b{n}"), range(50)))
+    assert [status for status, _ in gets + posts] == [200] * 100
     # delivery resumed across processes: a GET parked on one server, a POST on the other
     conn = park(a.port, f"/topics/live?offset={len(stored)}&wait=60")
     parked_by_pid(a.port, 1)
