@@ -7,7 +7,8 @@ client on 127.0.0.1:
 
 * **readers** long-poll the topics (``GET ...?offset=N&wait=W``, W from 1 to 5 s) from
   the offset their last answer gave, each GET on a server picked at random; a share of
-  them (``--hangup-share``) hang up before their answer;
+  them (``--hangup-share``) hang up before their answer; after a 503 or a lost
+  connection a reader pauses 0.5 to 1.5 s;
 * **writers** post unique messages to random topics, each with an ``Idempotency-Key``,
   and retry a POST that failed (a 503, a lost connection, no reply) with the same key
   and body, on any server, until it is acknowledged.
@@ -269,7 +270,7 @@ class _Client:
                 )
             except (OSError, asyncio.IncompleteReadError):
                 ledger.counts["gets_lost_connection"] += 1  # a killed worker, a stopped server
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(rng.uniform(0.5, 1.5))
                 continue
             except TimeoutError:
                 ledger.problem(f"GET {path} on {server.name}: no answer in {wait + 60} s")
@@ -293,7 +294,8 @@ class _Client:
             if status != 200:
                 if status != 503:
                     ledger.problem(f"GET {path} on {server.name}: {status} {body}")
-                await asyncio.sleep(0.2)
+                # As a client should: back off, or every reader's retries make a storm.
+                await asyncio.sleep(rng.uniform(0.5, 1.5))
                 continue
             if body["offset"] != offset:
                 ledger.problem(f"GET {path}: answered from offset {body['offset']}")
