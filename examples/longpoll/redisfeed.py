@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import urllib.parse
 import uuid
@@ -325,6 +326,7 @@ class RedisWaiter(PurgatoryWaiter):
         self.timeouts = 0
         #: Commands sent a second time on a new connection after a connection error.
         self.retries = 0
+        self._dropped_at = -math.inf
         self.resyncs = 0
         self._log = structlog.get_logger("examples.longpoll.redis")
         self._monitor: asyncio.Task[None] | None = None
@@ -430,8 +432,7 @@ class RedisWaiter(PurgatoryWaiter):
                     if not retry:
                         raise
                     self.retries += 1
-                    assert self.client is not None
-                    await self.client.connection_pool.disconnect(inuse_connections=False)
+                    await self._drop_idle_connections()
                     result = await _lost_is_connection_error(make)
         except REDIS_DOWN as exc:
             task = asyncio.current_task()
@@ -447,6 +448,18 @@ class RedisWaiter(PurgatoryWaiter):
         if not self.redis_ok:
             self.mark_up()
         return result
+
+    async def _drop_idle_connections(self) -> None:
+        # The pool's idle connections may have died with the one that failed (Redis
+        # restarted): drop them all, so the retry connects anew. At most once a
+        # second: a burst of failures must not keep closing the connections that the
+        # retries before it just made.
+        now = asyncio.get_running_loop().time()
+        if now - self._dropped_at < 1.0:
+            return
+        self._dropped_at = now
+        assert self.client is not None
+        await self.client.connection_pool.disconnect(inuse_connections=False)
 
     def mark_down(self, exc: BaseException) -> None:
         self.redis_errors += 1
