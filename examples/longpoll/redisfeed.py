@@ -331,6 +331,8 @@ class RedisWaiter(PurgatoryWaiter):
         self._log = structlog.get_logger("examples.longpoll.redis")
         self._monitor: asyncio.Task[None] | None = None
         self._on_recovery: Callable[[], Coroutine[Any, Any, None]] | None = None
+        #: The feed's figures, logged when the waiter closes (``longpoll.redis_summary``).
+        self._summary: Callable[[], dict[str, object]] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._closing = False
         from aiopurgatory.metrics.prometheus import RedisTriggersCollector
@@ -389,6 +391,8 @@ class RedisWaiter(PurgatoryWaiter):
         tb: TracebackType | None,
     ) -> None:
         self._closing = True
+        if self._summary is not None:
+            self._log.info("longpoll.redis_summary", **self._summary())
         stopping = list(self._background)
         if self._monitor is not None:
             stopping.append(self._monitor)
@@ -527,6 +531,7 @@ class RedisFeed(Feed):
         super().__init__(settings, waiter)
         self.redis = waiter
         waiter._on_recovery = self._resync
+        waiter._summary = self.summary
         # GETs of one topic and offset asking in one loop iteration share one read.
         self._reads = Coalescer()
         self._byte_reads = Coalescer()
@@ -740,6 +745,20 @@ class RedisFeed(Feed):
                 return
             if total is not None:
                 purgatory.advance(name, total)
+
+    def summary(self) -> dict[str, object]:
+        """What this process met of Redis: 503s by request, the most a parked GET was
+        answered after its wait (seconds), commands retried, POSTs replayed, connection
+        errors, resyncs (logged at close as ``longpoll.redis_summary``)."""
+        w = self.redis
+        return {
+            "unavailable": dict(self.unavailable),
+            "lateness_max": round(self.lateness_max, 3),
+            "retries": w.retries,
+            "replayed": self.replayed,
+            "redis_errors": w.redis_errors,
+            "resyncs": w.resyncs,
+        }
 
     # -- state -----------------------------------------------------------------------------
 

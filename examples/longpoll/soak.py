@@ -32,8 +32,13 @@ Then it checks the ledger, and exits 1 if any check fails:
   reported (``empty_within_clock_lag``, ``clock_lag_max_s``): a server on uvloop
   reads its clock once per loop iteration, in whole milliseconds, so its wait can
   start that much before the request arrived;
-* no GET was answered later than its wait plus ``--late-bound`` seconds, counted from
-  the request's last byte (the documented bound, see ``docs/longpoll.md``);
+* no parked GET was answered later than its wait plus ``--late-bound`` seconds (3) by
+  its server's own clock from its arrival in the application (each process logs the
+  most at close, ``longpoll.redis_summary``): the documented bound, 2.5 s, and 0.5 s
+  for the process's loop lag (see ``docs/longpoll.md``); and no GET later than its
+  wait plus ``--client-late-bound`` seconds (5) by the client's clock from its request
+  written, which adds the time the request waits to be accepted and read and the
+  answer to be read, on a machine that may be loaded;
 * every line each server wrote to stderr is a JSON object; every server exited 0.
 
 It prints one JSON object: the counts, the checks and the faults with their times.
@@ -74,6 +79,7 @@ class Soak:
     hangup_share: float = 0.3
     stop_seconds: float = 8.0
     late_bound: float = 3.0
+    client_late_bound: float = 5.0
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -89,8 +95,10 @@ class Soak:
             raise ValueError(f"hangup_share must be in [0, 1], got {self.hangup_share!r}")
         if not 0 < self.stop_seconds <= 60:
             raise ValueError(f"stop_seconds must be in (0, 60], got {self.stop_seconds!r}")
-        if not 0 < self.late_bound <= 60:
-            raise ValueError(f"late_bound must be in (0, 60], got {self.late_bound!r}")
+        for name in ("late_bound", "client_late_bound"):
+            value = getattr(self, name)
+            if not 0 < value <= 60:
+                raise ValueError(f"{name} must be in (0, 60], got {value!r}")
 
 
 class _Server:
@@ -281,7 +289,7 @@ class _Client:
             shutdown = server.terminated_at is not None and received >= server.terminated_at
             if late > ledger.max_late:
                 ledger.max_late = late
-            if late > self.soak.late_bound:
+            if late > self.soak.client_late_bound:
                 ledger.late.append(
                     {
                         "server": server.name,
@@ -509,7 +517,7 @@ def _check(
         ),
         "readers were given what is stored": misread == 0,
         "0 answered early (client)": not ledger.early,
-        f"none later than wait + {soak.late_bound:g} s": not ledger.late,
+        f"none later than wait + {soak.client_late_bound:g} s (client)": not ledger.late,
         "only JSON lines in the server logs": non_json == 0,
         "no other problem": not ledger.problems,
     }
@@ -554,6 +562,7 @@ async def run(soak: Soak) -> dict[str, Any]:
         await asyncio.to_thread(redis_server.kill)
     logs: dict[str, list[str]] = {}
     early_server = 0
+    lateness: dict[str, float] = {}
     for name, server in servers.items():
         records, other = server.records()
         logs[name] = other
@@ -562,14 +571,22 @@ async def run(soak: Soak) -> dict[str, Any]:
             for r in records
             if r.get("event") == "longpoll.stopped" and "answers" in r
         )
+        for r in records:
+            if r.get("event") == "longpoll.redis_summary":
+                where = name if "worker" not in r else f"{name}{r['worker']}"
+                lateness[where] = max(lateness.get(where, 0.0), r["lateness_max"])
     ledger.counts["early_server"] = early_server
     checks = _check(soak, ledger, logs, stored)
     checks["0 answered early (servers)"] = early_server == 0
+    checks[f"none later than wait + {soak.late_bound:g} s (servers)"] = (
+        len(lateness) >= 4 and max(lateness.values()) <= soak.late_bound
+    )
     checks["every server exited 0"] = all(status == 0 for status in statuses.values())
     return {
         "soak": vars(soak) | {"command": "python -m examples.longpoll.soak"},
         "counts": dict(sorted(ledger.counts.items())),
         "max_late_s": round(ledger.max_late, 3),
+        "server_lateness_max_s": lateness,
         "clock_lag_max_s": round(ledger.clock_lag_max, 3),
         # what server a measured itself, from a request's arrival in the application
         "server_a": {
@@ -625,7 +642,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--late-bound",
         type=float,
         default=d.late_bound,
-        help="a GET answered later than its wait plus this fails the soak (%(default)s)",
+        help="a parked GET answered later than its wait plus this, by its server's own "
+        "clock from its arrival, fails the soak (%(default)s)",
+    )
+    p.add_argument(
+        "--client-late-bound",
+        type=float,
+        default=d.client_late_bound,
+        help="a GET answered later than its wait plus this, by the client's clock from "
+        "its request written, fails the soak (%(default)s)",
     )
     p.add_argument("--seed", type=int, default=d.seed, help="(%(default)s)")
     return p
@@ -644,6 +669,7 @@ def main(argv: list[str] | None = None) -> int:
             hangup_share=args.hangup_share,
             stop_seconds=args.stop_seconds,
             late_bound=args.late_bound,
+            client_late_bound=args.client_late_bound,
             seed=args.seed,
         )
     except ValueError as exc:
