@@ -80,6 +80,7 @@ class Soak:
     stop_seconds: float = 8.0
     late_bound: float = 3.0
     client_late_bound: float = 5.0
+    server_loop: str = "auto"
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -95,6 +96,10 @@ class Soak:
             raise ValueError(f"hangup_share must be in [0, 1], got {self.hangup_share!r}")
         if not 0 < self.stop_seconds <= 60:
             raise ValueError(f"stop_seconds must be in (0, 60], got {self.stop_seconds!r}")
+        if self.server_loop not in ("auto", "asyncio", "uvloop"):
+            raise ValueError(
+                f"server_loop must be auto, asyncio or uvloop, got {self.server_loop!r}"
+            )
         for name in ("late_bound", "client_late_bound"):
             value = getattr(self, name)
             if not 0 < value <= 60:
@@ -536,7 +541,8 @@ async def run(soak: Soak) -> dict[str, Any]:
     statuses: dict[str, int] = {}
     try:
         url = redis_server.url
-        for name, args in (("a", ()), ("b", ()), ("c", ("--workers", "2"))):
+        loop = ("--loop", soak.server_loop)
+        for name, args in (("a", loop), ("b", loop), ("c", (*loop, "--workers", "2"))):
             servers[name] = await asyncio.to_thread(_Server, name, url, *args)
         client = _Client(soak, servers, ledger)
         readers = [asyncio.create_task(client.reader(n)) for n in range(soak.readers)]
@@ -652,6 +658,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a GET answered later than its wait plus this, by the client's clock from "
         "its request written, fails the soak (%(default)s)",
     )
+    p.add_argument(
+        "--server-loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default=d.server_loop,
+        help="the servers' --loop (%(default)s)",
+    )
     p.add_argument("--seed", type=int, default=d.seed, help="(%(default)s)")
     return p
 
@@ -670,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
             stop_seconds=args.stop_seconds,
             late_bound=args.late_bound,
             client_late_bound=args.client_late_bound,
+            server_loop=args.server_loop,
             seed=args.seed,
         )
     except ValueError as exc:
