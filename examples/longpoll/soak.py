@@ -240,6 +240,7 @@ class _Ledger:
     early: list[dict[str, Any]] = field(default_factory=list)
     max_late: float = 0.0
     before_wait_max: float = 0.0
+    before_wait: list[dict[str, Any]] = field(default_factory=list)
 
     def problem(self, text: str) -> None:
         if len(self.problems) < 50:
@@ -329,6 +330,15 @@ class _Client:
                 # was asked: reported, not failed (see the docstring).
                 ledger.counts["empty_before_wait_from_written"] += 1
                 ledger.before_wait_max = max(ledger.before_wait_max, wait - received + sent)
+                if len(ledger.before_wait) < 10:
+                    ledger.before_wait.append(
+                        {
+                            "server": server.name,
+                            "by": round(wait - received + sent, 4),
+                            "wait": wait,
+                            "at": round(received - self.started, 1),
+                        }
+                    )
             seen = ledger.read[topic]
             for i, text in enumerate(messages, start=body["offset"]):
                 if seen.setdefault(i, text) != text:
@@ -593,6 +603,7 @@ async def run(soak: Soak) -> dict[str, Any]:
         "max_late_s": round(ledger.max_late, 3),
         "server_lateness_max_s": lateness,
         "before_wait_from_written_max_s": round(ledger.before_wait_max, 3),
+        "before_wait_from_written": ledger.before_wait,
         # what server a measured itself, from a request's arrival in the application
         "server_a": {
             name: server_a.get(metric)
