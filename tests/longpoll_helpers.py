@@ -28,12 +28,20 @@ class Call:
     """One HTTP request to an ASGI app, run as a task; :meth:`disconnect` hangs up."""
 
     def __init__(
-        self, app: Starlette, method: str, path: str, query: str = "", body: bytes = b""
+        self,
+        app: Starlette,
+        method: str,
+        path: str,
+        query: str = "",
+        body: bytes = b"",
+        headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         self._body = body
         self._body_sent = False
         self._gone = asyncio.Event()
         self.status: int | None = None
+        #: The response's headers (lower-case names).
+        self.headers: dict[str, str] = {}
         self.content = bytearray()
         self.complete = False
         scope: dict[str, Any] = {
@@ -46,7 +54,11 @@ class Call:
             "raw_path": path.encode(),
             "query_string": query.encode(),
             "root_path": "",
-            "headers": [(b"host", b"test"), (b"content-length", str(len(body)).encode())],
+            "headers": [
+                (b"host", b"test"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
             "client": ("127.0.0.1", 50000),
             "server": ("127.0.0.1", 80),
         }
@@ -64,6 +76,7 @@ class Call:
             return  # as uvicorn: nothing reaches a client that hung up
         if message["type"] == "http.response.start":
             self.status = message["status"]
+            self.headers = {k.decode(): v.decode() for k, v in message.get("headers", [])}
         elif message["type"] == "http.response.body":
             self.content += message.get("body", b"")
             self.complete = not message.get("more_body", False)

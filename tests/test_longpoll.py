@@ -352,6 +352,8 @@ def test_topic_log_counts_bytes_and_keeps_what_retention_allows() -> None:
         ("body_timeout", 0, ValueError),
         ("body_timeout", float("nan"), ValueError),
         ("body_timeout", "10", TypeError),
+        ("idempotency_ttl", 0, ValueError),
+        ("idempotency_ttl", float("inf"), ValueError),
     ],
 )
 def test_settings_refuse_bad_values(field: str, value: object, error: type[Exception]) -> None:
@@ -388,3 +390,75 @@ def test_error_bodies_are_one_json_line() -> None:
     response = error(400, "bad")
     assert json.loads(bytes(response.body)) == {"error": "bad"}
     assert b"\n" not in response.body
+
+
+@pytest.mark.virtual_time
+async def test_a_retried_post_with_an_idempotency_key_is_stored_once(waiter: str) -> None:
+    settings = Settings(idempotency_ttl=60)
+    async with running(waiter, settings) as app:
+        loop = asyncio.get_running_loop()
+        key = [(b"idempotency-key", b'"order-17"')]
+        get = Call(app, "GET", "/topics/orders", "offset=0&wait=30")
+        first = Call(app, "POST", "/topics/orders", body=b"pay 17", headers=key)
+        assert await first.result() == (200, {"offset": 0})
+        assert "idempotent-replayed" not in first.headers
+        assert await get.result() == (200, {"offset": 0, "messages": ["pay 17"], "next_offset": 1})
+        assert loop.time() == 0  # answered by the first post
+        await asyncio.sleep(59)
+        again = Call(app, "POST", "/topics/orders", body=b"pay 17", headers=key)
+        assert await again.result() == (200, {"offset": 0})  # the first one's offset
+        assert again.headers["idempotent-replayed"] == "true"
+        bare = [(b"idempotency-key", b"order-17")]  # the same key, sent unquoted
+        assert await request_with(app, b"pay 17", bare) == (200, {"offset": 0})
+        # the same key on another body: refused, nothing stored
+        assert await request_with(app, b"pay 18", key) == (
+            422,
+            {"error": "this Idempotency-Key was used for another body"},
+        )
+        # another topic is another resource: the key is its own there
+        assert await request_with(app, b"pay 17", key, "/topics/other") == (200, {"offset": 0})
+        feed = feed_of(app)
+        assert (feed.messages_posted, feed.replayed) == (2, 2)
+        await asyncio.sleep(1)  # 60 s after the first: the key is forgotten
+        assert await request_with(app, b"pay 17", key) == (200, {"offset": 1})
+        _, body = await request(app, "GET", "/topics/orders", "offset=0&wait=0")
+        assert body["messages"] == ["pay 17", "pay 17"]
+
+
+async def request_with(
+    app: object, body: bytes, headers: list[tuple[bytes, bytes]], path: str = "/topics/orders"
+) -> tuple[int, object]:
+    return await Call(app, "POST", path, body=body, headers=headers).result()  # type: ignore[arg-type]
+
+
+@pytest.mark.virtual_time
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [(b"idempotency-key", b"")],
+        [(b"idempotency-key", b'"unclosed')],
+        [(b"idempotency-key", b"two words")],
+        [(b"idempotency-key", b"x" * 256)],
+        [(b"idempotency-key", b"caf\xc3\xa9")],
+        [(b"idempotency-key", b"a"), (b"idempotency-key", b"b")],
+    ],
+)
+async def test_a_bad_idempotency_key_is_a_400_and_stores_nothing(
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    async with running("purgatory") as app:
+        status, body = await request_with(app, b"m", headers)
+        assert status == 400
+        assert "Idempotency-Key" in body["error"]  # type: ignore[index]
+        assert feed_of(app).topics == {}
+
+
+def test_idempotency_keys_as_the_draft_writes_them() -> None:
+    from examples.longpoll.feed import check_idempotency_key
+
+    assert check_idempotency_key('"8e03978e-40d5-43e8-bc93-6894a57f9324"') == (
+        "8e03978e-40d5-43e8-bc93-6894a57f9324"
+    )
+    assert check_idempotency_key(r'"a \"quoted\" key"') == 'a "quoted" key'
+    assert check_idempotency_key("bare-key") == "bare-key"
+    assert check_idempotency_key("x" * 255) == "x" * 255

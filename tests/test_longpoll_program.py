@@ -138,6 +138,7 @@ def test_a_small_load_test_run_compares_both_waiters(capsys: pytest.CaptureFixtu
     assert [run["waiter"] for run in runs] == ["purgatory", "asyncio"]
     for run in runs:
         assert (run["parked"], run["posts"], run["exit_status"], run["errors"]) == (200, 10, 0, 0)
+        assert run["post_retries"] == 0  # a healthy server answered every POST at once
         assert 0 < run["delivered"] <= 200  # 10 posts, each to the 20 GETs of its topic
         assert run["server_cpu_s"] > 0
         assert run["rss_mib"] > 0
@@ -159,12 +160,15 @@ def _options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     return [a for a in parser._actions if a.option_strings and a.dest != "help"]
 
 
-@pytest.mark.parametrize("module", ["examples.longpoll.__main__", "examples.longpoll.loadtest"])
+@pytest.mark.parametrize(
+    "module", ["examples.longpoll.__main__", "examples.longpoll.loadtest", "examples.longpoll.soak"]
+)
 def test_every_option_has_help_with_its_default(module: str) -> None:
     parser: argparse.ArgumentParser = importlib.import_module(module).build_parser()
     for action in _options(parser):
         assert action.help, action.dest
-        if isinstance(action, argparse._StoreTrueAction):
+        # flags, and the options a supervisor gives its workers (not for users)
+        if isinstance(action, argparse._StoreTrueAction) or action.help == argparse.SUPPRESS:
             continue
         assert "(%(default)s)" in action.help or "(default: " in action.help, action.dest
     # what the load test's docstring (its --help) advertises, it accepts

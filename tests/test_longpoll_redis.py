@@ -25,11 +25,13 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from aiopurgatory.redis.testing import RedisServer
+from examples.longpoll.feed import Appended, FeedError, Fetched, Settings
 from tests.longpoll_helpers import ROOT, Program, wait_until
 from tests.redis_helpers import ServerFactory, write_on_a_closed_uvloop_transport
 
@@ -334,6 +336,11 @@ def test_redis_killed_and_restarted_mid_traffic(
     for offset, text in acked.items():
         assert stored[offset] == text
     assert len(set(stored)) == len(stored)
+    # Redis is back: no request fails for a connection the outage left behind
+    with ThreadPoolExecutor(16) as pool:
+        gets = list(pool.map(lambda n: call(ports[n % 2], "GET", "/topics/live?wait=0"), range(50)))
+        posts = list(pool.map(lambda n: post(ports[n % 2], "back", f"b{n}"), range(50)))
+    assert [status for status, _ in gets + posts] == [200] * 100
     # delivery resumed across processes: a GET parked on one server, a POST on the other
     conn = park(a.port, f"/topics/live?offset={len(stored)}&wait=60")
     parked_by_pid(a.port, 1)
@@ -630,3 +637,205 @@ def test_a_write_on_a_closed_uvloop_transport_is_a_503_not_a_500() -> None:
     assert waiter.last_error is not None
     assert "the handler is closed" in waiter.last_error
     assert str(bug) == "a bug"
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan waits for init to reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def test_workers_die_with_a_supervisor_killed_with_sigkill(
+    redis_server: RedisServer, program: Callable[..., Program]
+) -> None:
+    server = program("--redis", redis_server.url, "--workers", "2")
+    pids = server.first["pids"]
+    conns = [park(server.port, "/topics/orphan?offset=0&wait=60") for _ in range(8)]
+    parked_by_pid(server.port, 8, pids=2)
+    os.kill(server.proc.pid, signal.SIGKILL)  # no chance to pass a signal on
+    killed = time.monotonic()
+    wait_until(lambda: not any(alive(pid) for pid in pids), "the workers to end", 10)
+    assert time.monotonic() - killed < 2
+    for conn in conns:  # each answered its parked GETs as on any SIGTERM
+        assert answer(conn) == (200, {"offset": 0, "messages": [], "next_offset": 0})
+    server.proc.communicate(timeout=30)  # reaped, its pipe closed
+
+
+def test_a_worker_whose_supervisor_is_gone_at_start_exits() -> None:
+    # The supervisor's pid given is not our parent: as if it died before prctl was armed.
+    done = subprocess.run(
+        [sys.executable, "-m", "examples.longpoll", "--port", "0", "--supervisor", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == "error: the supervisor is gone"
+
+
+def post_with_key(
+    port: int, topic: str, text: str, key: str, timeout: float = 30
+) -> tuple[int, Any, str | None]:
+    """A POST with an ``Idempotency-Key``: status, JSON body, ``Idempotent-Replayed``."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", f"/topics/{topic}", text.encode(), {"Idempotency-Key": f'"{key}"'})
+        response = conn.getresponse()
+        return (
+            response.status,
+            json.loads(response.read()),
+            response.getheader("idempotent-replayed"),
+        )
+    finally:
+        conn.close()
+
+
+def test_an_idempotency_key_holds_across_processes_for_its_ttl(
+    redis_server: RedisServer, program: Callable[..., Program]
+) -> None:
+    a = program("--redis", redis_server.url, "--idempotency-ttl", "3")
+    c = program("--redis", redis_server.url, "--workers", "2", "--idempotency-ttl", "3")
+    assert post(a.port, "pay", "before") == (200, {"offset": 0})
+    assert post_with_key(a.port, "pay", "order 1", "k-1") == (200, {"offset": 1}, None)
+    # the retry lands on other processes (the client lost the reply, say): not stored again
+    for _ in range(4):
+        assert post_with_key(c.port, "pay", "order 1", "k-1") == (200, {"offset": 1}, "true")
+    status, body, _ = post_with_key(c.port, "pay", "order 2", "k-1")
+    assert (status, body) == (422, {"error": "this Idempotency-Key was used for another body"})
+    assert post_with_key(c.port, "pay", "order 2", "k-2") == (200, {"offset": 2}, None)
+    assert all_messages(a.port, "pay") == ["before", "order 1", "order 2"]
+    assert a.metrics()["longpoll_replayed_posts_total"] == 0
+    # the record lives in Redis beside the topic, with the TTL asked for
+    ttl = subprocess.run(
+        ["redis-cli", "-p", str(redis_server.port), "PTTL", "longpoll:{t:pay}:idem:c:k-1"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert 0 < int(ttl.stdout) <= 3000
+    time.sleep(3.5)  # the key is forgotten: a POST with it is a new message
+    assert post_with_key(c.port, "pay", "order 1", "k-1") == (200, {"offset": 3}, None)
+    assert all_messages(c.port, "pay") == ["before", "order 1", "order 2", "order 1"]
+
+
+async def test_a_connection_that_died_while_redis_was_away_is_replaced(
+    redis_server: RedisServer,
+) -> None:
+    from examples.longpoll.redisfeed import RedisWaiter
+
+    async with RedisWaiter(redis_server.url) as waiter:
+        feed = waiter.make_feed(Settings())
+        assert (await feed.append("t", b"m0")).offset == 0
+        assert (await feed.fetch("t", 0, 0, 1)) == Fetched(0, ["m0"], 1)
+        # Restarted while this loop did not run: the pool's idle connection is dead, and
+        # nothing has told the loop yet (its end of the socket still looks open).
+        redis_server.kill()
+        redis_server.start()
+        assert (await feed.fetch("t", 0, 0, 1)) == Fetched(0, ["m0"], 1)
+        assert waiter.retries == 1  # the read went out again, on a new connection
+        redis_server.kill()
+        redis_server.start()
+        assert (await feed.append("t", b"m1")) == Appended(1)
+        assert waiter.retries == 2
+        assert (await feed.fetch("t", 0, 0, 1)) == Fetched(0, ["m0", "m1"], 2)  # stored once
+        assert feed.unavailable == {"post": 0, "get": 0, "parked": 0}
+        assert waiter.redis_ok
+
+
+async def test_a_parked_get_whose_feed_cannot_be_read_is_a_503_never_an_early_answer(
+    redis_server: RedisServer,
+) -> None:
+    from examples.longpoll.redisfeed import RedisWaiter
+
+    async with RedisWaiter(redis_server.url, command_timeout=0.5) as waiter:
+        feed = waiter.make_feed(Settings())
+        await feed.append("t", b"m0")
+        get = asyncio.create_task(feed.fetch("t", 1, 30, 1))
+        await until_parked(feed)
+        await feed.append("t", b"m1")  # completes the parked GET...
+        redis_server.kill()  # ...and Redis dies before it could read what it answers
+        with pytest.raises(FeedError) as failed:
+            await get
+        assert failed.value.status == 503
+        assert feed.unavailable == {"post": 0, "get": 0, "parked": 1}
+        assert feed.answers == {"data": 0, "timeout": 0, "shutdown": 0, "early": 0}
+        redis_server.start()
+
+
+@pytest.mark.parametrize("when", ["before the GET parks", "while it is parked"])
+async def test_a_hung_redis_holds_a_parked_get_no_longer_than_the_command_timeout(
+    redis_server: RedisServer, when: str
+) -> None:
+    from examples.longpoll.redisfeed import RedisWaiter
+
+    assert redis_server.process is not None
+    async with RedisWaiter(redis_server.url, command_timeout=0.5) as waiter:
+        feed = waiter.make_feed(Settings())
+        await feed.append("t", b"m0")
+        loop = asyncio.get_running_loop()
+        if when == "before the GET parks":
+            # its catch-up read, made after it watched, meets the hang
+            feed._reads.run = partial(_read_then_stop, feed._reads.run, redis_server)  # type: ignore[method-assign]
+        started = loop.time()
+        get = asyncio.create_task(feed.fetch("t", 1, 1.0, 1))
+        try:
+            if when == "while it is parked":
+                await until_parked(feed)
+                redis_server.process.send_signal(signal.SIGSTOP)
+            with pytest.raises(FeedError) as failed:
+                await get
+            took = loop.time() - started
+        finally:
+            redis_server.process.send_signal(signal.SIGCONT)
+        assert failed.value.status == 503
+        # its wait (1 s), then its read's deadline (command_timeout + 0.5 s), and slack
+        assert 1.0 <= took < 1.0 + 1.0 + 1.0
+        assert feed.answers["early"] == 0
+
+
+async def until_parked(feed: Any) -> None:
+    for _ in range(1000):
+        if feed.parked:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the GET never parked")
+
+
+async def _read_then_stop(run: Any, server: RedisServer, key: Any, make: Any) -> Any:
+    result = await run(key, make)
+    assert server.process is not None
+    server.process.send_signal(signal.SIGSTOP)
+    return result
+
+
+async def test_a_shared_read_whose_every_caller_hung_up_leaves_no_unretrieved_error() -> None:
+    import gc
+
+    from examples.longpoll.redisfeed import Coalescer
+
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    coalescer = Coalescer()
+    failing = asyncio.Event()
+
+    async def read() -> None:
+        await failing.wait()
+        raise FeedError(503, "redis unavailable")
+
+    callers = [asyncio.create_task(coalescer.run("k", read)) for _ in range(3)]
+    await asyncio.sleep(0)
+    for caller in callers:
+        caller.cancel()  # their clients hung up
+    await asyncio.gather(*callers, return_exceptions=True)
+    failing.set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    del callers, caller  # their CancelledErrors' tracebacks hold the shared task
+    gc.collect()
+    await asyncio.sleep(0)
+    assert reported == []

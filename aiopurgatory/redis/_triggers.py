@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import math
 import os
 import random
@@ -41,13 +42,14 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, AuthorizationError, RedisError
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .._detect import current_backend
 from .._errors import PurgatoryError
 from .._logging import LazyLogger
 from .._operation import Outcome
 from .._purgatory import Purgatory
+from ._link import CONNECTION_ERRORS, CONNECTION_LOST, Link, closed_transport
+from ._reader import READ_CHUNK, WatermarkReader
 from ._redact import Redactor, describe_url
 from ._wire import (
     Batch,
@@ -58,11 +60,9 @@ from ._wire import (
     check_value,
     decode,
     encode,
-    parse_stored,
     redis_key,
     stored,
     watermark_prefix,
-    wire_keys,
 )
 
 __all__ = [
@@ -79,8 +79,8 @@ DEFAULT_CHANNEL: Final = "aiopurgatory"
 #: A batch larger than this leaves as several messages, so that no message grows
 #: past what a slow subscriber's output buffer in Redis tolerates.
 MAX_MESSAGE_TRIGGERS: Final = 1024
-# Keys read per MGET at a resync.
-_RESYNC_CHUNK: Final = 1000
+# Keys read per MGET (kept under its old name).
+_RESYNC_CHUNK: Final = READ_CHUNK
 
 # KEYS: watermark keys. ARGV[1]: TTL in ms, ARGV[2]: channel, ARGV[3]: message,
 # ARGV[3 + i]: the value for KEYS[i] (decimal text). Raises each key to at least
@@ -98,40 +98,12 @@ for i, key in ipairs(KEYS) do
 end
 return redis.call('PUBLISH', ARGV[2], ARGV[3])
 """
+_ADVANCE_SHA: Final = hashlib.sha1(_ADVANCE_SCRIPT.encode("ascii")).hexdigest()
 
-# Errors that mean "Redis is unreachable or refused us": the connection is
-# dropped and retried. Anything else escaping the loops is a bug, logged loudly
-# and retried as well (a subscriber never ends silently).
-_CONNECTION_ERRORS: Final = (RedisError, OSError, asyncio.TimeoutError, EOFError)
-
-
-def _closed_transport(exc: BaseException) -> bool:
-    """True for uvloop's error on a write to a connection that has closed.
-
-    asyncio's own transports drop such a write (the read then fails with
-    ``ConnectionError``); uvloop's raise ``RuntimeError("unable to perform
-    operation on <TCPTransport closed=True ...>; the handler is closed")``,
-    which redis-py (it maps ``OSError``) lets through: seen when Redis went away
-    between a connect and its first command.
-    """
-    return type(exc) is RuntimeError and str(exc).endswith("the handler is closed")
-
-
-class _ConnectionLost:
-    """``with _CONNECTION_LOST:`` around Redis I/O: :func:`_closed_transport` errors
-    become redis-py's ``ConnectionError``, handled as every lost connection is."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc is not None and _closed_transport(exc):
-            raise RedisConnectionError(f"the connection closed under a write ({exc})") from exc
-
-
-_CONNECTION_LOST: Final = _ConnectionLost()
+# Kept under these names for the tests and the code that imported them from here.
+_CONNECTION_ERRORS: Final = CONNECTION_ERRORS
+_CONNECTION_LOST: Final = CONNECTION_LOST
+_closed_transport: Final = closed_transport
 
 
 class RedisTriggersError(PurgatoryError):
@@ -168,6 +140,11 @@ class RedisTriggersStatistics:
         resyncs: times the stored watermarks of the watched keys were read and applied.
         last_error: the last error, as ``"Type: message"`` without any password,
             or None.
+        reads: round trips that read stored watermarks (the keys watched through
+            :meth:`RedisTriggers.watch` in one loop iteration, a resync, the
+            fetches of one iteration: one each).
+        read_errors: those that failed (each is retried; a failed fetch is the
+            caller's error).
     """
 
     channel: str
@@ -187,6 +164,8 @@ class RedisTriggersStatistics:
     completed: int
     resyncs: int
     last_error: str | None
+    reads: int = 0
+    read_errors: int = 0
 
 
 def _positive(value: object, argument: str) -> float:
@@ -252,6 +231,11 @@ class RedisTriggers:
             between half and all of ``min(longest, first * 2**attempt)``.
         close_timeout: seconds ``aclose()`` waits for pending triggers to be
             sent before dropping them (default 5).
+        command_timeout: seconds any one call to Redis may take, its connect
+            included (a publish, a read, entering, a subscription); past it the
+            connection is taken for dead, dropped and the call retried later
+            (default 5). It never holds :meth:`watch`, which waits for its
+            operation only.
         logger: a structlog-compatible logger (default: the library's).
 
     Raises:
@@ -270,6 +254,7 @@ class RedisTriggers:
         health_check_interval: float = 5.0,
         reconnect_delay: tuple[float, float] = (0.1, 10.0),
         close_timeout: float = 5.0,
+        command_timeout: float = 5.0,
         logger: Any | None = None,
     ) -> None:
         if current_backend() == "trio":
@@ -298,6 +283,7 @@ class RedisTriggers:
         if longest < first:
             raise ValueError(f"reconnect_delay must be (first, longest), got {reconnect_delay!r}")
         close_wait = _positive(close_timeout, "close_timeout")
+        call_timeout = _positive(command_timeout, "command_timeout")
         if logger is not None and not callable(getattr(logger, "bind", None)):
             raise TypeError(
                 f"logger must be a structlog-compatible logger (with bind()), "
@@ -309,34 +295,28 @@ class RedisTriggers:
             self._redactor = Redactor(_url_password(url_or_client))
             self._where = describe_url(url_or_client)
             try:
-                client = aioredis.from_url(
+                # Only the URL's settings are used (see _connection_factory): no
+                # connection is ever taken from this pool.
+                pool = aioredis.ConnectionPool.from_url(
                     url_or_client,
-                    socket_connect_timeout=5.0,
-                    socket_timeout=5.0,
-                    socket_keepalive=True,
-                    # Our own loops retry with backoff; redis-py's retries would
-                    # only hide failures from them.
-                    retry=Retry(NoBackoff(), 0),
-                    client_name=f"aiopurgatory-pub-{self._id}",
+                    socket_connect_timeout=call_timeout,
+                    socket_timeout=call_timeout,
                 )
             except ValueError as exc:
                 raise ValueError(
                     f"url_or_client: not a usable Redis URL ({self._redactor.error(exc)})"
                 ) from None
-            self._owns_client = True
         elif isinstance(url_or_client, aioredis.Redis):
-            client = url_or_client
-            kwargs = client.connection_pool.connection_kwargs
+            pool = url_or_client.connection_pool
+            kwargs = pool.connection_kwargs
             self._redactor = Redactor(kwargs.get("password"))
             self._where = _describe_client(kwargs)
-            self._owns_client = False
         else:
             raise TypeError(
                 "url_or_client must be a Redis URL (str) or a redis.asyncio.Redis client, "
                 f"got {type(url_or_client).__name__}"
             )
-        self._client: aioredis.Redis = client
-        self._script = client.register_script(_ADVANCE_SCRIPT)
+        self._pool: aioredis.ConnectionPool = pool
         self._purgatory = purgatory
         self._advance_local: Callable[[Hashable, float], int] | None = (
             None if purgatory is None else purgatory.advance
@@ -349,8 +329,22 @@ class RedisTriggers:
         self._reconnect_first = first
         self._reconnect_longest = longest
         self._close_timeout = close_wait
+        self._command_timeout = call_timeout
         base_logger = LazyLogger() if logger is None else logger
         self._logger: Any = base_logger.bind(channel=channel, instance=self._id)
+        # The library's own connections, one per job, none shared with the
+        # application: the sender's, the reader's, and the subscriber's (made in
+        # _subscribe; it is not a Link: it only listens).
+        self._sender_link = Link(self._connection_factory("pub"), call_timeout)
+        self._new_subscriber_connection = self._connection_factory("sub")
+        self._reader = WatermarkReader(
+            purgatory,
+            Link(self._connection_factory("read"), call_timeout),
+            self._prefix,
+            backoff=self._backoff,
+            record_error=self._record_error,
+            logger=self._logger,
+        )
 
         self._state = "new"  # -> "running" -> "closing" -> "closed"
         self._pending = Batch()
@@ -360,6 +354,7 @@ class RedisTriggers:
         self._wakeup: asyncio.Event | None = None
         self._sender: asyncio.Task[None] | None = None
         self._subscriber: asyncio.Task[None] | None = None
+        self._reading: asyncio.Task[None] | None = None  # runs the reader
         self._connection: Any = None  # the subscriber's redis.asyncio.Connection
         self._replies = 0  # replies read on it (the watchdog watches this count)
         self._health_failure: BaseException | None = None
@@ -375,7 +370,6 @@ class RedisTriggers:
         self._malformed = 0
         self._applied = 0
         self._completed = 0
-        self._resyncs = 0
         self._last_error: str | None = None
 
     # -- public API ------------------------------------------------------------------
@@ -475,45 +469,57 @@ class RedisTriggers:
         await waiter
 
     async def fetch_watermark(self, key: Key) -> Value | None:
-        """The watermark of ``key`` stored in Redis (one GET), or None if none or expired.
+        """The watermark of ``key`` stored in Redis, or None if none or expired.
 
         Useful before watching with a threshold in a process that had no
         watchers on ``key`` (a purgatory keeps watermarks only of watched keys).
+        The fetches of one loop iteration share one read (with the reads of
+        :meth:`watch`), on the instance's own connection. One attempt: it
+        takes at most ``command_timeout`` once sent (twice that behind a read
+        in flight).
 
         Raises:
             TypeError: ``key`` is not a str, bytes or int.
-            RedisTriggersClosedError: before ``async with`` or after ``aclose()``.
-            RedisTriggersError: Redis could not be reached (message redacted).
+            RedisTriggersClosedError: before ``async with`` or after ``aclose()``
+                (also when closed while it waits).
+            RedisTriggersError: Redis could not be read (message redacted).
         """
         key = check_key(key)
         self._check_running()
         failure: str | None = None
         try:
-            with _CONNECTION_LOST:
-                raw = await self._client.get(redis_key(self._prefix, key))
-        except _CONNECTION_ERRORS as exc:
+            value = await self._reader.fetch(key)
+        except RedisTriggersClosedError:
+            raise
+        except Exception as exc:
             failure = self._redactor.error(exc)
         if failure is not None:
             raise RedisTriggersError(f"cannot read the watermark from {self._where}: {failure}")
-        return parse_stored(raw)
+        return value
 
     async def watch(self, op: Any, keys: Iterable[Hashable] | Mapping[Hashable, float]) -> Outcome:
         """:meth:`Purgatory.watch` in the local purgatory, caught up with Redis.
 
         Watches ``op`` (as ``purgatory.watch(op, keys)``: the same arguments,
         errors and cancellation: cancelling the awaiting task cancels the op),
-        then reads the stored watermarks of its keys (one MGET) and advances the
-        local purgatory to them. A purgatory keeps watermarks of watched keys
-        only, so an advance that reached this process just before the watch left
-        nothing here; reading after watching closes that gap (an advance after
-        the read arrives through the subscription). If Redis cannot be read,
-        the op waits for the next advance, or for the resync that follows a
-        reconnect.
+        then has the stored watermarks of its keys read and the local purgatory
+        advanced to them. A purgatory keeps watermarks of watched keys only, so
+        an advance that reached this process just before the watch left nothing
+        here; reading after watching closes that gap (an advance after the read
+        arrives through the subscription). The keys of every watch of one loop
+        iteration are read together (one round trip, on the instance's own
+        connection), and the watch does not wait for the read but for its
+        operation, which the read may complete: a slow or hung Redis never holds
+        the caller past the op's own timeout. A read that fails is retried
+        (counted in ``read_errors``) until it succeeds or the op has ended.
 
         Returns:
             ``Outcome.COMPLETED``, ``EXPIRED`` or ``CANCELLED``, as ``Purgatory.watch``.
 
         Raises:
+            TypeError: a key cannot cross the wire (not a str, bytes or int, as
+                :meth:`advance` refuses it: a tuple, a bool...), before anything
+                is watched; and whatever ``Purgatory.watch`` raises.
             RedisTriggersClosedError: before ``async with`` or after ``aclose()``,
                 or on a publisher only (there is no purgatory to watch in).
         """
@@ -523,37 +529,21 @@ class RedisTriggers:
             raise RedisTriggersClosedError("a publisher-only RedisTriggers has no purgatory")
         if isinstance(keys, Mapping):
             keys = dict(keys)
-        elif not isinstance(keys, str | bytes | tuple):
+            wire = [check_key(key) for key in keys]
+        elif isinstance(keys, str | bytes | tuple):
+            wire = []  # refused by the purgatory, with its own message
+        else:
             keys = list(keys)  # it is read twice
+            wire = [check_key(key) for key in keys]
         if purgatory.try_complete_else_watch(op, keys):
             return Outcome.COMPLETED
+        self._reader.want(wire)
         try:
-            await self._catch_up(wire_keys(keys))
             outcome: Outcome = await op
         except asyncio.CancelledError:
             op.cancel()
             raise
         return outcome
-
-    async def _catch_up(self, keys: list[Key]) -> None:
-        advance_local = self._advance_local
-        if not keys or advance_local is None:
-            return
-        failure: BaseException | None = None
-        try:
-            with _CONNECTION_LOST:
-                raw = await self._client.mget([redis_key(self._prefix, key) for key in keys])
-        except _CONNECTION_ERRORS as exc:
-            failure = exc
-        if failure is not None:
-            self._last_error = self._redactor.error(failure)
-            return
-        completed = 0
-        for key, stored_value in zip(keys, raw, strict=True):
-            value = parse_stored(stored_value)
-            if value is not None:
-                completed += advance_local(key, value)
-        self._completed += completed
 
     def statistics(self) -> RedisTriggersStatistics:
         """A snapshot of the counters (see :class:`RedisTriggersStatistics`)."""
@@ -572,9 +562,11 @@ class RedisTriggers:
             echoes=self._echoes,
             malformed=self._malformed,
             applied=self._applied,
-            completed=self._completed,
-            resyncs=self._resyncs,
+            completed=self._completed + self._reader.completed,
+            resyncs=self._reader.resyncs,
             last_error=self._last_error,
+            reads=self._reader.reads,
+            read_errors=self._reader.read_errors,
         )
 
     async def __aenter__(self) -> Self:
@@ -585,18 +577,21 @@ class RedisTriggers:
         failure: BaseException | None = None
         connection: Any = None
         try:
-            with _CONNECTION_LOST:
-                await self._client.ping()
-                if self._purgatory is not None:
-                    connection = await self._subscribe()
-                    await self._resync()
+            # The whole start is one call to Redis for command_timeout.
+            async with asyncio.timeout(self._command_timeout):
+                with _CONNECTION_LOST:
+                    reply = (await self._sender_link.execute(("PING",)))[0]
+                    if isinstance(reply, Exception):
+                        raise reply
+                    if self._purgatory is not None:
+                        connection = await self._subscribe()
+                        await self._reader.serve(resync=True)
         except _CONNECTION_ERRORS as exc:
             failure = exc
         except BaseException:  # cancelled while connecting: leave nothing open
             if connection is not None:
                 await connection.disconnect(nowait=True)
-            if self._owns_client:
-                await self._client.aclose()
+            await self._close_connections()
             self._state = "closed"
             raise
         if failure is not None:
@@ -611,8 +606,7 @@ class RedisTriggers:
             failure = None
             if connection is not None:
                 await connection.disconnect(nowait=True)
-            if self._owns_client:
-                await self._client.aclose()
+            await self._close_connections()
             self._state = "closed"
             raise RedisTriggersError(message)
         self._connection = connection
@@ -623,6 +617,10 @@ class RedisTriggers:
             self._send_loop(), name=f"aiopurgatory-redis-send-{self._id}"
         )
         self._sender.add_done_callback(self._task_ended)
+        self._reading = asyncio.create_task(
+            self._reader.run(), name=f"aiopurgatory-redis-read-{self._id}"
+        )
+        self._reading.add_done_callback(self._task_ended)
         if connection is not None:
             self._subscriber = asyncio.create_task(
                 self._subscribe_loop(connection), name=f"aiopurgatory-redis-sub-{self._id}"
@@ -650,8 +648,6 @@ class RedisTriggers:
             return
         if self._state == "new":
             self._state = "closed"
-            if self._owns_client:
-                await self._client.aclose()
             return
         self._state = "closing"
         dropped = 0
@@ -663,19 +659,20 @@ class RedisTriggers:
                     dropped = len(self._pending) + self._inflight
         finally:
             # Also when the closing task is cancelled: nothing is left running.
-            for task in (self._subscriber, self._sender):
-                if task is not None:
-                    task.cancel()
-            for task in (self._subscriber, self._sender):
-                if task is not None:
-                    # A task that died of a bug was logged by _task_ended already.
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
+            tasks = [t for t in (self._subscriber, self._sender, self._reading) if t is not None]
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                # A task that died of a bug was logged by _task_ended already.
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
             connection, self._connection = self._connection, None
             if connection is not None:
                 await connection.disconnect(nowait=True)
-            if self._owns_client:
-                await self._client.aclose()
+            await self._close_connections()
+            self._reader.fail_fetches(
+                RedisTriggersClosedError("RedisTriggers closed before the watermark was read")
+            )
             self._connected = False
             self._state = "closed"
         for waiter in (*self._inflight_waiters, *self._pending_waiters):
@@ -699,12 +696,19 @@ class RedisTriggers:
                 else "RedisTriggers is closed"
             )
 
+    async def _close_connections(self) -> None:
+        """Close the sender's and the reader's connections (the subscriber's is apart)."""
+        await self._sender_link.drop()
+        await self._reader.drop()
+
     def _task_ended(self, task: asyncio.Task[None]) -> None:
         # The loops end only when aclose() cancels them; anything else is a bug,
         # and must not go unnoticed.
-        if task.cancelled() or self._state != "running":
+        if task.cancelled():
             return
-        exc = task.exception()
+        exc = task.exception()  # retrieved in every case: never "never retrieved"
+        if self._state != "running":
+            return
         self._last_error = "ended" if exc is None else self._redactor.error(exc)
         self._connected = False
         self._logger.error(
@@ -783,12 +787,15 @@ class RedisTriggers:
 
     async def _send(self, batch: Batch) -> None:
         prefix = self._prefix
+        link = self._sender_link
         for part in batch.split(MAX_MESSAGE_TRIGGERS):
             message = encode(self._id, part)
             if part.advances:
-                await self._script(
-                    keys=[redis_key(prefix, key) for key in part.advances],
-                    args=[
+                await link.script(
+                    _ADVANCE_SHA,
+                    _ADVANCE_SCRIPT,
+                    [redis_key(prefix, key) for key in part.advances],
+                    [
                         self._ttl_ms,
                         self._channel_bytes,
                         message,
@@ -796,70 +803,54 @@ class RedisTriggers:
                     ],
                 )
             else:
-                await self._client.publish(self._channel_bytes, message)
+                reply = (await link.execute(("PUBLISH", self._channel_bytes, message)))[0]
+                if isinstance(reply, Exception):
+                    raise reply
             self._published += 1
 
     # The subscriber ----------------------------------------------------------------
 
-    async def _subscribe(self) -> Any:
-        """A new connection subscribed to the channel (the subscription confirmed)."""
-        pool = self._client.connection_pool
+    def _connection_factory(self, role: str) -> Callable[[], Any]:
+        """Makes new connections for ``role`` with the URL's (or the client's) settings."""
+        pool = self._pool
         options = dict(pool.connection_kwargs)
         options.update(
-            # This connection is ours: RESP2 replies, bytes, no retries inside
-            # redis-py (our loop reconnects and resyncs), no read timeout
-            # (health checks instead), a name that shows in CLIENT LIST.
+            # The connections are ours: RESP2 replies, bytes, no retries inside
+            # redis-py (our loops retry, reconnect and resync), keep-alive, a
+            # name that shows in CLIENT LIST.
             protocol=2,
             decode_responses=False,
             retry=Retry(NoBackoff(), 0),
             health_check_interval=0,
             socket_keepalive=True,
-            client_name=f"aiopurgatory-sub-{self._id}",
+            client_name=f"aiopurgatory-{role}-{self._id}",
+            # No socket timeout of redis-py's: every call is bounded by our own
+            # asyncio.timeout (command_timeout). With one, redis-py wraps each
+            # write in asyncio.wait_for, which on Python 3.11 can swallow a
+            # cancellation that comes as the write completes (seen here: aclose()
+            # then waited forever for a task it had cancelled).
+            socket_timeout=None,
         )
-        connection = pool.connection_class(**options)
+        connection_class = pool.connection_class
+        return lambda: connection_class(**options)
+
+    async def _subscribe(self) -> Any:
+        """A new connection subscribed to the channel (the subscription confirmed).
+
+        Bounded by ``command_timeout``, the connect included.
+        """
+        connection = self._new_subscriber_connection()
         try:
-            await connection.connect()  # type: ignore[no-untyped-call]
-            await connection.send_command("SUBSCRIBE", self._channel_bytes, check_health=False)
-            reply = await connection.read_response(timeout=self._health_check_interval * 2)
-            if reply is None:
-                raise TimeoutError("no reply to SUBSCRIBE")
+            async with asyncio.timeout(self._command_timeout):
+                await connection.connect()
+                await connection.send_command("SUBSCRIBE", self._channel_bytes, check_health=False)
+                reply = await connection.read_response(timeout=math.inf)
             if not (isinstance(reply, list) and reply and reply[0] == b"subscribe"):
                 raise RedisError(f"unexpected reply to SUBSCRIBE: {reply!r:.80}")
         except BaseException:
             await connection.disconnect(nowait=True)
             raise
         return connection
-
-    def _watched_keys(self) -> list[Key]:
-        purgatory = self._purgatory
-        if purgatory is None:
-            return []
-        return wire_keys(purgatory.keys())
-
-    async def _resync(self) -> None:
-        """Advance every watched key to its stored watermark, then check each once."""
-        purgatory = self._purgatory
-        advance_local = self._advance_local
-        if purgatory is None or advance_local is None:
-            return
-        keys = self._watched_keys()
-        completed = 0
-        prefix = self._prefix
-        for start in range(0, len(keys), _RESYNC_CHUNK):
-            chunk = keys[start : start + _RESYNC_CHUNK]
-            raw = await self._client.mget([redis_key(prefix, key) for key in chunk])
-            if purgatory.closed:
-                return
-            for key, stored_value in zip(chunk, raw, strict=True):
-                value = parse_stored(stored_value)
-                if value is not None:
-                    completed += advance_local(key, value)
-        # Plain triggers are not state: one missed while disconnected is made
-        # good by checking every watched key once.
-        for key in keys:
-            completed += purgatory.check_and_complete(key)
-        self._completed += completed
-        self._resyncs += 1
 
     async def _subscribe_loop(self, connection: Any) -> None:
         attempt = 0
@@ -870,7 +861,6 @@ class RedisTriggers:
                     with _CONNECTION_LOST:
                         connection = await self._subscribe()
                         self._connection = connection
-                        await self._resync()
                 except _CONNECTION_ERRORS as exc:
                     if connection is not None:
                         await connection.disconnect(nowait=True)
@@ -886,6 +876,8 @@ class RedisTriggers:
                     continue
                 self._reconnects += 1
                 self._connected = True
+                # Subscribed first, read next: nothing published in between is missed.
+                self._reader.request_resync()
                 self._logger.warning("aiopurgatory.redis.reconnected", attempts=attempt + 1)
                 attempt = 0
                 logged_failure = None
@@ -917,6 +909,7 @@ class RedisTriggers:
         on_message = self._on_message
         self._health_failure = None
         watchdog = asyncio.create_task(self._watchdog(connection))
+        watchdog.add_done_callback(self._watchdog_ended)
         try:
             while True:
                 response = await read(timeout=math.inf)
@@ -953,6 +946,15 @@ class RedisTriggers:
                 # The reader, blocked in its read, fails on the closed connection.
                 await connection.disconnect(nowait=True)
                 return
+
+    def _watchdog_ended(self, task: asyncio.Task[None]) -> None:
+        # Its failures are the connection's (the reader sees them); a bug is logged.
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._last_error = self._redactor.error(exc)
+            self._logger.error("aiopurgatory.redis.watchdog_failed", error=self._last_error)
 
     def _on_message(self, data: bytes) -> None:
         try:

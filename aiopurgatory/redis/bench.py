@@ -37,6 +37,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import redis.asyncio as aioredis
+
 import aiopurgatory as ap
 
 from ._triggers import RedisTriggers
@@ -100,12 +102,15 @@ async def _publisher(url: str, triggers_n: int, batch: int, keys: int) -> None:
             # The floor: what redis-py alone costs for one PUBLISH round trip
             # per trigger, with a message as RedisTriggers would send (from
             # another sender id, so that the subscriber applies it).
-            client = triggers._client
-            wire = Batch()
-            for i in range(triggers_n):
-                wire.advances.clear()
-                wire.advances[names[i % keys]] = i
-                await client.publish(_CHANNEL, encode("floor", wire))
+            client = aioredis.from_url(url)
+            try:
+                wire = Batch()
+                for i in range(triggers_n):
+                    wire.advances.clear()
+                    wire.advances[names[i % keys]] = i
+                    await client.publish(_CHANNEL, encode("floor", wire))
+            finally:
+                await client.aclose()
         elif batch == 0:
             for i in range(triggers_n):
                 advance(names[i % keys], i)

@@ -118,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds for a POST body to arrive whole, else 408 (%(default)s)",
     )
     p.add_argument(
+        "--idempotency-ttl",
+        type=float,
+        default=d.idempotency_ttl,
+        help="seconds a POST's Idempotency-Key is remembered: a retry within it gets the "
+        "first POST's offset, nothing stored twice (%(default)s)",
+    )
+    p.add_argument(
         "--header-timeout",
         type=float,
         default=10.0,
@@ -167,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # A worker of --workers N: bind with SO_REUSEPORT beside its siblings.
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    # A worker of --workers N: the supervisor's pid; the worker ends when it does.
+    p.add_argument("--supervisor", type=int, default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -339,6 +348,12 @@ def main(argv: list[str] | None = None) -> int:
     on stderr naming the cause.
     """
     args = build_parser().parse_args(argv)
+    if args.supervisor is not None:
+        from .workers import die_with_supervisor
+
+        if not die_with_supervisor(args.supervisor):
+            print("error: the supervisor is gone", file=sys.stderr)
+            return 1
     redis_url = args.redis or os.environ.get(REDIS_ENV) or None
     try:
         if not 1 <= args.workers <= 64:
@@ -358,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             max_topics=args.max_topics,
             max_parked=args.max_parked,
             body_timeout=args.body_timeout,
+            idempotency_ttl=args.idempotency_ttl,
         )
         if not 0 <= args.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {args.port}")

@@ -43,7 +43,7 @@ from starlette.routing import Route
 from aiopurgatory.asgi import CancelOnDisconnect, release_on_shutdown
 from aiopurgatory.metrics.prometheus import PurgatoryCollector
 
-from .feed import Feed, FeedError, Settings
+from .feed import Feed, FeedError, Settings, check_idempotency_key
 from .protocol import REFUSED_HEAD_REASONS
 from .waiters import PurgatoryWaiter, Waiter
 
@@ -231,8 +231,12 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
     async def post(request: Request) -> Response:
         name = request.path_params["name"]
         try:
+            keys = request.headers.getlist("idempotency-key")
+            if len(keys) > 1:
+                raise FeedError(400, "Idempotency-Key given twice")
+            key = check_idempotency_key(keys[0]) if keys else None
             body = await _read_body(request, settings.max_body_bytes, settings.body_timeout)
-            offset = await feed.append(name, body)
+            appended = await feed.append(name, body, idempotency_key=key)
         except ClientDisconnect:
             incomplete_bodies["disconnect"] += 1
             return Response(status_code=499)  # the client is gone: nobody reads this
@@ -242,7 +246,9 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
             # The rest of a refused body is not read: close rather than parse it
             # as the next request.
             return error(exc.status, exc.message, close=exc.status in (408, 413))
-        return JSONResponse({"offset": offset})
+        # The header Stripe's API answers a replay with: the POST was stored before.
+        headers = {"idempotent-replayed": "true"} if appended.replayed else None
+        return JSONResponse({"offset": appended.offset}, headers=headers)
 
     async def fetch(request: Request) -> Response:
         name = request.path_params["name"]

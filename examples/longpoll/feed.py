@@ -11,6 +11,7 @@ The waiter is the only part that differs between ``--waiter purgatory`` and
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import re
 from collections.abc import Awaitable, Callable
@@ -20,7 +21,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .waiters import Waiter
 
-__all__ = ["REASONS", "Feed", "FeedError", "Fetched", "Settings", "TopicLog"]
+__all__ = [
+    "REASONS",
+    "Appended",
+    "Feed",
+    "FeedError",
+    "Fetched",
+    "Settings",
+    "TopicLog",
+    "check_idempotency_key",
+]
 
 #: Topic names: what fits in a URL path segment unescaped, but not dots only
 #: (``.`` and ``..`` are path segments that clients and proxies resolve).
@@ -30,6 +40,11 @@ TOPIC_NAME = re.compile(r"(?!\.*$)[A-Za-z0-9._-]{1,100}")
 #: shutting down, or (a bug, counted so the load test can show it is 0) before its
 #: wait passed without enough data.
 REASONS = ("data", "timeout", "shutdown", "early")
+
+#: An ``Idempotency-Key`` (draft-ietf-httpapi-idempotency-key-header): a structured-field
+#: string (``"..."``, printable ASCII) or, as many clients send it, the bare text.
+_IDEMPOTENCY_KEY = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"|([\x21\x23-\x7e]*)')
+_MAX_IDEMPOTENCY_KEY = 255
 
 
 @dataclass(frozen=True)
@@ -58,16 +73,20 @@ class Settings:
     #: A POST body must arrive whole within this many seconds of the end of its
     #: headers; else a 408 and the connection is closed.
     body_timeout: float = 10.0
+    #: Seconds a POST's ``Idempotency-Key`` is remembered: a retry with the same key
+    #: within this time gets the first POST's offset instead of storing a copy.
+    idempotency_ttl: float = 86_400.0
 
     def __post_init__(self) -> None:
-        for name in ("default_wait", "max_wait", "body_timeout"):
+        for name in ("default_wait", "max_wait", "body_timeout", "idempotency_ttl"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
             if not 0 <= value < math.inf:
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
-        if self.body_timeout == 0:
-            raise ValueError("body_timeout must be > 0, got 0")
+        for name in ("body_timeout", "idempotency_ttl"):
+            if getattr(self, name) == 0:
+                raise ValueError(f"{name} must be > 0, got 0")
         if self.default_wait > self.max_wait:
             raise ValueError(
                 f"default_wait must not exceed max_wait, got {self.default_wait} > {self.max_wait}"
@@ -100,6 +119,41 @@ class Fetched:
     def as_dict(self) -> dict[str, object]:
         """The JSON body of the response."""
         return {"offset": self.offset, "messages": self.messages, "next_offset": self.next_offset}
+
+
+@dataclass(frozen=True)
+class Appended:
+    """A POST's answer: the message's offset; ``replayed``: a retry of a POST already
+    stored under the same ``Idempotency-Key``, answered with that POST's offset."""
+
+    offset: int
+    replayed: bool = False
+
+
+def check_idempotency_key(value: str) -> str:
+    """The key of an ``Idempotency-Key`` header: ``"text"`` (a structured-field string,
+    escapes undone) or bare ``text``; 1 to 255 printable ASCII characters.
+
+    Raises:
+        FeedError: 400, saying what is wrong.
+    """
+    match = _IDEMPOTENCY_KEY.fullmatch(value.strip(" \t"))
+    key = None
+    if match is not None:
+        quoted, bare = match.groups()
+        key = re.sub(r"\\(.)", r"\1", quoted) if quoted is not None else bare
+    if not key or len(key) > _MAX_IDEMPOTENCY_KEY:
+        raise FeedError(
+            400,
+            f"Idempotency-Key must be 1 to {_MAX_IDEMPOTENCY_KEY} printable ASCII characters, "
+            'bare or as a quoted string ("...")',
+        )
+    return key
+
+
+def body_digest(body: bytes) -> str:
+    """What an idempotency record keeps of a POST's body, to refuse a key reused for another."""
+    return hashlib.sha1(body, usedforsecurity=False).hexdigest()
 
 
 class TopicLog:
@@ -181,7 +235,12 @@ class Feed:
         #: Parked fetches whose client went away first.
         self.disconnected = 0
         self.messages_posted = 0
+        #: POSTs answered from an idempotency record (a retry), not stored again.
+        self.replayed = 0
         self.closing = False
+        # (topic, Idempotency-Key) -> (offset, body digest, expiry in loop time), in
+        # the order made: with one TTL for all, also the order they expire in.
+        self._idempotent: dict[tuple[str, str], tuple[int, str, float]] = {}
 
     # -- posting ---------------------------------------------------------------------------
 
@@ -203,13 +262,37 @@ class Feed:
             self.waiter.notify(name)
         return offset
 
-    async def append(self, name: str, body: bytes) -> int:
+    async def append(
+        self, name: str, body: bytes, *, idempotency_key: str | None = None
+    ) -> Appended:
         """:meth:`post`, as the application calls it (a feed kept elsewhere awaits its store).
 
+        With ``idempotency_key``, a POST to ``name`` that repeats a key seen within
+        ``Settings.idempotency_ttl`` is not stored again: it is answered with the
+        first one's offset (``replayed``).
+
         Raises:
-            FeedError: see :meth:`post`.
+            FeedError: see :meth:`post`; 422 for a key already used with another body.
         """
-        return self.post(name, body)
+        if idempotency_key is None:
+            return Appended(self.post(name, body))
+        now = asyncio.get_running_loop().time()
+        records = self._idempotent
+        while records:
+            oldest = next(iter(records))
+            if records[oldest][2] > now:
+                break
+            del records[oldest]
+        digest = body_digest(body)
+        record = records.get((name, idempotency_key))
+        if record is not None:
+            if record[1] != digest:
+                raise FeedError(422, "this Idempotency-Key was used for another body")
+            self.replayed += 1
+            return Appended(record[0], replayed=True)
+        offset = self.post(name, body)
+        records[(name, idempotency_key)] = (offset, digest, now + self.settings.idempotency_ttl)
+        return Appended(offset)
 
     def check_body(self, name: str, body: bytes) -> str:
         """The text of a post to ``name``, or FeedError (400 or 413) saying what is wrong."""

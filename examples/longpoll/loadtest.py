@@ -101,6 +101,8 @@ class RunResult:
     early_client_max_ms: float
     exit_status: int
     errors: int = 0
+    #: POSTs sent again with their Idempotency-Key after a failed attempt.
+    post_retries: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -164,6 +166,8 @@ class _Client:
         self.early = 0
         self.early_by = 0.0  # the most an early answer came before its wait, seconds
         self.errors = 0
+        #: POSTs sent again (same Idempotency-Key) after a failed attempt.
+        self.retries = 0
         self.parked_once = 0
         self.posts = 0
 
@@ -212,8 +216,13 @@ class _Client:
             writer.close()
 
     async def poster(self, lane: int, lanes: int, start: float) -> None:
-        """Post messages ``lane``, ``lane + lanes``, ... of the window, each at its time."""
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        """Post messages ``lane``, ``lane + lanes``, ... of the window, each at its time.
+
+        Each POST carries an ``Idempotency-Key``: one that fails (no reply, a lost
+        connection, a 503) is sent again with the same key on a new connection, up to
+        ``_POST_ATTEMPTS`` times, and is never stored twice.
+        """
+        connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         loop = asyncio.get_running_loop()
         total = round(self.load.seconds * self.load.post_rate)
         try:
@@ -223,17 +232,38 @@ class _Client:
                     await asyncio.sleep(delay)
                 topic = f"topic-{i % self.load.topics}"
                 body = f"{time.monotonic():.6f}".encode()
-                writer.write(
+                request = (
                     f"POST /topics/{topic} HTTP/1.1\r\nHost: loadtest\r\n"
+                    f'Idempotency-Key: "loadtest-{i}"\r\n'
                     f"Content-Length: {len(body)}\r\n\r\n".encode()
                     + body
                 )
-                status, _ = await _read_response(reader)
-                if status != 200:
+                for attempt in range(_POST_ATTEMPTS):
+                    status = -1
+                    try:
+                        if connection is None:
+                            connection = await asyncio.open_connection("127.0.0.1", self.port)
+                        connection[1].write(request)
+                        status, _ = await _read_response(connection[0])
+                    except (OSError, asyncio.IncompleteReadError):
+                        pass
+                    if status == 200:
+                        break
+                    if connection is not None:
+                        connection[1].close()
+                        connection = None
+                    self.retries += 1
+                    await asyncio.sleep(0.1 * (attempt + 1))
+                else:
                     self.errors += 1
                 self.posts += 1
         finally:
-            writer.close()
+            if connection is not None:
+                connection[1].close()
+
+
+#: Attempts of one POST before it counts as an error.
+_POST_ATTEMPTS = 5
 
 
 def _metrics(port: int) -> dict[str, float]:
@@ -331,6 +361,7 @@ async def run_once(waiter: str, load: Load) -> RunResult:
             early_client_max_ms=round(1000 * client.early_by, 3),
             exit_status=status,
             errors=client.errors,
+            post_retries=client.retries,
             extra={"log_tail": log_tail[-3:]} if status != 0 or client.errors else {},
         )
     finally:

@@ -20,22 +20,29 @@ instead of the in-memory :class:`~examples.longpoll.feed.Feed`:
   with that threshold, in the process's own purgatory. A POST on any process
   advances the topic's watermark through :class:`aiopurgatory.redis.RedisTriggers`:
   at once in its own purgatory, by one PUBLISH in every other process's.
-* **Redis down.** Commands have short timeouts and no retries (a retried append
-  could store a message twice): a POST answers 503 within ``command_timeout`` and
-  is never acknowledged unless Redis answered the script; a new GET answers 503;
-  a parked GET answers at its wait with what the process read when it parked it;
-  ``/healthz`` says ``degraded``. A monitor pings Redis every second; when Redis
-  answers again, the process re-reads the watermark of every topic it has GETs
-  parked on (a POST whose notice was lost meanwhile completes them then), and
-  :class:`~aiopurgatory.redis.RedisTriggers` resubscribes by itself.
+* **Redis down.** Every command has a deadline (``command_timeout + 0.5`` s); one
+  whose connection failed is sent once more on a new connection, so a connection
+  that died while Redis was away is replaced, not failed on. That is safe for an
+  append because each carries a token (the client's ``Idempotency-Key``, else the
+  server's own) that the script stores with the message: a token already stored
+  answers with its first offset. A POST Redis could not store answers 503; a
+  parked GET is answered from a read made when its wait ends, or 503 if that read
+  fails (never an empty answer before its wait); ``/healthz`` says ``degraded``.
+  A monitor pings Redis every second; the first failure of an outage and the
+  recovery are logged once each; when Redis answers again, the process re-reads
+  the watermark of every topic it has GETs parked on (a POST whose notice was lost
+  meanwhile completes them then), and :class:`~aiopurgatory.redis.RedisTriggers`
+  resubscribes by itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import urllib.parse
+import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from dataclasses import dataclass
 from types import TracebackType
@@ -43,13 +50,14 @@ from typing import Any, Self, TypeVar
 
 import redis.asyncio as aioredis
 import redis.exceptions
+import structlog
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 import aiopurgatory as ap
 from aiopurgatory.redis import describe_url
 
-from .feed import Feed, FeedError, Fetched, Settings, check_topic
+from .feed import Appended, Feed, FeedError, Fetched, Settings, check_topic
 from .waiters import PurgatoryWaiter
 
 __all__ = [
@@ -59,19 +67,36 @@ __all__ = [
     "RedisFeed",
     "RedisUnavailable",
     "RedisWaiter",
+    "answer_reason",
     "check_redis",
 ]
 
-#: KEYS: meta, log, topics set. ARGV: name, body, retain, max_topics.
-#: Returns {offset, bytes} or {-1, 0} when the topic would be one too many.
+#: KEYS: meta, log, topics set, the POST's idempotency record.
+#: ARGV: name, body, retain, max_topics, token ("" for none), the record's TTL in ms.
+#: Returns {offset, bytes, 0} once stored; {first offset, bytes now, 1} when the
+#: token's record exists (a retry: nothing stored); {-1, 0, 0} when the topic would be
+#: one too many; {-2, 0, 0} when the record was made for another body.
 APPEND = """
-local meta, log, topics = KEYS[1], KEYS[2], KEYS[3]
-local body = ARGV[2]
+local meta, log, topics, record = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local body, token = ARGV[2], ARGV[5]
 local retain, max_topics = tonumber(ARGV[3]), tonumber(ARGV[4])
+local digest = ''
+if token ~= '' then
+  digest = redis.sha1hex(body)
+  local seen = redis.call('GET', record)
+  if seen then
+    local sep = string.find(seen, ':', 1, true)
+    if string.sub(seen, sep + 1) ~= digest then
+      return {-2, 0, 0}
+    end
+    local total = tonumber(redis.call('HGET', meta, 'bytes')) or 0
+    return {tonumber(string.sub(seen, 1, sep - 1)), total, 1}
+  end
+end
 if redis.call('EXISTS', meta) == 0 then
   local known = redis.call('SISMEMBER', topics, ARGV[1]) == 1
   if not known and redis.call('SCARD', topics) >= max_topics then
-    return {-1, 0}
+    return {-1, 0, 0}
   end
   redis.call('SADD', topics, ARGV[1])
 end
@@ -84,7 +109,10 @@ if length >= 2 * retain then
   redis.call('LTRIM', log, drop, -1)
   redis.call('HINCRBY', meta, 'start', drop)
 end
-return {offset, total}
+if token ~= '' then
+  redis.call('SET', record, string.format('%d:', offset) .. digest, 'PX', ARGV[6])
+end
+return {offset, total, 0}
 """
 
 #: KEYS: meta, log. ARGV: offset, max_bytes.
@@ -151,6 +179,15 @@ def _scrub(message: str, url: str) -> str:
     return message
 
 
+async def _lost_is_connection_error(make: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return await make()
+    except RuntimeError as exc:
+        if not closed_transport(exc):
+            raise
+        raise redis.exceptions.ConnectionError(str(exc)) from exc
+
+
 class RedisUnavailable(Exception):
     """Redis cannot be used at start: the message names the cause, never the password."""
 
@@ -212,6 +249,9 @@ class Coalescer:
         task = self._pending.get(key)
         if task is None:
             task = asyncio.create_task(self._call(key, make))
+            # Every caller may be gone (their clients hung up) when the call fails:
+            # its error is then nobody's, and asyncio would log it as never retrieved.
+            task.add_done_callback(_collect)
             self._pending[key] = task
             self.calls += 1
         else:
@@ -223,6 +263,23 @@ class Coalescer:
     async def _call(self, key: Hashable, make: Callable[[], Awaitable[T]]) -> T:
         del self._pending[key]
         return await make()
+
+
+def answer_reason(enough: bool, closing: bool, now: float, due: float) -> str:
+    """Why a parked GET is answered (:data:`~examples.longpoll.feed.REASONS`), judged on
+    the answer itself: ``enough`` data in it, the server stopping, or its wait passed
+    (``now >= due``, as timers judge due times); anything else is early."""
+    if enough:
+        return "data"
+    if closing:
+        return "shutdown"
+    return "timeout" if now >= due else "early"
+
+
+def _collect(task: asyncio.Task[Any]) -> None:
+    """Mark a task's error as retrieved: its callers (if any) got it from ``await``."""
+    if not task.cancelled():
+        task.exception()
 
 
 @dataclass(frozen=True)
@@ -267,9 +324,15 @@ class RedisWaiter(PurgatoryWaiter):
         self.redis_errors = 0
         #: Request commands that timed out (counted, Redis not marked down for them).
         self.timeouts = 0
+        #: Commands sent a second time on a new connection after a connection error.
+        self.retries = 0
+        self._dropped_at = -math.inf
         self.resyncs = 0
+        self._log = structlog.get_logger("examples.longpoll.redis")
         self._monitor: asyncio.Task[None] | None = None
         self._on_recovery: Callable[[], Coroutine[Any, Any, None]] | None = None
+        #: The feed's figures, logged when the waiter closes (``longpoll.redis_summary``).
+        self._summary: Callable[[], dict[str, object]] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._closing = False
         from aiopurgatory.metrics.prometheus import RedisTriggersCollector
@@ -301,7 +364,8 @@ class RedisWaiter(PurgatoryWaiter):
             timeout=self.command_timeout,
             socket_timeout=self.command_timeout,
             socket_connect_timeout=self.command_timeout,
-            # No retries: an append retried after its reply was lost is stored twice.
+            # No retries inside redis-py: call() retries itself, once, on a new
+            # connection, and only what may run twice (reads; appends with a token).
             retry=Retry(NoBackoff(), 0),
         )
         self.client = aioredis.Redis.from_pool(pool)
@@ -327,10 +391,16 @@ class RedisWaiter(PurgatoryWaiter):
         tb: TracebackType | None,
     ) -> None:
         self._closing = True
+        if self._summary is not None:
+            self._log.info("longpoll.redis_summary", **self._summary())
+        stopping = list(self._background)
         if self._monitor is not None:
-            self._monitor.cancel()
-            # Bounded: a close must never wait on the monitor (it also stops at _closing).
-            await asyncio.wait([self._monitor], timeout=self.command_timeout + 1)
+            stopping.append(self._monitor)
+        for task in stopping:
+            task.cancel()
+        if stopping:
+            # Bounded: a close must never wait on them (the monitor also stops at _closing).
+            await asyncio.wait(stopping, timeout=self.command_timeout + 1)
         try:
             if self.triggers is not None:
                 await self.triggers.aclose()
@@ -339,24 +409,35 @@ class RedisWaiter(PurgatoryWaiter):
         finally:
             await super().__aexit__(exc_type, exc, tb)
 
-    async def call(self, make: Callable[[], Awaitable[Any]], *, probe: bool = False) -> Any:
-        """Run one Redis command; a connection problem is a 503 and marks Redis down.
+    async def call(
+        self, make: Callable[[], Awaitable[Any]], *, probe: bool = False, retry: bool = False
+    ) -> Any:
+        """Run one Redis command within ``command_timeout + 0.5`` seconds; a connection
+        problem is a 503 and marks Redis down.
+
+        ``retry``: the command may safely run twice (a read, or an append carrying an
+        idempotency token). A connection that failed (one that died while Redis was
+        away, say) is then replaced, with every idle one of the pool, and the command
+        sent once more within the same deadline: once Redis is back, no request fails
+        for a connection it left behind.
 
         A timeout marks Redis down only for the health monitor's ``probe``: a request's
         command can time out because this process is overloaded (its loop late), which
         is no news about Redis.
 
         Raises:
-            FeedError: 503 when Redis is unreachable or slower than ``command_timeout``.
+            FeedError: 503 when Redis is unreachable or slower than the deadline.
         """
         try:
             async with asyncio.timeout(self.command_timeout + 0.5):
                 try:
-                    result = await make()
-                except RuntimeError as exc:
-                    if not closed_transport(exc):
+                    result = await _lost_is_connection_error(make)
+                except redis.exceptions.ConnectionError:
+                    if not retry:
                         raise
-                    raise redis.exceptions.ConnectionError(str(exc)) from exc
+                    self.retries += 1
+                    await self._drop_idle_connections()
+                    result = await _lost_is_connection_error(make)
         except REDIS_DOWN as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -372,19 +453,49 @@ class RedisWaiter(PurgatoryWaiter):
             self.mark_up()
         return result
 
+    async def _drop_idle_connections(self) -> None:
+        # The pool's idle connections may have died with the one that failed (Redis
+        # restarted): drop them all, so the retry connects anew. At most once a
+        # second: a burst of failures must not keep closing the connections that the
+        # retries before it just made.
+        now = asyncio.get_running_loop().time()
+        if now - self._dropped_at < 1.0:
+            return
+        self._dropped_at = now
+        assert self.client is not None
+        await self.client.connection_pool.disconnect(inuse_connections=False)
+
     def mark_down(self, exc: BaseException) -> None:
         self.redis_errors += 1
         self.last_error = _scrub(f"{type(exc).__name__}: {exc}", self.url)
-        self.redis_ok = False
+        if self.redis_ok:
+            self.redis_ok = False
+            self._log.warning("longpoll.redis_down", error=self.last_error)
 
     def mark_up(self) -> None:
         if not self.redis_ok:
             self.redis_ok = True
+            self._log.warning("longpoll.redis_up", errors=self.redis_errors)
             if self._on_recovery is not None:
                 self.resyncs += 1
-                task = asyncio.create_task(self._on_recovery())
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self.spawn(self._on_recovery())
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in the background, kept until it ends; an error it ends with is
+        logged (``longpoll.background_failed``), never left unretrieved."""
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._log.error(
+                "longpoll.background_failed", error=_scrub(f"{type(exc).__name__}: {exc}", self.url)
+            )
 
     async def _watch_health(self) -> None:
         assert self.client is not None
@@ -392,7 +503,9 @@ class RedisWaiter(PurgatoryWaiter):
         topics = f"{self.prefix}:topics"
         while not self._closing:
             with contextlib.suppress(FeedError):
-                self.topic_total = int(await self.call(lambda: client.scard(topics), probe=True))
+                self.topic_total = int(
+                    await self.call(lambda: client.scard(topics), probe=True, retry=True)
+                )
             await asyncio.sleep(1.0)
 
     @property
@@ -418,9 +531,17 @@ class RedisFeed(Feed):
         super().__init__(settings, waiter)
         self.redis = waiter
         waiter._on_recovery = self._resync
+        waiter._summary = self.summary
         # GETs of one topic and offset asking in one loop iteration share one read.
         self._reads = Coalescer()
         self._byte_reads = Coalescer()
+        self._catching_up: set[str] = set()
+        #: Requests answered 503 because Redis could not be read or written: ``post``,
+        #: ``get`` (a new GET's first read), ``parked`` (a parked GET's read at its end).
+        self.unavailable = {"post": 0, "get": 0, "parked": 0}
+        #: The most a parked GET was answered (200 or 503) after its wait, seconds,
+        #: from its arrival in the application.
+        self.lateness_max = 0.0
 
     # -- posting ---------------------------------------------------------------------------
 
@@ -438,23 +559,59 @@ class RedisFeed(Feed):
     def read(self, name: str, offset: int) -> Fetched:
         raise TypeError("a RedisFeed reads asynchronously: await feed.fetch(...)")
 
-    async def append(self, name: str, body: bytes) -> int:
+    async def append(
+        self, name: str, body: bytes, *, idempotency_key: str | None = None
+    ) -> Appended:
         """Append ``body`` to topic ``name`` in Redis; its offset once Redis stored it.
 
+        Every append carries a token, kept in Redis beside the topic and written by
+        the same script: the client's ``idempotency_key`` (kept
+        ``Settings.idempotency_ttl`` seconds), else one of the server's own (kept a
+        minute). So the server may send the script again on a new connection when
+        its connection failed, and a client may retry with its key: a token already
+        stored answers with its first offset (``replayed``), nothing stored twice.
+
         Raises:
-            FeedError: bad input (400/413), one topic too many (409), Redis down (503).
+            FeedError: bad input (400/413), one topic too many (409), a key already
+                used with another body (422), Redis down (503).
         """
         self.check_body(name, body)
         w = self.redis
+        if idempotency_key is None:
+            token, ttl = f"s:{uuid.uuid4().hex}", 60.0
+        else:
+            token, ttl = f"c:{idempotency_key}", self.settings.idempotency_ttl
         keys = [w.key(name, "meta"), w.key(name, "log"), f"{w.prefix}:topics"]
-        args: list[str | bytes | int] = [name, body, self.settings.retain, self.settings.max_topics]
-        offset, total = await w.call(lambda: w.append_script(keys=keys, args=args))
-        if offset < 0:
+        keys.append(w.key(name, f"idem:{token}"))
+        args: list[str | bytes | int] = [
+            name,
+            body,
+            self.settings.retain,
+            self.settings.max_topics,
+            token,
+            max(1, round(ttl * 1000)),
+        ]
+        try:
+            reply = await w.call(lambda: w.append_script(keys=keys, args=args), retry=True)
+        except FeedError as exc:
+            self.unavailable["post"] += 1
+            raise exc from None
+        offset, total, replayed = (int(v) for v in reply)
+        if offset == -1:
             raise FeedError(409, f"the feed already holds {self.settings.max_topics} topics")
-        self.messages_posted += 1
-        # Stored: tell every process (this one at once) that the topic grew.
-        w.triggers.advance(name, int(total))
-        return int(offset)
+        if offset == -2:
+            raise FeedError(422, "this Idempotency-Key was used for another body")
+        # The server's own token found: its first attempt stored the message, then
+        # lost the reply. Stored by this request, so no replay for the client.
+        replayed = replayed and idempotency_key is not None
+        if replayed:
+            self.replayed += 1
+        else:
+            self.messages_posted += 1
+        # Stored: tell every process (this one at once) that the topic grew. A replay
+        # tells it again: the first one's notice may be what was lost.
+        w.triggers.advance(name, total)
+        return Appended(offset, replayed=bool(replayed))
 
     # -- fetching --------------------------------------------------------------------------
 
@@ -463,7 +620,7 @@ class RedisFeed(Feed):
         keys = [w.key(name, "meta"), w.key(name, "log")]
         args = [offset, self.settings.max_response_bytes]
         reply = await self._reads.run(
-            (name, offset), lambda: w.call(lambda: w.read_script(keys=keys, args=args))
+            (name, offset), lambda: w.call(lambda: w.read_script(keys=keys, args=args), retry=True)
         )
         start, end, total, position = (int(v) for v in reply[:4])
         messages = [m.decode() for m in reply[4:]]
@@ -480,6 +637,9 @@ class RedisFeed(Feed):
     ) -> Fetched | None:
         """Answer a fetch from Redis, parking it first if it is not answerable yet.
 
+        A parked fetch is answered from a read made once its wait ended, never from
+        what was read when it parked: if that read fails, the answer is a 503
+        (counted in :attr:`unavailable`), never an empty answer before the wait.
         Returns None if ``park`` said the client went away.
 
         Raises:
@@ -487,22 +647,36 @@ class RedisFeed(Feed):
                 (503), Redis down (503).
         """
         check_topic(name)
-        view = await self._read(name, offset)
+        loop = asyncio.get_running_loop()
+        # The wait counts from the request, so a slow first read shortens the park
+        # rather than adding to it.
+        start = loop.time()
+        try:
+            view = await self._read(name, offset)
+        except FeedError:
+            self.unavailable["get"] += 1
+            raise
         if offset > view.next:
             raise FeedError(400, f"offset {offset} is past the end of topic {name} ({view.next})")
-        if self.closing or wait == 0 or view.readable >= min_bytes:
+        left = start + wait - loop.time()
+        if self.closing or left <= 0 or view.readable >= min_bytes:
             return view.fetched
-        waiting = self._wait(name, wait, view.position + min_bytes)
+        waiting = self._wait(name, left, view.position + min_bytes)
         if park is None:
             await waiting
         elif not await park(waiting):
             return None
-        if not self.redis.redis_ok:
-            return view.fetched  # what this process has: its read at park time
         try:
-            return (await self._read(name, offset)).fetched
+            view = await self._read(name, offset)
         except FeedError:
-            return view.fetched
+            self.unavailable["parked"] += 1
+            self.lateness_max = max(self.lateness_max, loop.time() - start - wait)
+            raise
+        enough = view.readable >= min_bytes
+        now = loop.time()
+        self.answers[answer_reason(enough, self.closing, now, start + wait)] += 1
+        self.lateness_max = max(self.lateness_max, now - start - wait)
+        return view.fetched
 
     async def _wait(self, name: str, wait: float, threshold: int) -> None:
         if self.parked >= self.settings.max_parked:
@@ -511,18 +685,14 @@ class RedisFeed(Feed):
         # Completes once the topic's watermark reaches the threshold: advance() checks
         # it then and never before; its own check reads the purgatory's watermark.
         op = ap.WatermarkOperation(wait)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
         self.parked += 1
         self.parked_by_topic[name] = self.parked_by_topic.get(name, 0) + 1
         try:
             if not purgatory.try_complete_else_watch(op, {name: threshold}):
-                # A post stored after our read whose notice arrived before the
-                # watch was in place advanced nothing here: read the end again.
-                with contextlib.suppress(FeedError):
-                    total = await self._topic_bytes(name)
-                    if total is not None:
-                        purgatory.advance(name, total)
+                # A post stored after our read whose notice arrived before the watch
+                # was in place advanced nothing here: read the end again, beside the
+                # wait (a hung Redis must not hold the GET past its wait).
+                self._catch_up(name)
                 await op
         except asyncio.CancelledError:
             op.cancel()
@@ -535,15 +705,24 @@ class RedisFeed(Feed):
                 self.parked_by_topic[name] = left
             else:
                 del self.parked_by_topic[name]
-        if op.outcome is ap.Outcome.COMPLETED:
-            reason = "data"
-        elif self.closing:
-            reason = "shutdown"
-        elif loop.time() >= start + wait:
-            reason = "timeout"
-        else:
-            reason = "early"
-        self.answers[reason] += 1
+
+    def _catch_up(self, name: str) -> None:
+        """Advance the purgatory to the topic's byte count in Redis, in the background;
+        GETs parking on one topic in one loop iteration share one read."""
+        if name not in self._catching_up:
+            self._catching_up.add(name)
+            self.redis.spawn(self._advance_from_redis(name))
+
+    async def _advance_from_redis(self, name: str) -> None:
+        # Forget the topic before reading: a GET parking from now on asks again, so it
+        # never relies on a read issued before it watched.
+        self._catching_up.discard(name)
+        try:
+            total = await self._topic_bytes(name)
+        except FeedError:
+            return  # Redis down: its recovery re-reads every topic with parked GETs
+        if total is not None:
+            self.redis.purgatory.advance(name, total)
 
     async def _topic_bytes(self, name: str) -> int | None:
         """The topic's byte count in Redis (its watermark), None for a topic not posted to."""
@@ -551,7 +730,9 @@ class RedisFeed(Feed):
         client = w.client
         assert client is not None
         key = w.key(name, "meta")
-        total = await self._byte_reads.run(name, lambda: w.call(lambda: client.hget(key, "bytes")))
+        total = await self._byte_reads.run(
+            name, lambda: w.call(lambda: client.hget(key, "bytes"), retry=True)
+        )
         return None if total is None else int(total)
 
     async def _resync(self) -> None:
@@ -564,6 +745,20 @@ class RedisFeed(Feed):
                 return
             if total is not None:
                 purgatory.advance(name, total)
+
+    def summary(self) -> dict[str, object]:
+        """What this process met of Redis: 503s by request, the most a parked GET was
+        answered after its wait (seconds), commands retried, POSTs replayed, connection
+        errors, resyncs (logged at close as ``longpoll.redis_summary``)."""
+        w = self.redis
+        return {
+            "unavailable": dict(self.unavailable),
+            "lateness_max": round(self.lateness_max, 3),
+            "retries": w.retries,
+            "replayed": self.replayed,
+            "redis_errors": w.redis_errors,
+            "resyncs": w.resyncs,
+        }
 
     # -- state -----------------------------------------------------------------------------
 
@@ -591,7 +786,30 @@ class RedisFeed(Feed):
             "longpoll_redis_resyncs", "Times Redis came back and parked topics were re-read."
         )
         resyncs.add_metric([], w.resyncs)
-        return [up, errors, timeouts, resyncs]
+        retries = CounterMetricFamily(
+            "longpoll_redis_retries",
+            "Commands sent again on a new connection after their connection failed.",
+        )
+        retries.add_metric([], w.retries)
+        unavailable = CounterMetricFamily(
+            "longpoll_unavailable",
+            "Requests answered 503 because Redis could not be read or written: post, get "
+            "(a new GET), parked (a parked GET, at the end of its wait).",
+            labels=["request"],
+        )
+        for request, count in self.unavailable.items():
+            unavailable.add_metric([request], count)
+        replayed = CounterMetricFamily(
+            "longpoll_replayed_posts",
+            "POSTs whose Idempotency-Key was stored already: answered with the first offset.",
+        )
+        replayed.add_metric([], self.replayed)
+        lateness = GaugeMetricFamily(
+            "longpoll_parked_lateness_max_seconds",
+            "The most a parked GET was answered after its wait (from its arrival).",
+        )
+        lateness.add_metric([], self.lateness_max)
+        return [up, errors, timeouts, resyncs, retries, unavailable, replayed, lateness]
 
     def health(self) -> tuple[int, dict[str, object]]:
         if self.closing:

@@ -13,12 +13,20 @@ The supervisor forwards the workers' JSON log lines to its stderr with a
 worker that exits on its own (with a growing pause, at most 5 s), and on
 SIGTERM/SIGINT passes SIGTERM to every worker (each answers its parked GETs and
 exits 0) and exits 0 if they all did.
+
+Workers die with their supervisor: a supervisor killed with no chance to pass a
+signal on (``kill -9``, the OOM killer, a container runtime) leaves no worker
+serving. Each worker is told its supervisor's pid (``--supervisor``) and asks the
+kernel for SIGTERM when its parent dies (``prctl(PR_SET_PDEATHSIG)`` on Linux;
+elsewhere a thread checks its parent every second, as gunicorn's workers do), so it
+answers its parked GETs and exits as on any SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import datetime
 import json
 import os
@@ -33,16 +41,19 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-__all__ = ["supervise"]
+__all__ = ["die_with_supervisor", "supervise"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 _WRITE = threading.Lock()
 
 
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
 def emit(event: str, level: str = "info", **fields: Any) -> None:
     """One JSON log line on stderr, shaped like the workers' structlog lines."""
-    now = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
-    line = json.dumps({**fields, "event": event, "level": level, "timestamp": now})
+    line = json.dumps({**fields, "event": event, "level": level, "timestamp": _now()})
     with _WRITE:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
@@ -54,6 +65,7 @@ def _worker_argv(args: argparse.Namespace, port: int) -> list[str]:
     from .__main__ import build_parser
 
     argv = [sys.executable, "-m", "examples.longpoll", "--port", str(port), "--reuse-port"]
+    argv += ["--supervisor", str(os.getpid())]
     for action in build_parser()._actions:
         if not action.option_strings or action.dest in _NOT_PASSED:
             continue
@@ -68,7 +80,38 @@ def _worker_argv(args: argparse.Namespace, port: int) -> list[str]:
     return argv
 
 
-_NOT_PASSED = frozenset(("help", "port", "workers", "redis", "reuse_port"))
+_NOT_PASSED = frozenset(("help", "port", "workers", "redis", "reuse_port", "supervisor"))
+
+#: From <linux/prctl.h>: the signal the calling process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_supervisor(pid: int, *, interval: float = 1.0) -> bool:
+    """In a worker: get SIGTERM when the supervisor, process ``pid``, dies.
+
+    Linux: ``prctl(PR_SET_PDEATHSIG, SIGTERM)``, from the kernel at the parent's
+    death. Elsewhere: a daemon thread compares the parent's pid with ``pid`` every
+    ``interval`` seconds. Returns False if the supervisor is already gone (died
+    before this was armed: the worker should exit at once).
+
+    Raises:
+        OSError: prctl refused.
+    """
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
+    else:
+
+        def watch() -> None:
+            while os.getppid() == pid:
+                time.sleep(interval)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
+    # Armed after the fork: a supervisor that died in between left us to init.
+    return os.getppid() == pid
 
 
 class _Worker:
@@ -108,7 +151,18 @@ class _Worker:
                     self.listening.set()
                     record["event"] = "longpoll.worker_listening"
                 record["worker"] = self.index
-                line = json.dumps(record)
+            else:
+                # A line the worker wrote without its logger (its one-line refusal to
+                # start, say, while Redis is away): passed on as JSON, so that the
+                # supervisor's log stays JSON lines.
+                record = {
+                    "line": line,
+                    "event": "longpoll.worker_output",
+                    "level": "error",
+                    "timestamp": _now(),
+                    "worker": self.index,
+                }
+            line = json.dumps(record)
             with _WRITE:
                 sys.stderr.write(line + "\n")
                 sys.stderr.flush()

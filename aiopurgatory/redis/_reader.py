@@ -1,0 +1,255 @@
+"""The reads of stored watermarks: coalesced per loop iteration, retried, never awaited by a watch.
+
+A :class:`WatermarkReader` serves three kinds of read, on one :class:`~._link.Link`
+of its own, from one task:
+
+* **catch-up** (:meth:`want`): the keys of an operation that ``RedisTriggers.watch``
+  just watched. Their stored watermarks are applied to the local purgatory, so
+  an advance that reached this process before the watch (when nothing here kept
+  it) is not missed. The watch does not wait for the read: it waits for its
+  operation, which the read may complete. So a slow or hung Redis never holds a
+  caller past its operation's timeout.
+* **resync** (:meth:`request_resync`): after the subscription (re)starts, every
+  watched key is read and advanced, then checked once (plain triggers are not
+  state: one missed while unsubscribed is made good by checking).
+* **fetch** (:meth:`fetch`): ``RedisTriggers.fetch_watermark``, one attempt whose
+  failure is the caller's.
+
+Whatever is asked in one loop iteration leaves as one round trip: an ``MGET`` per
+:data:`READ_CHUNK` keys, pipelined. A read that fails is counted, logged once per
+outage (``aiopurgatory.redis.read_failed``, then ``aiopurgatory.redis.read_resumed``
+at the first read that succeeds), and retried after a backoff for the keys that
+are still watched (a failed resync is retried whole); a re-subscription ends the
+backoff at once (Redis answers again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+from .._purgatory import Purgatory
+from ._link import CONNECTION_ERRORS
+from ._wire import Key, Value, parse_stored, redis_key, wire_keys
+
+__all__ = ["READ_CHUNK", "WatermarkReader"]
+
+#: Keys per MGET (one round trip carries as many MGETs as needed).
+READ_CHUNK: Final = 1000
+
+
+class WatermarkReader:
+    """Reads stored watermarks for one RedisTriggers (see the module documentation).
+
+    Args:
+        purgatory: the local purgatory (None for a publisher only: fetches only).
+        link: the connection it reads on (no one else uses it).
+        prefix: the channel's watermark key prefix.
+        backoff: the wait before the n-th retry (n from 1), in seconds.
+        record_error: records a failure in the owner's statistics; returns its
+            redacted text.
+        logger: the owner's bound logger.
+    """
+
+    __slots__ = (
+        "_backoff",
+        "_failures",
+        "_fetches",
+        "_keys",
+        "_kick",
+        "_link",
+        "_logger",
+        "_prefix",
+        "_purgatory",
+        "_record_error",
+        "_resync",
+        "_wakeup",
+        "completed",
+        "read_errors",
+        "reads",
+        "resyncs",
+    )
+
+    def __init__(
+        self,
+        purgatory: Purgatory[Any] | None,
+        link: Any,
+        prefix: bytes,
+        *,
+        backoff: Callable[[int], float],
+        record_error: Callable[[BaseException], str],
+        logger: Any,
+    ) -> None:
+        self._purgatory = purgatory
+        self._link = link
+        self._prefix = prefix
+        self._backoff = backoff
+        self._record_error = record_error
+        self._logger = logger
+        # What the next round trip reads (dicts as ordered sets).
+        self._keys: dict[Key, None] = {}
+        self._fetches: dict[Key, list[asyncio.Future[Value | None]]] = {}
+        self._resync = False
+        self._failures = 0  # reads failed since the last one that succeeded
+        self._wakeup = asyncio.Event()  # work is waiting
+        self._kick = asyncio.Event()  # end a backoff now
+        self.reads = 0
+        self.read_errors = 0
+        self.resyncs = 0
+        self.completed = 0
+
+    # -- requests (any task of the loop) ------------------------------------------------
+
+    def want(self, keys: Iterable[Key]) -> None:
+        """Read ``keys``' stored watermarks soon and apply them (for a new watch)."""
+        self._keys.update(dict.fromkeys(keys))
+        self._wakeup.set()
+
+    def fetch(self, key: Key) -> asyncio.Future[Value | None]:
+        """A future of ``key``'s stored watermark: one attempt, its failure set on the future."""
+        future: asyncio.Future[Value | None] = asyncio.get_running_loop().create_future()
+        self._fetches.setdefault(key, []).append(future)
+        self._wakeup.set()
+        self._kick.set()  # an explicit request: tried now, not after a backoff
+        return future
+
+    def request_resync(self) -> None:
+        """Resync every watched key soon (the subscription has just (re)started)."""
+        self._resync = True
+        self._wakeup.set()
+        self._kick.set()
+
+    async def drop(self) -> None:
+        """Close its connection (at close; a later read would open a new one)."""
+        await self._link.drop()
+
+    def fail_fetches(self, exc: BaseException) -> None:
+        """Fail every fetch not yet answered (at close)."""
+        fetches, self._fetches = self._fetches, {}
+        for futures in fetches.values():
+            for future in futures:
+                if not future.done():
+                    future.set_exception(exc)
+
+    # -- the task ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve requests until cancelled; failures are retried, never raised."""
+        wakeup = self._wakeup
+        while True:
+            await wakeup.wait()
+            wakeup.clear()
+            while self._keys or self._fetches or self._resync:
+                keys, self._keys = self._keys, {}
+                fetches, self._fetches = self._fetches, {}
+                resync, self._resync = self._resync, False
+                self._kick.clear()
+                try:
+                    await self.serve(keys, fetches, resync=resync)
+                except Exception as exc:
+                    self._failed(exc, keys, fetches, resync=resync)
+                    await self._pause(self._backoff(self._failures))
+
+    async def serve(
+        self,
+        keys: Iterable[Key] = (),
+        fetches: dict[Key, list[asyncio.Future[Value | None]]] | None = None,
+        *,
+        resync: bool = False,
+    ) -> None:
+        """One round trip for ``keys``, the ``fetches`` and, if ``resync``, every watched key.
+
+        Raises:
+            Exception: the read failed (nothing was applied; fetches untouched).
+        """
+        purgatory = self._purgatory
+        watched = wire_keys(purgatory.keys()) if resync and purgatory is not None else []
+        wanted = dict.fromkeys(watched)
+        wanted.update(dict.fromkeys(keys))
+        if fetches:
+            wanted.update(dict.fromkeys(fetches))
+        order = list(wanted)
+        values: list[Value | None] = []
+        if order:
+            values = await self._read(order)
+            if self._failures:
+                self._logger.warning("aiopurgatory.redis.read_resumed", attempts=self._failures)
+                self._failures = 0
+        if fetches:
+            found = dict(zip(order, values, strict=True))
+            for key, futures in fetches.items():
+                for future in futures:
+                    if not future.done():
+                        future.set_result(found[key])
+        if purgatory is None or purgatory.closed:
+            return
+        completed = 0
+        advance = purgatory.advance
+        for key, value in zip(order, values, strict=True):
+            if value is not None:
+                completed += advance(key, value)
+        if resync:
+            # Plain triggers are not state: one missed while unsubscribed is
+            # made good by checking every watched key once.
+            check = purgatory.check_and_complete
+            for key in watched:
+                completed += check(key)
+            self.resyncs += 1
+        self.completed += completed
+
+    async def _read(self, keys: list[Key]) -> list[Value | None]:
+        prefix = self._prefix
+        commands = [
+            ("MGET", *[redis_key(prefix, key) for key in keys[start : start + READ_CHUNK]])
+            for start in range(0, len(keys), READ_CHUNK)
+        ]
+        replies = await self._link.execute(*commands)
+        self.reads += 1
+        values: list[Value | None] = []
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+            values.extend(parse_stored(raw) for raw in reply)
+        return values
+
+    def _failed(
+        self,
+        exc: Exception,
+        keys: dict[Key, None],
+        fetches: dict[Key, list[asyncio.Future[Value | None]]],
+        *,
+        resync: bool,
+    ) -> None:
+        self._failures += 1
+        self.read_errors += 1
+        text = self._record_error(exc)
+        if not isinstance(exc, CONNECTION_ERRORS):  # a bug: loud every time, and retried
+            self._logger.error("aiopurgatory.redis.read_failed", error=text, bug=True)
+        elif self._failures == 1:  # once per outage
+            self._logger.warning(
+                "aiopurgatory.redis.read_failed",
+                error=text,
+                keys=len(keys) + len(fetches),
+                resync=resync,
+            )
+        for futures in fetches.values():
+            for future in futures:
+                if not future.done():
+                    future.set_exception(exc)
+        # Retried: a resync whole; the catch-up of the keys still watched (an
+        # operation that ended meanwhile needs no read).
+        self._resync = self._resync or resync
+        purgatory = self._purgatory
+        if keys and purgatory is not None and not purgatory.closed:
+            watched = set(purgatory.keys())
+            retry = {key: None for key in keys if key in watched}
+            retry.update(self._keys)
+            self._keys = retry
+
+    async def _pause(self, delay: float) -> None:
+        """Sleep ``delay`` seconds, or less if a resync or a fetch asks for Redis now."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._kick.wait()

@@ -1,0 +1,51 @@
+"""A short run of the long-poll soak (``python -m examples.longpoll.soak``): servers across
+processes on a real ``redis-server``, with every fault, checked against the ledger.
+
+Wall clock, about 45 s: the faults need real processes and real time. The full soak
+(minutes, more readers) is the command in docs/longpoll.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from examples.longpoll import soak
+
+pytestmark = pytest.mark.realtime
+
+
+def test_a_short_soak_with_every_fault_keeps_the_ledger() -> None:
+    shape = soak.Soak(duration=30, readers=60, topics=6, writers=4, post_rate=15, stop_seconds=3)
+    report = asyncio.run(soak.run(shape))
+    shown = json.dumps(report, indent=1)
+    assert report["passed"], shown
+    assert [f["fault"] for f in report["faults"]] == [
+        "worker SIGKILL",
+        "redis SIGKILL",
+        "redis restarted",
+        "redis SIGSTOP",
+        "redis SIGCONT",
+        "CLIENT KILL TYPE pubsub",
+        "CLIENT KILL TYPE pubsub",
+        "output buffer limit",
+        "output buffer limit",
+        "server b SIGTERM",
+    ], shown
+    counts = report["counts"]
+    # the load was there, and the faults were felt by it
+    assert counts["posts_acked"] >= 200, shown
+    assert counts["messages_read"] >= counts["posts_acked"], shown
+    assert counts["gets_hung_up"] > 0, shown
+    assert counts["gets_503"] > 0, shown  # while Redis was down or hung
+    assert counts["posts_retried"] > 0, shown
+    assert report["exit_statuses"] == {"a": 0, "b": 0, "c": 0}
+
+
+def test_the_soak_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
+    assert soak.main(["--duration", "5"]) == 2
+    assert "duration" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="hangup_share"):
+        soak.Soak(hangup_share=2)
