@@ -16,7 +16,7 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 import aiopurgatory as ap
-from aiopurgatory.redis import RedisTriggers, RedisTriggersError
+from aiopurgatory.redis import RedisTriggers, RedisTriggersClosedError, RedisTriggersError
 from aiopurgatory.redis.testing import RedisServer
 from tests.test_redis import client_names, eventually
 
@@ -167,6 +167,33 @@ async def test_a_hung_redis_never_holds_a_watch_past_its_timeout(
     # Counted every time, logged once for the outage, and once for its end.
     assert len(events(logs, "aiopurgatory.redis.read_failed")) == 1
     assert len(events(logs, "aiopurgatory.redis.read_resumed")) == 1
+    assert loop_errors == []
+
+
+async def test_closing_while_redis_hangs_ends_every_call(
+    redis_server: RedisServer, loop_errors: list[dict[str, Any]]
+) -> None:
+    purgatory: ap.Purgatory[ap.WatermarkOperation] = ap.Purgatory("here")
+    triggers = RedisTriggers(purgatory, redis_server.url, close_timeout=0.5)
+    await triggers.__aenter__()
+    redis_server.pause()
+    try:
+        op = ap.WatermarkOperation(30)
+        watching = asyncio.ensure_future(triggers.watch(op, {"k": 1}))
+        fetching = asyncio.ensure_future(triggers.fetch_watermark("k"))  # read in flight
+        await asyncio.sleep(0.05)
+        triggers.advance("k", 1)  # completes op here; its send hangs
+        assert await watching is ap.Outcome.COMPLETED
+        await asyncio.sleep(0.1)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await triggers.aclose()
+        assert loop.time() - started < 0.5 + 1.0
+        with pytest.raises(RedisTriggersClosedError):
+            await fetching
+        assert [t for t in asyncio.all_tasks() if "aiopurgatory-redis" in t.get_name()] == []
+    finally:
+        redis_server.resume()
     assert loop_errors == []
 
 
