@@ -310,9 +310,7 @@ class RedisTriggers:
                 # Only the URL's settings are used (see _connection_factory): no
                 # connection is ever taken from this pool.
                 pool = aioredis.ConnectionPool.from_url(
-                    url_or_client,
-                    socket_connect_timeout=call_timeout,
-                    socket_timeout=call_timeout,
+                    url_or_client, socket_connect_timeout=call_timeout
                 )
             except ValueError as exc:
                 raise ValueError(
