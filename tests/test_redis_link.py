@@ -7,6 +7,7 @@ import hashlib
 
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from aiopurgatory.redis import RedisTriggers
@@ -60,6 +61,35 @@ async def test_an_idle_connection_that_died_with_redis_is_replaced_before_use(
         await asyncio.sleep(0.05)  # the loop has seen the end of the old connection
         assert await link.execute(("GET", "k")) == [b"1"]  # the append-only file kept it
         assert link._connection is not first
+    finally:
+        await link.drop()
+
+
+async def test_a_call_that_meets_a_closed_connection_it_did_not_open_is_sent_once_more(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check before use can miss a connection closed an instant before (the
+    # loop has not seen the end of file yet): the call then fails on it, and is
+    # sent again on a new connection rather than failed.
+    link = link_to(redis_server)
+    try:
+        assert await link.execute(("SET", "k", "1")) == [b"OK"]
+        first = link._connection
+        redis_server.kill()
+        redis_server.start()
+        await asyncio.sleep(0.05)
+
+        async def looks_idle(self: aioredis.Connection) -> bool:
+            return False
+
+        monkeypatch.setattr(type(first), "can_read", looks_idle)
+        assert await link.execute(("GET", "k")) == [b"1"]
+        assert link._connection is not first
+        # A new connection that fails is not retried: the caller hears of it.
+        redis_server.kill()
+        await link.drop()
+        with pytest.raises(RedisConnectionError):
+            await link.execute(("GET", "k"))
     finally:
         await link.drop()
 

@@ -152,7 +152,7 @@ async def test_a_hung_redis_never_holds_a_watch_past_its_timeout(
             started = loop.time()
             with pytest.raises(RedisTriggersError, match="cannot read the watermark"):
                 await sub.fetch_watermark("stored")
-            assert loop.time() - started < 2 * 0.3 + 0.3
+            assert loop.time() - started < 2 * 0.3 + 0.5  # behind a read in flight at most
             # A watch on a stored watermark: its read fails, is retried...
             healed = asyncio.ensure_future(sub.watch(ap.WatermarkOperation(10), {"stored": 1}))
             await eventually(lambda: sub.statistics().read_errors >= 3, within=5)
