@@ -608,6 +608,11 @@ async def test_prometheus_exports_the_statistics(redis_server: RedisServer) -> N
         redis_server.start()
         await eventually(lambda: sub.connected, within=10)
         assert scrape()[("aiopurgatory_redis_reconnects_total", "here", "")] == 1
+        # The resync after the reconnect read the watched key's stored watermark.
+        await eventually(lambda: sub.statistics().reads == 1)
+        values = scrape()
+        assert values[("aiopurgatory_redis_reads_total", "here", "")] == 1
+        assert values[("aiopurgatory_redis_read_errors_total", "here", "")] == 0
         op.cancel()
     assert collector.unregister(sub)
     assert not collector.unregister(sub)

@@ -43,7 +43,8 @@ each edge is an edge of the purgatory's fine buckets, so the counts are exact.
 (gauges), ``aiopurgatory_redis_<counter>_total`` for each running total of
 :class:`~aiopurgatory.redis.RedisTriggersStatistics` (``reconnects``,
 ``connection_errors``, ``triggers``, ``published``, ``publish_errors``,
-``received``, ``echoes``, ``malformed``, ``applied``, ``completed``, ``resyncs``),
+``received``, ``echoes``, ``malformed``, ``applied``, ``completed``, ``resyncs``,
+``reads``, ``read_errors``),
 and ``aiopurgatory_redis_last_error_info`` (value 1, label ``error``: the type of
 the last error, absent while there was none).
 
@@ -236,6 +237,8 @@ _REDIS_COUNTERS = (
     ("applied", "Triggers from other processes applied to the local purgatory."),
     ("completed", "Operations completed by triggers from other processes and by resyncs."),
     ("resyncs", "Times the stored watermarks of the watched keys were read and applied."),
+    ("reads", "Round trips that read stored watermarks (watches, resyncs, fetches)."),
+    ("read_errors", "Reads of stored watermarks that failed (each is retried)."),
 )
 
 

@@ -113,7 +113,7 @@ class Link:
         """
         try:
             async with asyncio.timeout(self.timeout):
-                fresh = await self._ready()
+                fresh = await self._ensure_open()
                 try:
                     return await self._round_trip(commands)
                 except Exception as exc:
@@ -121,7 +121,7 @@ class Link:
                         raise
                 # It closed while idle and the loop had not told us yet: once more.
                 await self.drop()
-                await self._ready()
+                await self._ensure_open()
                 return await self._round_trip(commands)
         except TimeoutError:
             await self.drop()
@@ -146,7 +146,7 @@ class Link:
         if connection is not None:
             await connection.disconnect(nowait=True)
 
-    async def _ready(self) -> bool:
+    async def _ensure_open(self) -> bool:
         """Make sure a live connection is open; True if it was opened now."""
         connection = self._connection
         if connection is not None:

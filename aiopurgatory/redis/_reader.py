@@ -148,6 +148,12 @@ class WatermarkReader:
                 self._kick.clear()
                 try:
                     await self.serve(keys, fetches, resync=resync)
+                except asyncio.CancelledError:
+                    # Closing: the fetches in flight are failed with the others
+                    # (fail_fetches), not left waiting forever.
+                    for key, futures in fetches.items():
+                        self._fetches.setdefault(key, []).extend(futures)
+                    raise
                 except Exception as exc:
                     self._failed(exc, keys, fetches, resync=resync)
                     await self._pause(self._backoff(self._failures))

@@ -2,6 +2,11 @@
 
 How it works (the docs page ``distributed.md`` has the user's view):
 
+* Three connections per instance, each owned by this module and used by one
+  task (never redis-py's pool, which runs out under many concurrent callers and
+  hands out connections that died while Redis was away): the sender's, the
+  reader's (both :class:`~._link.Link`: opened on use, replaced when found dead
+  before use, every call bounded by ``command_timeout``) and the subscriber's.
 * ``check_and_complete(key)`` / ``advance(key, value)`` apply to the local
   purgatory at once, then join the *pending batch*. A sender task wakes on the
   next loop iteration and sends the whole batch as one message (so the triggers
@@ -11,15 +16,20 @@ How it works (the docs page ``distributed.md`` has the user's view):
   round trip. A batch that fails to send is kept (merged with what came after:
   triggers are idempotent, so sending one twice or late is harmless) and retried
   with backoff.
-* One subscriber connection per instance, owned by this module (not redis-py's
-  PubSub, whose own retries would reconnect behind our back and skip the
-  resync). It reads with a timeout equal to the health-check interval; after a
-  silent interval it sends PING, and a second silent interval means the
-  connection is dead. Any error ends the connection, never the task: it
-  reconnects with exponential backoff and jitter, and after every
-  (re)subscription *resyncs*: it reads the stored watermark of every key the
-  purgatory watches and advances to it, then checks every watched key once.
-  Subscribing comes before reading, so nothing published in between is missed.
+* The subscriber's connection is not redis-py's PubSub, whose own retries would
+  reconnect behind our back and skip the resync. Its reads have no timeout; a
+  watchdog sends PING after a silent health-check interval, and a second silent
+  interval means the connection is dead. Any error ends the connection, never
+  the task: it reconnects with exponential backoff and jitter, and after every
+  (re)subscription asks the reader for a *resync*: the stored watermark of every
+  key the purgatory watches is read and applied, then every watched key is
+  checked once. Subscribing comes before reading, so nothing published in
+  between is missed.
+* The reader (:mod:`._reader`) reads stored watermarks for ``watch()`` (the
+  keys of every watch of a loop iteration in one round trip; the watch waits for
+  its operation, not for the read), for the resyncs and for
+  ``fetch_watermark()``; a failed read is retried, counted and logged once per
+  outage.
 * Every message carries the sender's instance id; a process's own messages come
   back to it and are skipped (they were applied locally already).
 """
@@ -49,7 +59,7 @@ from .._logging import LazyLogger
 from .._operation import Outcome
 from .._purgatory import Purgatory
 from ._link import CONNECTION_ERRORS, CONNECTION_LOST, Link, closed_transport
-from ._reader import READ_CHUNK, WatermarkReader
+from ._reader import WatermarkReader
 from ._redact import Redactor, describe_url
 from ._wire import (
     Batch,
@@ -79,8 +89,6 @@ DEFAULT_CHANNEL: Final = "aiopurgatory"
 #: A batch larger than this leaves as several messages, so that no message grows
 #: past what a slow subscriber's output buffer in Redis tolerates.
 MAX_MESSAGE_TRIGGERS: Final = 1024
-# Keys read per MGET (kept under its old name).
-_RESYNC_CHUNK: Final = READ_CHUNK
 
 # KEYS: watermark keys. ARGV[1]: TTL in ms, ARGV[2]: channel, ARGV[3]: message,
 # ARGV[3 + i]: the value for KEYS[i] (decimal text). Raises each key to at least
@@ -193,8 +201,10 @@ class RedisTriggers:
 
     ``check_and_complete(key)`` and ``advance(key, value)`` apply to the local
     purgatory at once and are published to the channel; a subscriber task applies
-    what other processes publish to this process's purgatory. One subscription
-    (one Redis connection) per instance, however many operations wait. Triggers of
+    what other processes publish to this process's purgatory. Three Redis
+    connections per instance (a subscription, a sender's, a reader's), its own,
+    however many operations wait; a connection that died (Redis restarted) is
+    replaced before use. Triggers of
     one loop iteration leave as one message; advances of one key in it keep the
     highest value. Watermarks are also stored in Redis (atomic max, expiring
     ``watermark_ttl`` seconds after their last advance) and re-read for every
@@ -202,8 +212,9 @@ class RedisTriggers:
     disconnected costs a delay until the reconnect, never more.
 
     Use as an async context manager (``async with RedisTriggers(...) as t:``): entering
-    connects (and subscribes) once and raises :class:`RedisTriggersError` at once if
-    Redis is unreachable or refuses the credentials; leaving (or ``aclose()``)
+    connects (and subscribes) once and raises :class:`RedisTriggersError` if Redis is
+    unreachable, refuses the credentials or does not answer within
+    ``command_timeout``; leaving (or ``aclose()``)
     sends what is pending, unsubscribes and closes the connections it opened.
     After a successful start, connection losses are retried forever with
     backoff; see :meth:`statistics`.
@@ -216,8 +227,9 @@ class RedisTriggers:
             publisher only (it does not subscribe).
         url_or_client: a Redis URL (``redis://[[user]:password@]host[:port][/db]``,
             ``rediss://`` for TLS, ``unix://``; redis-py's ``from_url``) or a
-            ``redis.asyncio.Redis`` client. A client passed in is used for commands
-            and its connection settings for the subscription; it is not closed.
+            ``redis.asyncio.Redis`` client. Of a client passed in, only its
+            connection settings are used (its pool is the application's: the
+            instance opens its own connections); it is not closed.
         channel: the Redis channel (default ``"aiopurgatory"``); processes that
             share triggers use the same one. Its watermarks are stored under
             ``{channel}:wm:*``.
@@ -298,9 +310,7 @@ class RedisTriggers:
                 # Only the URL's settings are used (see _connection_factory): no
                 # connection is ever taken from this pool.
                 pool = aioredis.ConnectionPool.from_url(
-                    url_or_client,
-                    socket_connect_timeout=call_timeout,
-                    socket_timeout=call_timeout,
+                    url_or_client, socket_connect_timeout=call_timeout
                 )
             except ValueError as exc:
                 raise ValueError(
@@ -586,6 +596,8 @@ class RedisTriggers:
                     if self._purgatory is not None:
                         connection = await self._subscribe()
                         await self._reader.serve(resync=True)
+        except TimeoutError:
+            failure = TimeoutError(f"no answer within {self._command_timeout:g} s")
         except _CONNECTION_ERRORS as exc:
             failure = exc
         except BaseException:  # cancelled while connecting: leave nothing open
@@ -643,6 +655,7 @@ class RedisTriggers:
         Idempotent. Pending triggers that could not be sent in time are dropped
         (logged with their number; their ``flush()`` waiters get
         :class:`RedisTriggersClosedError`). A client passed in is left open.
+        Takes at most ``close_timeout`` plus a few loop iterations.
         """
         if self._state in ("closing", "closed"):
             return
@@ -841,10 +854,17 @@ class RedisTriggers:
         """
         connection = self._new_subscriber_connection()
         try:
-            async with asyncio.timeout(self._command_timeout):
-                await connection.connect()
-                await connection.send_command("SUBSCRIBE", self._channel_bytes, check_health=False)
-                reply = await connection.read_response(timeout=math.inf)
+            try:
+                async with asyncio.timeout(self._command_timeout):
+                    await connection.connect()
+                    await connection.send_command(
+                        "SUBSCRIBE", self._channel_bytes, check_health=False
+                    )
+                    reply = await connection.read_response(timeout=math.inf)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"no reply to SUBSCRIBE within {self._command_timeout:g} s"
+                ) from None
             if not (isinstance(reply, list) and reply and reply[0] == b"subscribe"):
                 raise RedisError(f"unexpected reply to SUBSCRIBE: {reply!r:.80}")
         except BaseException:

@@ -205,6 +205,18 @@ class RedisServer:
         """SIGKILL the server (a crash: no shutdown save) and wait for it to be gone."""
         self._end(signal.SIGKILL)
 
+    def pause(self) -> None:
+        """SIGSTOP the server: connections stay open and nothing answers (a hung Redis,
+        or a silent network). :meth:`resume` continues it; ending it resumes it first."""
+        if self.process is None or self.process.poll() is not None:
+            raise RuntimeError("redis-server is not running")
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT the server after :meth:`pause`."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         """SIGTERM the server and wait for it to exit."""
         self._end(signal.SIGTERM)
@@ -215,6 +227,8 @@ class RedisServer:
             return
         if process.poll() is None:
             process.send_signal(sig)
+            # A paused server acts on SIGTERM only once continued.
+            process.send_signal(signal.SIGCONT)
             try:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
