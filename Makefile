@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-redis build test lint demo bench docs pipeline cluster-up cluster-down clean
+.PHONY: install install-redis build test test-fast test-3.11 lint demo bench docs pipeline cluster-up cluster-down clean
 
 install: $(STAMP) install-redis
 
@@ -35,10 +35,49 @@ install-redis:
 build: install
 	$(PY) setup.py --quiet build_ext --inplace
 
-# The whole suite twice: on the compiled core, then on the pure-Python one.
-test: build
-	AIOPURGATORY_EXPECT=compiled $(PY) -m pytest -q
-	AIOPURGATORY_NO_EXTENSIONS=1 AIOPURGATORY_EXPECT=python $(PY) -m pytest -q
+# The test passes (which tests each pass selects, and why: docs/pythons.md):
+# - 3.11, compiled core: the whole suite (library, examples, broker, Spark, docs,
+#   packaging);
+# - 3.11, pure-Python core: the library's tests (`-m library`), the tests whose
+#   outcome can depend on which core runs;
+# - every Python in PYTHONS, each in its own venv .venv-X.Y: the library's tests
+#   and the packaging test on the compiled core, the library's tests on the pure one.
+# A Python of PYTHONS that is missing stops `make test` with a message saying how to
+# get it (.ci/find-python); leave one out explicitly with `make test PYTHONS=3.12`.
+# pytest-xdist runs each pass on XDIST workers (the Spark tests share one worker:
+# tests/conftest.py); XDIST=0 runs in this process, PYTEST_ADDOPTS adds options.
+PYTHONS ?= 3.12 3.13
+XDIST ?= 2
+# The extras the library's tests need on the other Pythons (no Spark, no examples).
+LIB_EXTRAS := uvloop,trio,redis,prometheus,otel,bench,test
+PYTEST_COMPILED := AIOPURGATORY_EXPECT=compiled
+PYTEST_PURE := AIOPURGATORY_NO_EXTENSIONS=1 AIOPURGATORY_EXPECT=python
+PYTEST_ARGS := -q -n $(XDIST) --dist loadgroup
+
+test: test-3.11 $(addprefix test-,$(PYTHONS))
+
+test-3.11: build
+	$(PYTEST_COMPILED) $(PY) -m pytest $(PYTEST_ARGS)
+	$(PYTEST_PURE) $(PY) -m pytest $(PYTEST_ARGS) -m library
+
+# The edit-and-rerun loop: 3.11, compiled core, neither slow nor packaging tests.
+test-fast: build
+	$(PYTEST_COMPILED) $(PY) -m pytest $(PYTEST_ARGS) -m 'not slow and not packaging'
+
+# One other Python alone, e.g. `make test-3.13`: its venv (made and kept up to date
+# here), its compiled core built in place, then both cores.
+test-3.%: .venv-3.%/.installed
+	.venv-3.$*/bin/python setup.py --quiet build_ext --inplace
+	$(PYTEST_COMPILED) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) -m 'library or packaging'
+	$(PYTEST_PURE) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) -m library
+
+.PRECIOUS: .venv-3.%/.installed
+.venv-3.%/.installed: pyproject.toml setup.py
+	@python=$$(.ci/find-python 3.$*) && echo "CPython 3.$*: $$python" && \
+		{ test -x .venv-3.$*/bin/python || "$$python" -m venv .venv-3.$*; }
+	.venv-3.$*/bin/python -m pip install --quiet --upgrade pip
+	.venv-3.$*/bin/python -m pip install --quiet -e '.[$(LIB_EXTRAS)]'
+	touch $@
 
 lint: install
 	$(BIN)/ruff check .
@@ -66,5 +105,5 @@ cluster-down:
 	$(PY) -m aiopurgatory.pipeline.cluster down --dir .spark-cluster
 
 clean:
-	rm -rf $(VENV) docs/_build .pytest_cache .mypy_cache .ruff_cache build
+	rm -rf $(VENV) .venv-3.* docs/_build .pytest_cache .mypy_cache .ruff_cache build
 	rm -f aiopurgatory/*.so aiopurgatory/*.c

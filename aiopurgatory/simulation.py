@@ -153,9 +153,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self,
         executor: concurrent.futures.Executor | None,
         func: Callable[[Unpack[_Ts]], T],
-        *args: Unpack[_Ts],
+        *args: *_Ts,
     ) -> asyncio.Future[T]:
-        """As :meth:`asyncio.loop.run_in_executor`; the clock stands still until the result is in."""
+        """As :meth:`asyncio.loop.run_in_executor`; the clock stands still until it is done."""
         future = super().run_in_executor(executor, func, *args)
         # Done (result, exception or cancelled) only once the loop has the
         # thread's outcome or stopped waiting for it; the discard then runs as a
@@ -164,7 +164,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         future.add_done_callback(self._thread_work.discard)
         return future
 
-    async def shutdown_default_executor(self, timeout: float | None = None) -> None:
+    # asyncio's signature, which Runner.close() calls (with a timeout since 3.12).
+    async def shutdown_default_executor(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
         """As :meth:`asyncio.loop.shutdown_default_executor`; the clock stands still meanwhile.
 
         The join runs in a thread of its own, which the loop waits for: on Python

@@ -38,6 +38,46 @@ def _structlog_isolation() -> Iterator[None]:
     structlog.reset_defaults()
 
 
+# -- which tests each pass of `make test` runs (docs/pythons.md) ------------------------
+#
+# `library`: the tests of the library itself, what a user's install runs. They run on
+# every Python of the matrix and on both cores: the core is everything the
+# library does (the timer, the wheel, operations, the purgatory, watermarks, virtual
+# time, the Redis triggers all run on it), so their outcome can depend on which core
+# is in use and on the interpreter. Every test is one, unless its module is listed
+# here as exercising something built on the library (and needing that something's
+# extras, which the other Pythons' venvs do not install):
+NOT_LIBRARY = (
+    "tests/pipeline/",  # the Spark pipeline (pyspark, Java): the spark extra
+    "tests/test_broker",  # the example Kafka broker (examples/broker) and Kafka clients
+    "tests/test_longpoll",  # the long-poll example (examples/longpoll) under real servers
+    "tests/test_examples",  # the other examples, and how they are installed
+)
+# They run once, on 3.11 and the compiled core: the library they use is checked on
+# both cores by the library's tests. A module of their kind, named otherwise, says so
+# with `pytestmark = pytest.mark.not_library`.
+#
+# `packaging`: builds and installs the distribution (minutes); `slow`: a test of more
+# than ~10 s here (`make test-fast` leaves both out). Both are marked where they are.
+
+
+def _is_library_test(item: pytest.Item) -> bool:
+    if item.get_closest_marker("not_library") is not None:
+        return False
+    path = item.path.relative_to(item.config.rootpath).as_posix()
+    return not path.startswith(NOT_LIBRARY)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _is_library_test(item):
+            item.add_marker(pytest.mark.library)
+        if item.get_closest_marker("spark") is not None:
+            # One worker runs every Spark test: pytest-xdist's loadgroup gives a
+            # group to one worker, so its session fixtures start one Spark, not two.
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]] | None:

@@ -700,7 +700,9 @@ def test_the_test_certificates_pass_strict_verification(tmp_path: Path) -> None:
         if all(done.values()):
             break
     assert done == {client: True, server: True}
-    assert client.getpeercert()["subject"] == ((("commonName", "127.0.0.1"),),)
+    peer = client.getpeercert()
+    assert peer is not None
+    assert peer["subject"] == ((("commonName", "127.0.0.1"),),)
 
 
 async def test_rediss_with_a_password_passes_through(

@@ -322,9 +322,13 @@ def test_the_clock_stands_still_while_an_executor_thread_works() -> None:
 
 
 def test_a_timeout_around_to_thread_does_not_expire_while_the_thread_works() -> None:
+    def work() -> str:
+        time.sleep(0.1)
+        return "done"
+
     async def main() -> tuple[str, float]:
         async with asyncio.timeout(1):
-            result = await asyncio.to_thread(lambda: time.sleep(0.1) or "done")
+            result = await asyncio.to_thread(work)
         return result, now()
 
     assert simulation.run(main(), start=7) == ("done", 7.0)
