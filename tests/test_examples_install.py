@@ -29,6 +29,8 @@ def test_no_extra_promises_the_examples() -> None:
     assert not any("examples" in spec for spec in extras["all"])
 
 
+@pytest.mark.packaging
+@pytest.mark.slow
 @pytest.mark.skipif(
     os.environ.get("AIOPURGATORY_NO_EXTENSIONS", "") not in ("", "0"),
     reason="packaging is checked once, in the compiled run",
