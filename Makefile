@@ -38,7 +38,7 @@ build: install
 # The test passes (which tests each pass selects, and why: docs/pythons.md):
 # - 3.11, compiled core: the whole suite (library, examples, broker, Spark, docs,
 #   packaging);
-# - 3.11, pure-Python core: the library's tests (`-m library`), the tests whose
+# - 3.11, pure-Python core: the library's tests (`--library-only`), the tests whose
 #   outcome can depend on which core runs;
 # - every Python in PYTHONS, each in its own venv .venv-X.Y: the library's tests
 #   and the packaging test on the compiled core, the library's tests on the pure one.
@@ -58,7 +58,7 @@ test: test-3.11 $(addprefix test-,$(PYTHONS))
 
 test-3.11: build
 	$(PYTEST_COMPILED) $(PY) -m pytest $(PYTEST_ARGS)
-	$(PYTEST_PURE) $(PY) -m pytest $(PYTEST_ARGS) -m library
+	$(PYTEST_PURE) $(PY) -m pytest $(PYTEST_ARGS) --library-only
 
 # The edit-and-rerun loop: 3.11, compiled core, neither slow nor packaging tests.
 test-fast: build
@@ -68,8 +68,8 @@ test-fast: build
 # here), its compiled core built in place, then both cores.
 test-3.%: .venv-3.%/.installed
 	.venv-3.$*/bin/python setup.py --quiet build_ext --inplace
-	$(PYTEST_COMPILED) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) -m 'library or packaging'
-	$(PYTEST_PURE) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) -m library
+	$(PYTEST_COMPILED) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) --library-only
+	$(PYTEST_PURE) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) --library-only
 
 .PRECIOUS: .venv-3.%/.installed
 .venv-3.%/.installed: pyproject.toml setup.py

@@ -240,6 +240,7 @@ def test_core_classes_are_the_same_kind_of_object_for_users() -> None:
 
 
 @pytest.mark.packaging
+@pytest.mark.timeout(900)  # minutes on a loaded 2-core machine: builds, venvs, installs
 @pytest.mark.slow
 @pytest.mark.skipif(
     os.environ.get("AIOPURGATORY_NO_EXTENSIONS", "") not in ("", "0"),

@@ -30,6 +30,7 @@ def test_no_extra_promises_the_examples() -> None:
 
 
 @pytest.mark.packaging
+@pytest.mark.timeout(900)  # minutes on a loaded 2-core machine: builds, venvs, installs
 @pytest.mark.slow
 @pytest.mark.skipif(
     os.environ.get("AIOPURGATORY_NO_EXTENSIONS", "") not in ("", "0"),
