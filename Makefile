@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-redis build test test-fast test-3.11 lint demo bench docs pipeline cluster-up cluster-down clean
+.PHONY: install install-redis build test test-fast test-3.11 check-pythons lint demo bench docs pipeline cluster-up cluster-down clean
 
 install: $(STAMP) install-redis
 
@@ -54,7 +54,11 @@ PYTEST_COMPILED := AIOPURGATORY_EXPECT=compiled
 PYTEST_PURE := AIOPURGATORY_NO_EXTENSIONS=1 AIOPURGATORY_EXPECT=python
 PYTEST_ARGS := -q -n $(XDIST) --dist loadgroup
 
-test: test-3.11 $(addprefix test-,$(PYTHONS))
+test: check-pythons test-3.11 $(addprefix test-,$(PYTHONS))
+
+# Before minutes of 3.11 tests: every Python of PYTHONS is there (or say which not).
+check-pythons:
+	@for v in $(PYTHONS); do .ci/find-python $$v >/dev/null || exit 1; done
 
 test-3.11: build
 	$(PYTEST_COMPILED) $(PY) -m pytest $(PYTEST_ARGS)
