@@ -114,6 +114,8 @@ def _start_order(item: pytest.Item) -> int:
     return 3
 
 
+# First: pytest-xdist reads the xdist_group marks in its own hook.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     deselected = []
     for item in items:
