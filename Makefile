@@ -44,15 +44,15 @@ build: install
 #   and the packaging test on the compiled core, the library's tests on the pure one.
 # A Python of PYTHONS that is missing stops `make test` with a message saying how to
 # get it (.ci/find-python); leave one out explicitly with `make test PYTHONS=3.12`.
-# pytest-xdist runs each pass on XDIST workers (the Spark tests share one worker:
-# tests/conftest.py); XDIST=0 runs in this process, PYTEST_ADDOPTS adds options.
+# pytest-xdist runs each pass on XDIST workers, but the Spark tests' (see test-3.11);
+# XDIST=0 runs in this process, PYTEST_ADDOPTS adds options.
 PYTHONS ?= 3.12 3.13
 XDIST ?= 2
 # The extras the library's tests need on the other Pythons (no Spark, no examples).
 LIB_EXTRAS := uvloop,trio,redis,prometheus,otel,bench,test
 PYTEST_COMPILED := AIOPURGATORY_EXPECT=compiled
 PYTEST_PURE := AIOPURGATORY_NO_EXTENSIONS=1 AIOPURGATORY_EXPECT=python
-PYTEST_ARGS := -q -n $(XDIST) --dist loadgroup
+PYTEST_ARGS := -q -n $(XDIST)
 
 test: check-pythons test-3.11 $(addprefix test-,$(PYTHONS))
 
@@ -60,8 +60,12 @@ test: check-pythons test-3.11 $(addprefix test-,$(PYTHONS))
 check-pythons:
 	@for v in $(PYTHONS); do .ci/find-python $$v >/dev/null || exit 1; done
 
+# The Spark tests in a pass of their own, in one process: they share one Spark
+# session and one local cluster (session fixtures), which xdist workers would each
+# start, and Spark's local[2] uses both cores itself.
 test-3.11: build
-	$(PYTEST_COMPILED) $(PY) -m pytest $(PYTEST_ARGS)
+	$(PYTEST_COMPILED) $(PY) -m pytest $(PYTEST_ARGS) -m 'not spark'
+	$(PYTEST_COMPILED) $(PY) -m pytest -q -m spark
 	$(PYTEST_PURE) $(PY) -m pytest $(PYTEST_ARGS) --library-only
 
 # The edit-and-rerun loop: 3.11, compiled core, neither slow nor packaging tests.

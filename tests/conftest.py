@@ -106,16 +106,14 @@ def _is_library_test(item: pytest.Item) -> bool:
 
 
 def _start_order(item: pytest.Item) -> int:
-    # The longest first, so that the two xdist workers finish together: the Spark
-    # group (minutes, on one worker), then packaging, then the other slow tests.
+    # The longest first, so that the two xdist workers finish together: Spark (when
+    # in the same run), then packaging, then the other slow tests.
     for rank, marker in enumerate(("spark", "packaging", "slow")):
         if item.get_closest_marker(marker) is not None:
             return rank
     return 3
 
 
-# First: pytest-xdist reads the xdist_group marks in its own hook.
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     deselected = []
     for item in items:
@@ -123,12 +121,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.library)
         elif config.getoption("--library-only"):
             deselected.append(item)
-        if item.get_closest_marker("spark") is not None:
-            item.add_marker(pytest.mark.slow)
-            # One worker runs every Spark test: pytest-xdist's loadgroup gives a
-            # group to one worker, so its session fixtures start one Spark, not two.
-            item.add_marker(pytest.mark.xdist_group("spark"))
-        elif item.nodeid.startswith(SLOW):
+        if item.get_closest_marker("spark") is not None or item.nodeid.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
