@@ -16,6 +16,7 @@ import os
 import pickle
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import textwrap
 import venv
@@ -263,10 +264,11 @@ def test_wheel_is_compiled_and_sdist_installs_without_a_compiler(tmp_path: Path)
     trio_bench = {f"aiopurgatory_trio_bench/{name}" for name in TRIO_BENCH_FILES}
     with zipfile.ZipFile(wheel) as zf:
         assert trio_bench <= set(zf.namelist())
+        suffix = sysconfig.get_config_var("EXT_SUFFIX")  # .cpython-313-x86_64-linux-gnu.so
         built = {
-            name.split("/")[1].split(".")[0]
+            name.removeprefix("aiopurgatory/").removesuffix(suffix)
             for name in zf.namelist()
-            if name.startswith("aiopurgatory/") and f".{tag}-" in name and name.endswith(".so")
+            if name.startswith("aiopurgatory/") and name.endswith(suffix)
         }
         assert built == set(_compiled.CORE_MODULES)
         # The examples run from a checkout (tests/test_examples_install.py): a wheel
