@@ -6,7 +6,7 @@ PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: install install-redis build test lint demo bench docs pipeline cluster-up cluster-down clean
+.PHONY: install install-redis build test test-fast test-3.11 check-pythons lint demo bench docs pipeline cluster-up cluster-down clean
 
 install: $(STAMP) install-redis
 
@@ -36,10 +36,57 @@ install-redis:
 build: install
 	$(PY) setup.py --quiet build_ext --inplace
 
-# The whole suite twice: on the compiled core, then on the pure-Python one.
-test: build
-	AIOPURGATORY_EXPECT=compiled $(PY) -m pytest -q
-	AIOPURGATORY_NO_EXTENSIONS=1 AIOPURGATORY_EXPECT=python $(PY) -m pytest -q
+# The test passes (which tests each pass selects, and why: docs/pythons.md):
+# - 3.11, compiled core: the whole suite (library, examples, broker, Spark, docs,
+#   packaging);
+# - 3.11, pure-Python core: the library's tests (`--library-only`), the tests whose
+#   outcome can depend on which core runs;
+# - every Python in PYTHONS, each in its own venv .venv-X.Y: the library's tests
+#   and the packaging test on the compiled core, the library's tests on the pure one.
+# A Python of PYTHONS that is missing stops `make test` with a message saying how to
+# get it (.ci/find-python); leave one out explicitly with `make test PYTHONS=3.12`.
+# pytest-xdist runs each pass on XDIST workers, but the Spark tests' (see test-3.11);
+# XDIST=0 runs in this process, PYTEST_ADDOPTS adds options.
+PYTHONS ?= 3.12 3.13
+XDIST ?= 2
+# The extras the library's tests need on the other Pythons (no Spark, no examples).
+LIB_EXTRAS := uvloop,trio,redis,prometheus,otel,bench,test
+PYTEST_COMPILED := AIOPURGATORY_EXPECT=compiled
+PYTEST_PURE := AIOPURGATORY_NO_EXTENSIONS=1 AIOPURGATORY_EXPECT=python
+PYTEST_ARGS := -q -n $(XDIST)
+
+test: check-pythons test-3.11 $(addprefix test-,$(PYTHONS))
+
+# Before minutes of 3.11 tests: every Python of PYTHONS is there (or say which not).
+check-pythons:
+	@for v in $(PYTHONS); do .ci/find-python $$v >/dev/null || exit 1; done
+
+# The Spark tests in a pass of their own, in one process: they share one Spark
+# session and one local cluster (session fixtures), which xdist workers would each
+# start, and Spark's local[2] uses both cores itself.
+test-3.11: build
+	$(PYTEST_COMPILED) $(PY) -m pytest $(PYTEST_ARGS) -m 'not spark'
+	$(PYTEST_COMPILED) $(PY) -m pytest -q -m spark
+	$(PYTEST_PURE) $(PY) -m pytest $(PYTEST_ARGS) --library-only
+
+# The edit-and-rerun loop: 3.11, compiled core, neither slow nor packaging tests.
+test-fast: build
+	$(PYTEST_COMPILED) $(PY) -m pytest $(PYTEST_ARGS) -m 'not slow and not packaging'
+
+# One other Python alone, e.g. `make test-3.13`: its venv (made and kept up to date
+# here), its compiled core built in place, then both cores.
+test-3.%: .venv-3.%/.installed
+	.venv-3.$*/bin/python setup.py --quiet build_ext --inplace
+	$(PYTEST_COMPILED) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) --library-only
+	$(PYTEST_PURE) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) --library-only
+
+.PRECIOUS: .venv-3.%/.installed
+.venv-3.%/.installed: pyproject.toml setup.py
+	@python=$$(.ci/find-python 3.$*) && echo "CPython 3.$*: $$python" && \
+		{ test -x .venv-3.$*/bin/python || "$$python" -m venv .venv-3.$*; }
+	.venv-3.$*/bin/python -m pip install --quiet --upgrade pip
+	.venv-3.$*/bin/python -m pip install --quiet -e '.[$(LIB_EXTRAS)]'
+	touch $@
 
 lint: install
 	$(BIN)/ruff check .
@@ -78,5 +125,5 @@ cluster-down:
 	$(PY) -m aiopurgatory.pipeline.cluster down --dir .spark-cluster
 
 clean:
-	rm -rf $(VENV) docs/_build .pytest_cache .mypy_cache .ruff_cache build
+	rm -rf $(VENV) .venv-3.* docs/_build .pytest_cache .mypy_cache .ruff_cache build
 	rm -f aiopurgatory/*.so aiopurgatory/*.c

@@ -17,6 +17,18 @@ is looked at. When nothing at all is scheduled it blocks on the real selector,
 as a real loop would (only another thread can wake it then). Network I/O is not
 supported: the clock would jump past any wait for a socket.
 
+Threads: the clock stands still while a thread the loop waits for is working,
+that is, while a future of ``loop.run_in_executor`` (and so of
+``asyncio.to_thread``) is pending, and while ``shutdown_default_executor`` joins
+the default executor's threads. The loop then blocks on the real selector until
+the thread's result wakes it, as a real loop would, instead of jumping to its
+next timer: work in a thread takes no virtual time, and a timeout around it (the
+executor shutdown's own, on Python 3.13) does not expire while it runs. The loop
+cannot see threads it was not asked to wait for (``threading.Thread``, anyio's
+worker threads, a future wrapped by hand): the clock may jump while they work. A
+thread the loop waits for must not itself wait for virtual time to pass (a
+``run_coroutine_threadsafe(asyncio.sleep(1), loop).result()`` in it never returns).
+
 Tools that drive the clock themselves (the trace replay runs events between
 loop turns) use :meth:`VirtualTimeLoop.advance_to` and
 :meth:`aiopurgatory.Timer.next_due`.
@@ -34,9 +46,11 @@ the same on every run.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import math
 import selectors
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeAlias, TypeVar, TypeVarTuple, Unpack
@@ -73,9 +87,17 @@ class _VirtualSelector(selectors.BaseSelector):
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         if timeout is None:
             return self._real.select(None)
+        loop = self.loop
+        # Asked before polling: a thread that finishes after the poll wakes the
+        # real selector (call_soon_threadsafe writes to the loop's self-pipe).
+        waiting_for_threads = loop is not None and loop._waits_for_threads()
         events = self._real.select(0)
-        if not events and timeout > 0 and self.loop is not None:
-            self.loop._jump(timeout)
+        if events or timeout <= 0 or loop is None:
+            return events
+        if waiting_for_threads:
+            # The clock stands still while the thread works: wait for it for real.
+            return self._real.select(None)
+        loop._jump(timeout)
         return events
 
     def close(self) -> None:
@@ -95,6 +117,11 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def __init__(self, start: float = 0.0) -> None:
         selector = _VirtualSelector()
         self._virtual_now = 0.0
+        # The futures of run_in_executor not yet done, and how many
+        # shutdown_default_executor calls are joining threads: while either is
+        # there, the clock does not jump (see the module documentation).
+        self._thread_work: set[asyncio.Future[Any]] = set()
+        self._joining_executor = 0
         super().__init__(selector)
         try:
             self._virtual_now = as_seconds(start, "start")
@@ -121,6 +148,41 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     @_clock_resolution.setter
     def _clock_resolution(self, value: float) -> None:
         pass  # BaseEventLoop.__init__ sets the real clock's; not ours
+
+    def run_in_executor(
+        self,
+        executor: concurrent.futures.Executor | None,
+        func: Callable[[Unpack[_Ts]], T],
+        *args: *_Ts,
+    ) -> asyncio.Future[T]:
+        """As :meth:`asyncio.loop.run_in_executor`; the clock stands still until it is done."""
+        future = super().run_in_executor(executor, func, *args)
+        # Done (result, exception or cancelled) only once the loop has the
+        # thread's outcome or stopped waiting for it; the discard then runs as a
+        # ready callback, so the loop is never idle in between.
+        self._thread_work.add(future)
+        future.add_done_callback(self._thread_work.discard)
+        return future
+
+    # asyncio's signature, which Runner.close() calls (with a timeout since 3.12).
+    async def shutdown_default_executor(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        """As :meth:`asyncio.loop.shutdown_default_executor`; the clock stands still meanwhile.
+
+        The join runs in a thread of its own, which the loop waits for: on Python
+        3.13, whose wait for it is a timeout on the loop's clock, the virtual clock
+        would otherwise jump over ``timeout`` while the thread joins.
+        """
+        self._joining_executor += 1
+        try:
+            if sys.version_info >= (3, 12):
+                await super().shutdown_default_executor(timeout)
+            else:  # 3.11 has no timeout: it waits for the threads for as long as they take
+                await super().shutdown_default_executor()
+        finally:
+            self._joining_executor -= 1
+
+    def _waits_for_threads(self) -> bool:
+        return bool(self._thread_work) or self._joining_executor > 0
 
     def advance(self, seconds: float) -> None:
         """Move the clock forward by ``seconds`` (>= 0) right now, without running anything.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 
 import pytest
 import structlog
@@ -36,6 +37,97 @@ def _structlog_isolation() -> Iterator[None]:
     # globally; give every test structlog's defaults back afterwards.
     yield
     structlog.reset_defaults()
+
+
+# -- which tests each pass of `make test` runs (docs/pythons.md) ------------------------
+#
+# `library`: the tests of the library itself, what a user's install runs. They run on
+# every Python of the matrix and on both cores: the core is everything the
+# library does (the timer, the wheel, operations, the purgatory, watermarks, virtual
+# time, the Redis triggers all run on it), so their outcome can depend on which core
+# is in use and on the interpreter. Every test is one, unless its module is listed
+# here as exercising something built on the library (and needing that something's
+# extras, which the other Pythons' venvs do not install):
+NOT_LIBRARY = (
+    "tests/pipeline/",  # the Spark pipeline (pyspark, Java): the spark extra
+    "tests/test_broker",  # the example Kafka broker (examples/broker) and Kafka clients
+    "tests/test_longpoll",  # the long-poll example (examples/longpoll) under real servers
+    "tests/test_examples",  # the other examples, and how they are installed
+)
+# They run once, on 3.11 and the compiled core: the library they use is checked on
+# both cores by the library's tests. A module of their kind, named otherwise, says so
+# with `pytestmark = pytest.mark.not_library`. `--library-only` (the Makefile's
+# library passes) does not even collect the modules above, whose imports need those
+# extras.
+#
+# `packaging`: builds and installs the distribution (marked where it is). `slow`: the
+# Spark tests, and the tests listed here, which took more than ~10 s each in
+# `pytest --durations=40` on this 2-core machine (2026-11, shared, so loaded);
+# `make test-fast` leaves both kinds out.
+SLOW = (
+    "tests/test_cli_user.py::test_bench_all_quick_is_a_smoke_run_that_shows_progress",
+    "tests/test_bench.py::test_cli_acks_only_reports_ratios_targets_and_a_plot",
+    "tests/test_redis.py::test_a_missing_redis_server_fails_the_tests_and_says_how_to_install",
+    "tests/test_redis.py::test_the_benchmark_command_measures_every_side",
+    "tests/test_redis_wire.py::test_a_batch_survives_the_wire_with_its_types",
+    "tests/test_wheel_stateful.py::TestWheelAgainstHeap",
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--library-only",
+        action="store_true",
+        help="run only the library's tests (not the pipeline, broker, long-poll and "
+        "examples modules, which are not even collected): docs/pythons.md",
+    )
+
+
+def _relative(path: Path, config: pytest.Config) -> str:
+    try:
+        relative = path.relative_to(config.rootpath).as_posix()
+    except ValueError:  # not in this project (pytester's directories)
+        return path.as_posix()
+    return relative + "/" if path.is_dir() else relative
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if config.getoption("--library-only") and _relative(collection_path, config).startswith(
+        NOT_LIBRARY
+    ):
+        return True
+    return None
+
+
+def _is_library_test(item: pytest.Item) -> bool:
+    if item.get_closest_marker("not_library") is not None:
+        return False
+    return not _relative(item.path, item.config).startswith(NOT_LIBRARY)
+
+
+def _start_order(item: pytest.Item) -> int:
+    # The longest first, so that the two xdist workers finish together: Spark (when
+    # in the same run), then packaging, then the other slow tests.
+    for rank, marker in enumerate(("spark", "packaging", "slow")):
+        if item.get_closest_marker(marker) is not None:
+            return rank
+    return 3
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    deselected = []
+    for item in items:
+        if _is_library_test(item):
+            item.add_marker(pytest.mark.library)
+        elif config.getoption("--library-only"):
+            deselected.append(item)
+        if item.get_closest_marker("spark") is not None or item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        gone = set(map(id, deselected))
+        items[:] = [item for item in items if id(item) not in gone]
+    items.sort(key=_start_order)  # stable: the collection order otherwise
 
 
 def pytest_asyncio_loop_factories(

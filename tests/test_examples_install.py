@@ -29,6 +29,9 @@ def test_no_extra_promises_the_examples() -> None:
     assert not any("examples" in spec for spec in extras["all"])
 
 
+@pytest.mark.packaging
+@pytest.mark.timeout(900)  # minutes on a loaded 2-core machine: builds, venvs, installs
+@pytest.mark.slow
 @pytest.mark.skipif(
     os.environ.get("AIOPURGATORY_NO_EXTENSIONS", "") not in ("", "0"),
     reason="packaging is checked once, in the compiled run",

@@ -78,6 +78,35 @@ def test_marked_tests_run_on_virtual_time_in_strict_mode(pytester: pytest.Pytest
     result.assert_outcomes(passed=5)
 
 
+def test_a_virtual_time_test_with_threads_tears_down_under_w_error(
+    pytester: pytest.Pytester,
+) -> None:
+    # pytest-asyncio closes the test's loop with asyncio.Runner.close(), which shuts
+    # the default executor down: on 3.13 with a timeout on the loop's clock, which
+    # jumped over it while the join thread ran (a RuntimeWarning, an error here).
+    pytester.makepyfile(
+        test_threads="""
+        import asyncio
+        import time
+
+        import pytest
+
+
+        @pytest.mark.virtual_time
+        async def test_threads():
+            loop = asyncio.get_running_loop()
+            loop.run_in_executor(None, time.sleep, 0.2)  # still at work at teardown
+            async with asyncio.timeout(1):
+                await asyncio.to_thread(time.sleep, 0.05)
+            assert loop.time() == 0.0
+            await asyncio.sleep(2)
+            assert loop.time() == 2.0
+        """
+    )
+    result = pytester.runpytest_subprocess(*AUTO, "-p", "no:cacheprovider", "-W", "error")
+    result.assert_outcomes(passed=1)
+
+
 def test_in_strict_mode_the_marker_or_the_fixture_is_enough(pytester: pytest.Pytester) -> None:
     # Issue 30: pytest-asyncio's default mode is strict; virtual_time alone must do.
     pytester.makepyfile(

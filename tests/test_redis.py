@@ -621,8 +621,37 @@ async def test_prometheus_exports_the_statistics(redis_server: RedisServer) -> N
 # -- TLS --------------------------------------------------------------------------------
 
 
+# What a real CA issues, so that a client verifying strictly accepts it (Python 3.13's
+# ssl.create_default_context() sets VERIFY_X509_STRICT, which refuses a CA without
+# keyUsage): a CA marked as one (basicConstraints critical, keyUsage keyCertSign and
+# cRLSign), a leaf for a TLS server at 127.0.0.1 (keyUsage, extendedKeyUsage
+# serverAuth, subjectAltName), both with key identifiers linking them.
+CA_EXTENSIONS = """\
+[req]
+distinguished_name = dn
+x509_extensions = ca
+[dn]
+[ca]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid:always
+"""
+SERVER_EXTENSIONS = """\
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = IP:127.0.0.1
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid, issuer
+"""
+
+
 def make_certificates(directory: Path) -> tuple[str, str, str]:
-    """A CA and a server certificate for 127.0.0.1, made with the openssl command."""
+    """A CA and a server certificate for 127.0.0.1 it signed, made with the openssl command.
+
+    Returns the paths of the server's certificate and key, and the CA's certificate.
+    """
     import shutil
     import subprocess
 
@@ -630,20 +659,57 @@ def make_certificates(directory: Path) -> tuple[str, str, str]:
     if openssl is None:
         pytest.fail("the TLS test needs the openssl command: apt-get install openssl")
     directory.mkdir()
-    ca_key, ca, key, csr, cert, ext = (
+    ca_key, ca, ca_conf, key, csr, cert, ext = (
         str(directory / name)
-        for name in ("ca.key", "ca.crt", "server.key", "server.csr", "server.crt", "ext")
+        for name in ("ca.key", "ca.crt", "ca.cnf", "server.key", "server.csr", "server.crt", "ext")
     )
-    Path(ext).write_text("subjectAltName=IP:127.0.0.1\n")
+    Path(ca_conf).write_text(CA_EXTENSIONS)
+    Path(ext).write_text(SERVER_EXTENSIONS)
+    # EC keys: generated at once, where RSA keys take a noticeable part of a second.
+    new_key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
     for command in (
-        f"req -x509 -newkey rsa:2048 -nodes -keyout {ca_key} -out {ca} -days 2 -subj /CN=test-ca",
-        f"req -newkey rsa:2048 -nodes -keyout {key} -out {csr} -subj /CN=127.0.0.1",
+        f"req -x509 {new_key} -keyout {ca_key} -out {ca} -days 2 -subj /CN=test-ca "
+        f"-config {ca_conf}",
+        f"req {new_key} -keyout {key} -out {csr} -subj /CN=127.0.0.1",
         f"x509 -req -in {csr} -CA {ca} -CAkey {ca_key} -CAcreateserial -out {cert} -days 2 "
         f"-extfile {ext}",
     ):
         args = command.split()
         subprocess.run([openssl, *args], check=True, capture_output=True, timeout=60)
     return cert, key, ca
+
+
+def test_the_test_certificates_pass_strict_verification(tmp_path: Path) -> None:
+    # A TLS handshake in memory, the client verifying as 3.13's default context does
+    # (VERIFY_X509_STRICT, set here on every version): the Redis TLS test's server
+    # must be accepted there too.
+    import ssl
+
+    cert, key, ca = make_certificates(tmp_path / "tls")
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(cert, key)
+    client_context = ssl.create_default_context(cafile=ca)
+    client_context.verify_flags |= ssl.VERIFY_X509_STRICT
+    wires = [ssl.MemoryBIO() for _ in range(4)]  # client in/out, server in/out
+    client = client_context.wrap_bio(wires[0], wires[1], server_hostname="127.0.0.1")
+    server = server_context.wrap_bio(wires[2], wires[3], server_side=True)
+    done = {client: False, server: False}
+    for _ in range(10):  # a TLS 1.3 handshake takes two round trips
+        for side in (client, server):
+            if not done[side]:
+                try:
+                    side.do_handshake()
+                    done[side] = True
+                except ssl.SSLWantReadError:
+                    pass
+        wires[2].write(wires[1].read())
+        wires[0].write(wires[3].read())
+        if all(done.values()):
+            break
+    assert done == {client: True, server: True}
+    peer = client.getpeercert()
+    assert peer is not None
+    assert peer["subject"] == ((("commonName", "127.0.0.1"),),)
 
 
 async def test_rediss_with_a_password_passes_through(

@@ -7,11 +7,16 @@ so each one controls ``start`` and sees the loop from creation to close.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gc
 import inspect
 import random
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+import warnings
 from collections.abc import Coroutine
 from math import ceil, inf, nan, ulp
 from typing import Any
@@ -295,6 +300,108 @@ def test_to_thread_works() -> None:
         return await asyncio.to_thread(str.upper, "virtual")
 
     assert simulation.run(main()) == "VIRTUAL"
+
+
+# A thread the loop waits for takes no virtual time: the clock stands still until
+# its result is in, whatever timers are pending (issue 42: on 3.13 the executor's
+# shutdown waits on the loop's clock, and the clock jumped over it).
+
+
+def test_the_clock_stands_still_while_an_executor_thread_works() -> None:
+    async def main() -> tuple[str, float, bool]:
+        loop = asyncio.get_running_loop()
+        thread = loop.run_in_executor(None, time.sleep, 0.1)
+        timer = asyncio.ensure_future(asyncio.sleep(5))
+        done, _ = await asyncio.wait({thread, timer}, return_when=asyncio.FIRST_COMPLETED)
+        first = "thread" if done == {thread} else "timer" if done == {timer} else "both"
+        at = now()
+        await timer
+        return first, at, now() == 5.0
+
+    assert simulation.run(main()) == ("thread", 0.0, True)
+
+
+def test_a_timeout_around_to_thread_does_not_expire_while_the_thread_works() -> None:
+    def work() -> str:
+        time.sleep(0.1)
+        return "done"
+
+    async def main() -> tuple[str, float]:
+        async with asyncio.timeout(1):
+            result = await asyncio.to_thread(work)
+        return result, now()
+
+    assert simulation.run(main(), start=7) == ("done", 7.0)
+
+
+def test_a_custom_executor_counts_too_and_an_abandoned_future_stops_holding_the_clock() -> None:
+    release = threading.Event()
+
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            with pytest.raises(TimeoutError):
+                # The timer is already due when the thread starts: it fires, the
+                # wait cancels the future, and the loop no longer waits for it.
+                await asyncio.wait_for(loop.run_in_executor(pool, release.wait), 0)
+            cancelled_at = now()
+            await asyncio.sleep(60)  # the thread still works, but nothing waits for it
+            slept_to = now()
+            release.set()
+        return cancelled_at, slept_to
+
+    assert simulation.run(main()) == (0.0, 60.0)
+
+
+def _leave_the_default_executor_working() -> Coroutine[Any, Any, float]:
+    async def main() -> float:
+        # Not awaited: the default executor's shutdown, at the end of the run,
+        # joins a thread still at work for 0.2 s.
+        asyncio.get_running_loop().run_in_executor(None, time.sleep, 0.2)
+        await asyncio.sleep(1)
+        return now()
+
+    return main()
+
+
+def test_the_default_executor_shutdown_waits_for_its_threads_without_a_warning() -> None:
+    # On 3.13, Runner.close() waits for the join with asyncio.timeout(300) on the
+    # loop's clock: a virtual clock that jumped made it warn "did not finish
+    # joining its threads within 300 seconds" (an error here) and abandon them.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runner = asyncio.Runner(loop_factory=simulation.new_event_loop)
+        with runner:
+            assert runner.run(_leave_the_default_executor_working()) == 1.0
+            loop = runner.get_loop()
+    assert loop.is_closed()
+    assert loop.time() == 1.0  # the shutdown took no virtual time
+
+
+def test_run_shuts_the_default_executor_down_under_w_error_in_a_fresh_interpreter() -> None:
+    # As a user runs it: -W error, simulation.run, a thread still at work at the end.
+    code = textwrap.dedent(
+        """
+        import asyncio, time
+        from aiopurgatory import simulation
+
+        async def main():
+            asyncio.get_running_loop().run_in_executor(None, time.sleep, 0.2)
+            await asyncio.to_thread(time.sleep, 0.05)
+            await asyncio.sleep(1)
+            return asyncio.get_running_loop().time()
+
+        print(simulation.run(main()))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (out.returncode, out.stdout.strip(), out.stderr) == (0, "1.0", "")
 
 
 # -- lifecycle and errors ---------------------------------------------------------------------
