@@ -193,9 +193,10 @@ async def _http(
 ) -> tuple[int, dict[str, str], Any]:
     """One request on a new connection (``Connection: close``): status, headers, JSON body.
 
-    ``sent``: the loop time once the request was written is appended to it (the
-    server's clock for the request starts after that, so an answer measured from
-    there and found early was early on the server too).
+    ``sent``: the loop time once the request was written is appended to it. It is
+    not a lower bound of the server's start (this process may be preempted between
+    the send and the reading of its clock, while the server reads the request), so
+    the early check counts from when the client asked; this one is reported only.
 
     Raises:
         OSError, asyncio.IncompleteReadError, TimeoutError: no answer.
