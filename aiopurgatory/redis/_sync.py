@@ -17,7 +17,6 @@ every thread of a process.
 
 from __future__ import annotations
 
-import math
 import os
 import secrets
 import threading
@@ -27,8 +26,8 @@ from typing import Final, Self
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import AuthenticationError, AuthorizationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
 from redis.retry import Retry
 
 from ._redact import Redactor, describe_client, describe_url, url_password
@@ -38,6 +37,8 @@ from ._triggers import (
     RedisTriggersClosedError,
     RedisTriggersError,
 )
+from ._triggers import _cause as _connection_cause
+from ._triggers import _positive as _seconds
 from ._wire import Batch, Key, Value, check_key, check_value, encode, redis_key, stored
 from ._wire import watermark_prefix as _watermark_prefix
 
@@ -50,26 +51,12 @@ _DEFAULT_TIMEOUT: Final = 5.0
 _REDIS_ERRORS: Final = (RedisError, OSError)
 
 
-def _seconds(value: object, argument: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{argument} must be a number of seconds, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{argument} must be positive and finite, got {value!r}")
-    return float(value)
-
-
 def _cause(exc: BaseException) -> str:
     """A short name for why a command failed, for the one-line error."""
-    text = str(exc)
-    if isinstance(exc, AuthenticationError | AuthorizationError) or any(
-        marker in text for marker in ("WRONGPASS", "NOAUTH", "invalid password", "NOPERM")
-    ):
-        return "authentication failed"
-    if isinstance(exc, TimeoutError) or "Timeout" in type(exc).__name__:
-        return "timed out"
-    if isinstance(exc, ResponseError):
+    cause = _connection_cause(exc)
+    if cause == "unreachable" and isinstance(exc, ResponseError):
         return "refused the command"
-    return "unreachable"
+    return cause
 
 
 class SyncPublisher:
