@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Load", "RunResult", "build_parser", "main", "run_once"]
+__all__ = ["Load", "RunResult", "build_parser", "main", "run_once", "scrape_metrics"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -266,7 +266,8 @@ class _Client:
 _POST_ATTEMPTS = 5
 
 
-def _metrics(port: int) -> dict[str, float]:
+def scrape_metrics(port: int) -> dict[str, float]:
+    """The samples of a server's ``/metrics`` page, by name with labels."""
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
@@ -281,7 +282,7 @@ def _metrics(port: int) -> dict[str, float]:
 
 async def _wait_parked(port: int, waiter: str, count: int, deadline: float) -> None:
     gauge = f'longpoll_parked_requests{{waiter="{waiter}"}}'
-    while (await asyncio.to_thread(_metrics, port))[gauge] < count:
+    while (await asyncio.to_thread(scrape_metrics, port))[gauge] < count:
         if time.monotonic() > deadline:
             raise TimeoutError(f"fewer than {count} GETs parked in time")
         await asyncio.sleep(0.2)
@@ -334,7 +335,7 @@ async def run_once(waiter: str, load: Load) -> RunResult:
         await asyncio.sleep(0.5)  # the last posts' deliveries
         cpu = _cpu_seconds(server.pid) - cpu_start
         rss, peak = _memory_mib(server.pid)
-        metrics = await asyncio.to_thread(_metrics, port)
+        metrics = await asyncio.to_thread(scrape_metrics, port)
         client.stopping = True
         server.send_signal(signal.SIGTERM)
         await asyncio.wait(pollers, timeout=30)

@@ -62,6 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .loadtest import scrape_metrics
+
 __all__ = ["Soak", "build_parser", "main", "run"]
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -477,19 +479,6 @@ async def _read_back(port: int, topic: str) -> list[str]:
         offset = body["next_offset"]
 
 
-def _metrics(port: int) -> dict[str, float]:
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
-        text = response.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
-
-
 def _check(
     soak: Soak, ledger: _Ledger, logs: dict[str, list[str]], stored: dict[str, list[str]]
 ) -> dict[str, bool]:
@@ -571,7 +560,7 @@ async def run(soak: Soak) -> dict[str, Any]:
             topic: await _read_back(servers["a"].port, topic)
             for topic in (f"t{i}" for i in range(soak.topics))
         }
-        server_a = await asyncio.to_thread(_metrics, servers["a"].port)
+        server_a = await asyncio.to_thread(scrape_metrics, servers["a"].port)
     finally:
         for name, server in servers.items():
             statuses[name] = await asyncio.to_thread(server.stop)
