@@ -240,6 +240,10 @@ def test_a_hang_up_withdraws_its_operation_within_100_ms(served: Served) -> None
                 sock.close()
 
 
+# Pins hypercorn's own behaviour as the how-to tells it, seen on 3.11 only: on 3.12.1
+# (hypercorn 0.18) the parked requests got no answer and the parent exited after
+# about 30 s. Not the library's behaviour, so it runs once, on 3.11.
+@pytest.mark.not_library
 def test_hypercorns_worker_processes_get_no_signal(tmp_path: Path) -> None:
     # What the how-to says of hypercorn with worker processes (its default): the parent
     # tells them to stop through an event, not a signal, so release_on_shutdown never
