@@ -17,7 +17,7 @@ import pytest
 import structlog
 
 # Real Redis for the tests of aiopurgatory.redis (and the examples using it).
-from tests.redis_helpers import (  # noqa: F401
+from tests.support.redis import (  # noqa: F401
     redis_client,
     redis_server,
     redis_server_factory,
@@ -50,9 +50,8 @@ def _structlog_isolation() -> Iterator[None]:
 # extras, which the other Pythons' venvs do not install):
 NOT_LIBRARY = (
     "tests/pipeline/",  # the Spark pipeline (pyspark, Java): the spark extra
-    "tests/test_broker",  # the example Kafka broker (examples/broker) and Kafka clients
-    "tests/test_longpoll",  # the long-poll example (examples/longpoll) under real servers
-    "tests/test_examples",  # the other examples, and how they are installed
+    "tests/examples/",  # the examples: the Kafka broker (Kafka clients), the long-poll
+    # feed under real servers (web servers), the others, and how they are installed
 )
 # They run once, on 3.11 and the compiled core: the library they use is checked on
 # both cores by the library's tests. A module of their kind, named otherwise, says so
@@ -65,12 +64,12 @@ NOT_LIBRARY = (
 # `pytest --durations=40` on this 2-core machine (2026-11, shared, so loaded);
 # `make test-fast` leaves both kinds out.
 SLOW = (
-    "tests/test_cli_user.py::test_bench_all_quick_is_a_smoke_run_that_shows_progress",
-    "tests/test_bench.py::test_cli_acks_only_reports_ratios_targets_and_a_plot",
-    "tests/test_redis.py::test_a_missing_redis_server_fails_the_tests_and_says_how_to_install",
-    "tests/test_redis.py::test_the_benchmark_command_measures_every_side",
-    "tests/test_redis_wire.py::test_a_batch_survives_the_wire_with_its_types",
-    "tests/test_wheel_stateful.py::TestWheelAgainstHeap",
+    "tests/cli/test_cli_user.py::test_bench_all_quick_is_a_smoke_run_that_shows_progress",
+    "tests/bench/test_bench.py::test_cli_acks_only_reports_ratios_targets_and_a_plot",
+    "tests/redis/test_redis.py::test_a_missing_redis_server_fails_the_tests_and_says_how_to_install",
+    "tests/redis/test_redis.py::test_the_benchmark_command_measures_every_side",
+    "tests/redis/test_redis_wire.py::test_a_batch_survives_the_wire_with_its_types",
+    "tests/core/test_wheel_stateful.py::TestWheelAgainstHeap",
 )
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from aiopurgatory._clitools import MARKER
 from aiopurgatory.pipeline.trace import TraceSpec, generate_trace_table, write_trace
-from tests.cli_helpers import ROOT, SPARK_BANNER, aiopurgatory, lines
+from tests.support.cli import ROOT, SPARK_BANNER, aiopurgatory, lines
 
 
 @pytest.fixture
