@@ -18,10 +18,8 @@ def test_a_tiny_run_compares_two_checkouts_and_every_operation_completes(
 ) -> None:
     out = tmp_path / "fanout.json"
     here = str(redis_fanout.HERE)
-    status = cli.main(
-        ["redis-fanout", "--processes", "2", "--keys", "60", "--rounds", "2", "--batch", "0"]
-        + ["--baseline", here, "--json", str(out)]
-    )
+    sizes = ["--processes", "2", "--keys", "60", "--rounds", "2", "--batch", "0"]
+    status = cli.main(["redis-fanout", *sizes, "--baseline", here, "--json", str(out)])
     assert status == 0
     report = json.loads(out.read_text())
     assert report["command"] == "redis-fanout"

@@ -41,6 +41,11 @@ def sentinel_client(sentinels: SentinelServers) -> Sentinel:
     return Sentinel(sentinels.sentinel_addresses, socket_timeout=2)  # type: ignore[no-untyped-call]
 
 
+def close_sentinels(sentinel: Sentinel) -> None:
+    for client in sentinel.sentinels:
+        client.close()
+
+
 def discovered(sentinel: Sentinel, sentinels: SentinelServers) -> tuple[str, int]:
     host, port = sentinel.discover_master(sentinels.service)  # type: ignore[no-untyped-call]
     return str(host), int(port)
@@ -179,6 +184,7 @@ def test_sentinel_serves_a_primary_and_its_replica(redis_sentinel: SentinelServe
     finally:
         primary.close()
         replica.close()
+        close_sentinels(sentinel)
     assert discovered(sentinel, redis_sentinel) == ("127.0.0.1", redis_sentinel.primary().port)
     assert redis_sentinel.url.startswith("redis+sentinel://127.0.0.1:")
     assert redis_sentinel.url.endswith("/mymaster")
@@ -201,6 +207,7 @@ def test_sentinel_promotes_the_replica_when_the_primary_dies(
         assert role(new) == "master"
     finally:
         primary.close()
+        close_sentinels(sentinel)
         redis_sentinel.heal()
     assert redis_sentinel.servers[old].running
     assert role(old) == "slave"

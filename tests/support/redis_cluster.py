@@ -154,6 +154,12 @@ def _ask(port: int, *command: Any) -> Any:
         return client.execute_command(*command)
 
 
+def _replication(port: int) -> dict[str, Any]:
+    with _client(port) as client:
+        info: dict[str, Any] = client.info("replication")
+        return info
+
+
 # -- the cluster -------------------------------------------------------------------
 
 
@@ -385,7 +391,7 @@ class ClusterServers:
         # Every live replica in sync with its master (a replica out of sync cannot
         # take over, and WAIT would not count it).
         for port in live:
-            replication = _client(port).info("replication")
+            replication = _replication(port)
             if replication["role"] == "slave" and replication.get("master_link_status") != "up":
                 return False
         return True
@@ -684,7 +690,7 @@ class SentinelServers:
                 lines.append(f"redis {port}: not running")
                 continue
             try:
-                replication = _client(port).info("replication")
+                replication = _replication(port)
                 lines.append(
                     f"redis {port}: role={replication['role']} "
                     f"link={replication.get('master_link_status', '-')}"
@@ -698,7 +704,7 @@ class SentinelServers:
 
     def _ready(self) -> bool:
         live = [port for port, server in self.servers.items() if server.running]
-        roles = {port: _client(port).info("replication") for port in live}
+        roles = {port: _replication(port) for port in live}
         primaries = [port for port, info in roles.items() if info["role"] == "master"]
         if len(primaries) != 1:
             return False
@@ -775,7 +781,7 @@ class SentinelServers:
             if len(ports) != 1 or old in ports:
                 return False
             (new,) = ports
-            return bool(_client(new).info("replication")["role"] == "master")
+            return bool(_replication(new)["role"] == "master")
 
         _wait(f"the sentinels to replace primary {old}", moved, timeout, self.describe)
         return self.primary().port
