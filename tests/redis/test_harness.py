@@ -123,6 +123,19 @@ async def test_sharded_pubsub_delivers_on_the_cluster(redis_cluster: ClusterServ
         await client.aclose()
 
 
+def test_pubsub_clients_can_be_killed_as_redis_does_past_their_buffer_limit(
+    redis_cluster: ClusterServers,
+) -> None:
+    with sync_cluster_client(redis_cluster) as client:
+        pubsub = client.pubsub()
+        pubsub.ssubscribe("harness:{kill}")
+        assert pubsub.get_sharded_message(timeout=5.0) is not None  # the confirmation
+        assert harness.kill_pubsub_clients(redis_cluster.live_ports) == 1
+        with pytest.raises(redis.ConnectionError):
+            pubsub.get_sharded_message(timeout=5.0)
+        pubsub.close()
+
+
 def test_a_killed_master_is_replaced_by_its_replica_keeping_replicated_writes(
     redis_cluster: ClusterServers,
 ) -> None:

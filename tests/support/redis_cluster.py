@@ -59,6 +59,7 @@ __all__ = [
     "ClusterServers",
     "SentinelServers",
     "find_redis_cli",
+    "kill_pubsub_clients",
     "redis_cluster",
     "redis_sentinel",
 ]
@@ -152,6 +153,12 @@ def _client(port: int) -> redis.Redis:
 def _ask(port: int, *command: Any) -> Any:
     with _client(port) as client:
         return client.execute_command(*command)
+
+
+def kill_pubsub_clients(ports: list[int]) -> int:
+    """``CLIENT KILL TYPE pubsub`` on every server of ``ports`` (what Redis does to a
+    subscriber past its ``client-output-buffer-limit``); returns how many it closed."""
+    return sum(int(_ask(port, "CLIENT", "KILL", "TYPE", "pubsub")) for port in ports)
 
 
 def _replication(port: int) -> dict[str, Any]:
