@@ -386,8 +386,10 @@ class RedisWaiter(PurgatoryWaiter):
         # appends with a token).
         self.client = open_client(self.target, timeout=self.command_timeout, max_connections=256)
         self.read_script = self.client.register_script(READ)
-        triggers = RedisTriggers(self.purgatory, self.url, channel=f"{self.prefix}:triggers")
         try:
+            # The library may refuse a URL the example takes (a topology it does not
+            # support): that too must leave nothing open behind.
+            triggers = RedisTriggers(self.purgatory, self.url, channel=f"{self.prefix}:triggers")
             await triggers.__aenter__()
         except BaseException:
             # Redis went away since the start-up check: leave nothing open behind.
