@@ -12,6 +12,7 @@ The cross-process triggers on these topologies are the library's
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -216,6 +217,25 @@ def test_on_sentinel_an_acknowledged_post_survives_the_primary(
         asyncio.run(scenario())
     finally:
         redis_sentinel.heal()
+
+
+@pytest.mark.parametrize("topology", ["cluster", "sentinel"])
+async def test_appends_read_back_and_replay_on_each_event_loop(
+    topology: str, redis_cluster: ClusterServers, redis_sentinel: SentinelServers
+) -> None:
+    url = redis_cluster.url if topology == "cluster" else redis_sentinel.url
+    topics = Topics(url)
+    name = f"loop-{uuid.uuid4().hex[:8]}"
+    try:
+        bodies = [f"m{i}" for i in range(3)]
+        for i, body in enumerate(bodies):
+            (offset, total, replayed), confirmed = await topics.append(name, body, f"c:{body}")
+            assert (offset, total, replayed, confirmed) == (i, 2 * (i + 1), 0, 1)
+        (offset, _, replayed), _ = await topics.append(name, "m0", "c:m0")
+        assert (offset, replayed) == (0, 1)
+        assert await topics.read(name) == bodies
+    finally:
+        await topics.aclose()
 
 
 def test_the_topics_set_caps_topics_on_a_cluster(redis_cluster: ClusterServers) -> None:
