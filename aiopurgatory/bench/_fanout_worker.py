@@ -11,6 +11,8 @@ nothing of the package it ships in, only the public API that both versions have
   from INDEX (its own share), one operation per key waiting until the key's
   watermark reaches ``--rounds``, through ``RedisTriggers.watch``; its result
   comes when all of its operations have ended. Its CPU time counts from ready.
+* idle: a purgatory watching nothing, subscribed; its result (what reached it
+  anyway) comes when its stdin closes.
 * publisher: advances every key to 1, then every key to 2, ... up to
   ``--rounds``, ``--batch`` keys per loop iteration (more gather while a message
   is in flight), then flushes; ``--batch 0``: each trigger alone, flushed (one
@@ -83,6 +85,25 @@ async def _watcher(args: argparse.Namespace) -> None:
     )
 
 
+async def _idle(args: argparse.Namespace) -> None:
+    """A process whose purgatory watches nothing: what reaches it is pure overhead.
+    Its result comes when its stdin closes (the run is over)."""
+    purgatory: ap.Purgatory[Any] = ap.Purgatory("fanout-idle")
+    async with RedisTriggers(purgatory, args.url, channel=args.channel) as triggers:
+        deadline = time.monotonic() + 30
+        while not triggers.statistics().connected:
+            if time.monotonic() > deadline:
+                raise RuntimeError("not connected within 30 s")
+            await asyncio.sleep(0.01)
+        cpu = time.process_time()
+        _emit(event="ready", keys=0, library=_library())
+        await asyncio.to_thread(sys.stdin.read)
+        cpu = time.process_time() - cpu
+        stats = triggers.statistics()
+    purgatory.close()
+    _emit(event="result", cpu_s=cpu, statistics=asdict(stats))
+
+
 async def _publisher(args: argparse.Namespace) -> None:
     names = [f"k{j}" for j in range(args.keys)]
     async with RedisTriggers(None, args.url, channel=args.channel) as triggers:
@@ -132,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # stdout carries the reports; the library's log lines go to stderr.
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["watcher", "publisher"])
+    parser.add_argument("role", choices=["watcher", "idle", "publisher"])
     parser.add_argument("url")
     parser.add_argument("--channel", required=True)
     parser.add_argument("--keys", type=int, required=True)
@@ -143,7 +164,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     args = parser.parse_args(argv)
     with _runner(args.loop) as runner:
-        runner.run(_watcher(args) if args.role == "watcher" else _publisher(args))
+        role = {"watcher": _watcher, "idle": _idle, "publisher": _publisher}[args.role]
+        runner.run(role(args))
 
 
 if __name__ == "__main__":

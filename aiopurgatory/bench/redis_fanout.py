@@ -25,7 +25,8 @@ done), Redis's CPU (``INFO cpu``, every server, before and after) and the bytes
 it sent (``INFO stats`` ``total_net_output_bytes``: pub/sub fan-out is most of
 it), the publisher's CPU per trigger and its throughput (triggers per second
 until flushed), and the end-to-end throughput (triggers per second until the
-last watcher was done). The topology ``single`` is one ``redis-server``;
+last watcher was done); with ``--idle K``, what reached each of K more
+processes whose purgatory watches nothing. The topology ``single`` is one ``redis-server``;
 ``cluster`` a 3-master/3-replica Redis Cluster (``redis+cluster://``: the
 library must support it; a library that does not is reported as such), started
 with the test harness ``tests/support/redis_cluster.py`` and so only from a
@@ -105,6 +106,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--baseline", type=_checkout, help="another checkout to compare with, in the same runs"
     )
+    parser.add_argument(
+        "--idle",
+        type=int,
+        default=0,
+        help="more processes whose purgatory watches nothing (what still reaches them)",
+    )
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--quiet", action="store_true", help="no table on stdout")
@@ -168,7 +175,7 @@ class _Process:
         env = {**os.environ, "PYTHONPATH": str(library)}
         self.proc = subprocess.Popen(
             [sys.executable, "-P", str(WORKER), *args],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -211,9 +218,14 @@ class _Process:
             self.proc.kill()
         self.proc.wait()
 
+    def finish(self) -> None:
+        """Close its stdin: the idle watcher's signal that the run is over."""
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+
     def close(self) -> None:
         self.kill()
-        for stream in (self.proc.stdout, self.proc.stderr):
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
 
@@ -228,9 +240,10 @@ def _run_one(
         _Process(library, "watcher", *common, "--index", str(i), "--count", str(processes))
         for i in range(processes)
     ]
+    idle = [_Process(library, "idle", *common) for _ in range(args.idle)]
     publisher: _Process | None = None
     try:
-        ready = [watcher.read("ready", 60) for watcher in watchers]
+        ready = [process.read("ready", 60) for process in [*watchers, *idle]]
         before = _redis_counters(ports)
         publisher = _Process(library, "publisher", *common, "--batch", str(args.batch))
         publisher.read("ready", 60)
@@ -239,8 +252,11 @@ def _run_one(
         done = [watcher.read("result", 600) for watcher in watchers]
         end_to_end = time.perf_counter() - started
         after = _redis_counters(ports)
+        for process in idle:
+            process.finish()
+        idle_done = [process.read("result", 60) for process in idle]
     finally:
-        for process in [*watchers, *([publisher] if publisher else [])]:
+        for process in [*watchers, *idle, *([publisher] if publisher else [])]:
             process.close()
     triggers: int = sent["triggers"]
     received = [result["statistics"]["received"] for result in done]
@@ -263,6 +279,9 @@ def _run_one(
         "publisher_cpu_us_per_trigger": sent["cpu_s"] / triggers * 1e6,
         "publisher_triggers_per_s": triggers / sent["wall_s"],
         "end_to_end_triggers_per_s": triggers / end_to_end,
+        # What reached the processes watching nothing (--idle), each.
+        "idle_received": [result["statistics"]["received"] for result in idle_done],
+        "idle_cpu_s": [result["cpu_s"] for result in idle_done],
     }
 
 
@@ -347,6 +366,7 @@ def _line(row: dict[str, Any]) -> str:
         f"{row['publisher_triggers_per_s']:7.0f}/s, "
         f"end to end {row['end_to_end_triggers_per_s']:7.0f}/s "
         f"({row['completed']}/{row['watched']} completed)"
+        + (f", idle received {row['idle_received']}" if row["idle_received"] else "")
     )
 
 

@@ -18,7 +18,7 @@ def test_a_tiny_run_compares_two_checkouts_and_every_operation_completes(
 ) -> None:
     out = tmp_path / "fanout.json"
     here = str(redis_fanout.HERE)
-    sizes = ["--processes", "2", "--keys", "60", "--rounds", "2", "--batch", "0"]
+    sizes = ["--processes", "2", "--keys", "60", "--rounds", "2", "--batch", "0", "--idle", "1"]
     status = cli.main(["redis-fanout", *sizes, "--baseline", here, "--json", str(out)])
     assert status == 0
     report = json.loads(out.read_text())
@@ -46,6 +46,10 @@ def test_a_tiny_run_compares_two_checkouts_and_every_operation_completes(
         assert run["publisher_cpu_us_per_trigger"] > 0
         assert run["publisher_triggers_per_s"] > 0
         assert run["end_to_end_triggers_per_s"] > 0
+        # The idle process reports what reached it: everything with a broadcast
+        # library, nothing with interest routing; never more than a watcher got.
+        (idle_received,) = run["idle_received"]
+        assert 0 <= idle_received <= run["received_max"]
     (compared,) = report["comparisons"]
     assert compared["processes"] == 2
     assert all(ratio > 0 for ratio in compared.values() if isinstance(ratio, float))
