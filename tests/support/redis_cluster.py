@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import pytest
 import redis
@@ -65,6 +65,7 @@ __all__ = [
 ]
 
 SLOTS = 16384
+_Setup = TypeVar("_Setup", "ClusterServers", "SentinelServers")
 SERVICE = "mymaster"
 # A replica (re)joining gets its copy at once: Redis otherwise waits 5 s for more
 # replicas to share one diskless transfer.
@@ -72,7 +73,7 @@ _QUICK_SYNC = ("--repl-diskless-sync-delay", "0")
 
 # Every set-up still running, for the atexit hook (a run interrupted before the
 # fixtures' finalizers must not leave redis-servers behind).
-_LIVE: set[ClusterServers | SentinelServers] = set()
+_LIVE: set[_Processes] = set()
 
 
 @atexit.register
@@ -167,6 +168,44 @@ def _replication(port: int) -> dict[str, Any]:
         return info
 
 
+class _Processes:
+    """What both set-ups share: a start that leaves nothing running when it fails, a
+    close that kills every process (idempotent, also at exit), a context manager."""
+
+    def _launch(self, timeout: float) -> None:
+        raise NotImplementedError
+
+    def _processes(self) -> list[RedisServer | _Sentinel]:
+        raise NotImplementedError
+
+    def start(self, *, timeout: float = 30.0) -> None:
+        """Start every process and wait until the set-up is whole (see the subclass).
+
+        Raises:
+            RuntimeError: a process did not start (or the cluster could not be created).
+            AssertionError: not whole within ``timeout`` seconds (with what each saw).
+        """
+        _LIVE.add(self)
+        try:
+            self._launch(timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """SIGKILL every process (idempotent)."""
+        for process in self._processes():
+            process.kill()
+        _LIVE.discard(self)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 # -- the cluster -------------------------------------------------------------------
 
 
@@ -213,7 +252,7 @@ def _parse_nodes(text: str) -> list[ClusterNode]:
     return nodes
 
 
-class ClusterServers:
+class ClusterServers(_Processes):
     """A Redis Cluster of ``masters`` masters with ``replicas`` replicas each, on loopback.
 
     Args:
@@ -288,39 +327,19 @@ class ClusterServers:
 
     # -- start and stop --
 
-    def start(self, *, timeout: float = 30.0) -> None:
-        """Start every node, create the cluster and wait until it is whole.
-
-        Raises:
-            RuntimeError: a node did not start or ``redis-cli --cluster create`` failed.
-            AssertionError: the cluster was not whole within ``timeout`` seconds.
-        """
-        _LIVE.add(self)
-        try:
-            for server in self.servers.values():
-                server.start()
-            addresses = [f"127.0.0.1:{port}" for port in self.ports]
-            self._cli(
-                "--cluster", "create", *addresses,
-                "--cluster-replicas", str(self.replicas), "--cluster-yes",
-            )  # fmt: skip
-            self.wait_whole(timeout=timeout)
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        """SIGKILL every node (idempotent)."""
+    def _launch(self, timeout: float) -> None:
+        """Start every node, create the cluster and wait until it is whole."""
         for server in self.servers.values():
-            server.kill()
-        _LIVE.discard(self)
+            server.start()
+        addresses = [f"127.0.0.1:{port}" for port in self.ports]
+        self._cli(
+            "--cluster", "create", *addresses,
+            "--cluster-replicas", str(self.replicas), "--cluster-yes",
+        )  # fmt: skip
+        self.wait_whole(timeout=timeout)
 
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def _processes(self) -> list[RedisServer | _Sentinel]:
+        return list(self.servers.values())
 
     # -- what the cluster looks like --
 
@@ -573,7 +592,7 @@ class _Sentinel:
         return "\n".join(text.splitlines()[-lines:])
 
 
-class SentinelServers:
+class SentinelServers(_Processes):
     """A primary, ``replicas`` replicas and ``sentinels`` sentinels (quorum 2), on loopback.
 
     The service is named ``mymaster`` (:attr:`service`).
@@ -637,44 +656,22 @@ class SentinelServers:
         seeds = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
         return f"redis+sentinel://{seeds}/{self.service}"
 
-    def start(self, *, timeout: float = 30.0) -> None:
+    def _launch(self, timeout: float) -> None:
         """Start the data servers and the sentinels; wait until the replica is in sync and
         every sentinel knows the primary, the replica and the other sentinels (only then
-        can they fail over).
-
-        Raises:
-            RuntimeError: a server did not start.
-            AssertionError: not ready within ``timeout`` seconds.
-        """
-        _LIVE.add(self)
-        try:
-            for server in self.servers.values():
-                server.start()
-            for sentinel in self.sentinels:
-                sentinel.start(
-                    self._first_primary,
-                    down_after_ms=self.down_after_ms,
-                    failover_timeout_ms=self.failover_timeout_ms,
-                )
-            self.wait_ready(timeout=timeout)
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        """SIGKILL every process (idempotent)."""
-        for sentinel in self.sentinels:
-            sentinel.kill()
+        can they fail over)."""
         for server in self.servers.values():
-            server.kill()
-        _LIVE.discard(self)
+            server.start()
+        for sentinel in self.sentinels:
+            sentinel.start(
+                self._first_primary,
+                down_after_ms=self.down_after_ms,
+                failover_timeout_ms=self.failover_timeout_ms,
+            )
+        self.wait_ready(timeout=timeout)
 
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def _processes(self) -> list[RedisServer | _Sentinel]:
+        return [*self.sentinels, *self.servers.values()]
 
     def primary_port(self, sentinel: int = 0) -> int:
         """The primary's port as the ``sentinel``-th sentinel reports it."""
@@ -817,34 +814,27 @@ class SentinelServers:
 # -- fixtures ----------------------------------------------------------------------
 
 
-def _started(setup: Callable[[], ClusterServers | SentinelServers]) -> Any:
+def _running(make: Callable[[], _Setup]) -> Iterator[_Setup]:
+    """Start the set-up ``make`` builds, yield it, kill it whatever happened; a machine
+    without redis-server or redis-cli fails the test with how to install them."""
     try:
-        return setup()
+        setup = make()
     except RedisServerMissing as exc:
         pytest.fail(str(exc), pytrace=False)
+    setup.start()
+    try:
+        yield setup
+    finally:
+        setup.close()
 
 
 @pytest.fixture(scope="module")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterServers]:
     """A running 3-master/3-replica Redis Cluster, one per test module, killed at the end."""
-    cluster: ClusterServers = _started(
-        lambda: ClusterServers(tmp_path_factory.mktemp("redis-cluster"))
-    )
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.close()
+    yield from _running(lambda: ClusterServers(tmp_path_factory.mktemp("redis-cluster")))
 
 
 @pytest.fixture(scope="module")
 def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelServers]:
     """A primary, a replica and 3 sentinels (quorum 2), one per test module, killed at the end."""
-    sentinels: SentinelServers = _started(
-        lambda: SentinelServers(tmp_path_factory.mktemp("redis-sentinel"))
-    )
-    sentinels.start()
-    try:
-        yield sentinels
-    finally:
-        sentinels.close()
+    yield from _running(lambda: SentinelServers(tmp_path_factory.mktemp("redis-sentinel")))
