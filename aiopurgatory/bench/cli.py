@@ -7,6 +7,7 @@ Usage::
     aiopurgatory bench purgatory --acks-only [--acks 100,1000,...] [--acks-partitions P] ...
     aiopurgatory bench scale [--pending 1000,10000,...] [--ops N] ...
     aiopurgatory bench all [--quick]
+    aiopurgatory bench redis-fanout [--processes 2,4,8] [--baseline CHECKOUT] ...
 
 Every implementation runs in the same invocation, interleaved: repeat ``r`` runs
 each implementation once, in an order rotated by ``r``, so drifts of the machine
@@ -158,6 +159,15 @@ def _parser() -> argparse.ArgumentParser:
     p = command("scale", "cost per op as pending timers grow (asyncio loops)")
     _scale_args(p)
 
+    # Its options are its own (it runs processes against Redis, not specs):
+    # main() hands its arguments to aiopurgatory.bench.redis_fanout.
+    sub.add_parser(
+        "redis-fanout",
+        help="RedisTriggers as watcher processes multiply: messages and CPU per process, "
+        "Redis's CPU, the publisher's; one library against another (--baseline)",
+        add_help=False,
+    )
+
     p = command("all", "the default set (a few minutes)")
     p.add_argument(
         "--quick",
@@ -263,8 +273,13 @@ def _check_before_run(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``aiopurgatory bench``; returns the exit status."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["redis-fanout"]:
+        from .redis_fanout import main as fanout_main
+
+        return fanout_main(arguments[1:])
     parser = _parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(arguments)
     if args.repeat is None:
         args.repeat = 1 if getattr(args, "quick", False) else 3
     loops = list(_LOOP_CHOICES[args.loop])

@@ -149,8 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         default=None,
         help="keep the feed in Redis, shared with other processes: "
-        "redis://[[user]:password@]host[:port][/db]; when not given, $LONGPOLL_REDIS, "
-        "else the feed in this process's memory (%(default)s)",
+        "redis://[[user]:password@]host[:port][/db], "
+        "redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db] or "
+        "redis+cluster://[[user]:password@]host:port[,host:port...] (rediss for TLS); "
+        "when not given, $LONGPOLL_REDIS, else the feed in this process's memory (%(default)s)",
+    )
+    p.add_argument(
+        "--redis-replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a POST is acknowledged once N replicas have it (WAIT) "
+        "(default: 0 on one server, 1 on redis+sentinel and redis+cluster)",
     )
     p.add_argument(
         "--redis-prefix",
@@ -265,7 +275,7 @@ async def serve(
     else:
         from .redisfeed import RedisWaiter
 
-        waiter = RedisWaiter(redis_url, prefix=args.redis_prefix)
+        waiter = RedisWaiter(redis_url, prefix=args.redis_prefix, replicas=args.redis_replicas)
     app = create_app(settings, waiter)
     feed: Feed = app.state.feed
     if sock is None:
@@ -364,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         if redis_url is not None and args.waiter != "purgatory":
             raise ValueError("--redis serves with the purgatory waiter only (--waiter purgatory)")
+        if args.redis_replicas is not None and (redis_url is None or args.redis_replicas < 0):
+            raise ValueError("--redis-replicas takes a number of 0 or more, with --redis")
         settings = Settings(
             default_wait=args.default_wait,
             max_wait=args.max_wait,

@@ -11,10 +11,11 @@ The waiter is the only part that differs between ``--waiter purgatory`` and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import math
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ __all__ = [
     "Fetched",
     "Settings",
     "TopicLog",
+    "answer_reason",
     "check_idempotency_key",
 ]
 
@@ -343,18 +345,31 @@ class Feed:
         Raises:
             FeedError: 503 when ``max_parked`` fetches are parked already.
         """
-        if self.parked >= self.settings.max_parked:
-            raise FeedError(503, f"{self.settings.max_parked} requests are waiting already")
 
         def ready() -> bool:
             return self.readable(name, offset) >= min_bytes
 
         loop = asyncio.get_running_loop()
         start = loop.time()
+        with self.parking(name):
+            await self.waiter.wait(name, ready, wait)
+        self.answers[answer_reason(ready(), self.closing, loop.time(), start + wait)] += 1
+
+    @contextlib.contextmanager
+    def parking(self, name: str) -> Iterator[None]:
+        """Count a fetch parked on topic ``name`` while the block runs (``parked``,
+        ``parked_by_topic``, and ``disconnected`` when the block is cancelled: its
+        client went away). Every kind of feed parks through here.
+
+        Raises:
+            FeedError: 503 when ``max_parked`` fetches are parked already (nothing counted).
+        """
+        if self.parked >= self.settings.max_parked:
+            raise FeedError(503, f"{self.settings.max_parked} requests are waiting already")
         self.parked += 1
         self.parked_by_topic[name] = self.parked_by_topic.get(name, 0) + 1
         try:
-            await self.waiter.wait(name, ready, wait)
+            yield
         except asyncio.CancelledError:
             self.disconnected += 1
             raise
@@ -365,15 +380,6 @@ class Feed:
                 self.parked_by_topic[name] = left
             else:
                 del self.parked_by_topic[name]
-        if ready():
-            reason = "data"
-        elif self.closing:
-            reason = "shutdown"
-        elif loop.time() >= start + wait:  # as timers compute their due time
-            reason = "timeout"
-        else:
-            reason = "early"
-        self.answers[reason] += 1
 
     async def fetch(
         self,
@@ -422,6 +428,17 @@ class Feed:
         for name in list(self.parked_by_topic):
             self.waiter.release(name)
         return parked
+
+
+def answer_reason(enough: bool, closing: bool, now: float, due: float) -> str:
+    """Why a parked fetch is answered (:data:`REASONS`), judged on the answer itself:
+    ``enough`` data in it, the server stopping, or its wait passed (``now >= due``,
+    as timers judge due times); anything else is early."""
+    if enough:
+        return "data"
+    if closing:
+        return "shutdown"
+    return "timeout" if now >= due else "early"
 
 
 def check_topic(name: str) -> None:

@@ -51,13 +51,20 @@ from typing import Any, Self, TypeVar
 import redis.asyncio as aioredis
 import redis.exceptions
 import structlog
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 import aiopurgatory as ap
 from aiopurgatory.redis import describe_url
 
-from .feed import Appended, Feed, FeedError, Fetched, Settings, check_topic
+from .feed import Appended, Feed, FeedError, Fetched, Settings, answer_reason, check_topic
+from .redisstore import (
+    REGISTER,
+    append_replicated,
+    close_client,
+    close_sync_client,
+    open_client,
+    parse_redis_url,
+    sync_client,
+)
 from .waiters import PurgatoryWaiter
 
 __all__ = [
@@ -67,19 +74,18 @@ __all__ = [
     "RedisFeed",
     "RedisUnavailable",
     "RedisWaiter",
-    "answer_reason",
     "check_redis",
 ]
 
-#: KEYS: meta, log, topics set, the POST's idempotency record.
-#: ARGV: name, body, retain, max_topics, token ("" for none), the record's TTL in ms.
+#: KEYS: meta, log, the POST's idempotency record (one topic's keys: one slot).
+#: ARGV: body, retain, token ("" for none), the record's TTL in ms.
 #: Returns {offset, bytes, 0} once stored; {first offset, bytes now, 1} when the
-#: token's record exists (a retry: nothing stored); {-1, 0, 0} when the topic would be
-#: one too many; {-2, 0, 0} when the record was made for another body.
+#: token's record exists (a retry: nothing stored); {-2, 0, 0} when the record was
+#: made for another body. (The topic is in the topics set already: REGISTER.)
 APPEND = """
-local meta, log, topics, record = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local body, token = ARGV[2], ARGV[5]
-local retain, max_topics = tonumber(ARGV[3]), tonumber(ARGV[4])
+local meta, log, record = KEYS[1], KEYS[2], KEYS[3]
+local body, token = ARGV[1], ARGV[3]
+local retain = tonumber(ARGV[2])
 local digest = ''
 if token ~= '' then
   digest = redis.sha1hex(body)
@@ -93,13 +99,6 @@ if token ~= '' then
     return {tonumber(string.sub(seen, 1, sep - 1)), total, 1}
   end
 end
-if redis.call('EXISTS', meta) == 0 then
-  local known = redis.call('SISMEMBER', topics, ARGV[1]) == 1
-  if not known and redis.call('SCARD', topics) >= max_topics then
-    return {-1, 0, 0}
-  end
-  redis.call('SADD', topics, ARGV[1])
-end
 local offset = redis.call('HINCRBY', meta, 'next', 1) - 1
 local total = redis.call('HINCRBY', meta, 'bytes', #body)
 redis.call('RPUSH', log, string.format('%d:', total) .. body)
@@ -110,7 +109,7 @@ if length >= 2 * retain then
   redis.call('HINCRBY', meta, 'start', drop)
 end
 if token ~= '' then
-  redis.call('SET', record, string.format('%d:', offset) .. digest, 'PX', ARGV[6])
+  redis.call('SET', record, string.format('%d:', offset) .. digest, 'PX', ARGV[4])
 end
 return {offset, total, 0}
 """
@@ -157,6 +156,10 @@ T = TypeVar("T")
 REDIS_DOWN: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
+    # A cluster failing over: CLUSTERDOWN, TRYAGAIN, a slot with no master known yet.
+    redis.exceptions.ClusterError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.RedisClusterException,
     TimeoutError,
     OSError,
 )
@@ -199,16 +202,17 @@ def check_redis(url: str, timeout: float = 3.0) -> None:
         RedisUnavailable: one line naming the cause (unreachable, authentication,
             anything else Redis refused), with the URL redacted.
     """
-    import redis as syncredis
-
     shown = describe_url(url)
     try:
-        client = syncredis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=None
-        )
+        target = parse_redis_url(url)
+        # redis-py checks a server's URL as it makes the client; a cluster client
+        # reads the slot map as it is made (below: it can fail for Redis's reasons).
+        client = sync_client(target, timeout=timeout) if target.topology == "server" else None
     except ValueError as exc:
         raise RedisUnavailable(f"bad --redis URL {shown}: {_scrub(str(exc), url)}") from None
     try:
+        if client is None:
+            client = sync_client(target, timeout=timeout)
         client.ping()
     except redis.exceptions.AuthenticationError as exc:
         cause = f"authentication failed ({_scrub(str(exc), url)})"
@@ -220,12 +224,13 @@ def check_redis(url: str, timeout: float = 3.0) -> None:
             cause = f"authentication failed ({text})"
         else:
             cause = f"refused: {text}"
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+    except REDIS_DOWN as exc:
         cause = f"unreachable ({_scrub(str(exc), url)})"
     else:
         return
     finally:
-        client.close()
+        if client is not None:
+            close_sync_client(client)
     raise RedisUnavailable(f"redis at {shown}: {cause}")
 
 
@@ -265,17 +270,6 @@ class Coalescer:
         return await make()
 
 
-def answer_reason(enough: bool, closing: bool, now: float, due: float) -> str:
-    """Why a parked GET is answered (:data:`~examples.longpoll.feed.REASONS`), judged on
-    the answer itself: ``enough`` data in it, the server stopping, or its wait passed
-    (``now >= due``, as timers judge due times); anything else is early."""
-    if enough:
-        return "data"
-    if closing:
-        return "shutdown"
-    return "timeout" if now >= due else "early"
-
-
 def _collect(task: asyncio.Task[Any]) -> None:
     """Mark a task's error as retrieved: its callers (if any) got it from ``await``."""
     if not task.cancelled():
@@ -304,15 +298,44 @@ class RedisWaiter(PurgatoryWaiter):
     :class:`~aiopurgatory.redis.RedisTriggers`) and starts the health monitor.
 
     Args:
-        url: ``redis://[[user]:password@]host[:port][/db]`` (or ``rediss://``).
+        url: ``redis://[[user]:password@]host[:port][/db]`` (or ``rediss://``), or a
+            Sentinel or Redis Cluster URL (:mod:`examples.longpoll.redisstore`).
         prefix: the prefix of every key and of the trigger channel.
         command_timeout: seconds a command may take before Redis counts as down.
+        replicas: replicas that must have a message before its POST is acknowledged
+            (``WAIT``); default: 0 on one server, 1 on Sentinel and a cluster.
+        replica_timeout: seconds an append waits for them (below ``command_timeout``;
+            default: 1, or half of ``command_timeout`` when that is less).
+
+    Raises:
+        ValueError: a URL of no known kind; ``replicas`` < 0; ``replica_timeout`` not
+            below ``command_timeout``.
     """
 
     name = "purgatory"
 
-    def __init__(self, url: str, *, prefix: str = "longpoll", command_timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "longpoll",
+        command_timeout: float = 2.0,
+        replicas: int | None = None,
+        replica_timeout: float | None = None,
+    ) -> None:
+        self.target = parse_redis_url(url)
+        if replicas is not None and replicas < 0:
+            raise ValueError(f"replicas must be 0 or more, got {replicas}")
+        if replica_timeout is None:
+            replica_timeout = min(1.0, command_timeout / 2)
+        if not 0 < replica_timeout < command_timeout:
+            raise ValueError(
+                f"replica_timeout must be above 0 and below command_timeout "
+                f"({command_timeout}), got {replica_timeout}"
+            )
         super().__init__()
+        self.replicas = self.target.default_replicas if replicas is None else replicas
+        self.replica_timeout = replica_timeout
         self.url = url
         self.prefix = prefix
         self.command_timeout = command_timeout
@@ -358,25 +381,19 @@ class RedisWaiter(PurgatoryWaiter):
         from aiopurgatory.redis import RedisTriggers
 
         await super().__aenter__()
-        pool = aioredis.BlockingConnectionPool.from_url(
-            self.url,
-            max_connections=256,
-            timeout=self.command_timeout,
-            socket_timeout=self.command_timeout,
-            socket_connect_timeout=self.command_timeout,
-            # No retries inside redis-py: call() retries itself, once, on a new
-            # connection, and only what may run twice (reads; appends with a token).
-            retry=Retry(NoBackoff(), 0),
-        )
-        self.client = aioredis.Redis.from_pool(pool)
-        self.append_script = self.client.register_script(APPEND)
+        # No retries inside redis-py (but a cluster's redirections): call() retries
+        # itself, once, on a new connection, and only what may run twice (reads;
+        # appends with a token).
+        self.client = open_client(self.target, timeout=self.command_timeout, max_connections=256)
         self.read_script = self.client.register_script(READ)
-        triggers = RedisTriggers(self.purgatory, self.url, channel=f"{self.prefix}:triggers")
         try:
+            # The library may refuse a URL the example takes (a topology it does not
+            # support): that too must leave nothing open behind.
+            triggers = RedisTriggers(self.purgatory, self.url, channel=f"{self.prefix}:triggers")
             await triggers.__aenter__()
         except BaseException:
             # Redis went away since the start-up check: leave nothing open behind.
-            await self.client.aclose()
+            await close_client(self.client)
             await super().__aexit__(None, None, None)
             raise
         self.triggers = triggers
@@ -405,7 +422,7 @@ class RedisWaiter(PurgatoryWaiter):
             if self.triggers is not None:
                 await self.triggers.aclose()
             if self.client is not None:
-                await self.client.aclose()
+                await close_client(self.client)
         finally:
             await super().__aexit__(exc_type, exc, tb)
 
@@ -463,7 +480,9 @@ class RedisWaiter(PurgatoryWaiter):
             return
         self._dropped_at = now
         assert self.client is not None
-        await self.client.connection_pool.disconnect(inuse_connections=False)
+        pool = getattr(self.client, "connection_pool", None)
+        if pool is not None:  # a cluster client has a pool per node and renews them itself
+            await pool.disconnect(inuse_connections=False)
 
     def mark_down(self, exc: BaseException) -> None:
         self.redis_errors += 1
@@ -536,6 +555,10 @@ class RedisFeed(Feed):
         self._reads = Coalescer()
         self._byte_reads = Coalescer()
         self._catching_up: set[str] = set()
+        #: Topics this process knows to be in the topics set.
+        self._registered: set[str] = set()
+        #: POSTs stored but not confirmed by enough replicas in time (answered 503).
+        self.unreplicated = 0
         #: Requests answered 503 because Redis could not be read or written: ``post``,
         #: ``get`` (a new GET's first read), ``parked`` (a parked GET's read at its end).
         self.unavailable = {"post": 0, "get": 0, "parked": 0}
@@ -581,24 +604,32 @@ class RedisFeed(Feed):
             token, ttl = f"s:{uuid.uuid4().hex}", 60.0
         else:
             token, ttl = f"c:{idempotency_key}", self.settings.idempotency_ttl
-        keys = [w.key(name, "meta"), w.key(name, "log"), f"{w.prefix}:topics"]
-        keys.append(w.key(name, f"idem:{token}"))
+        keys = [w.key(name, "meta"), w.key(name, "log"), w.key(name, f"idem:{token}")]
         args: list[str | bytes | int] = [
-            name,
             body,
             self.settings.retain,
-            self.settings.max_topics,
             token,
             max(1, round(ttl * 1000)),
         ]
         try:
-            reply = await w.call(lambda: w.append_script(keys=keys, args=args), retry=True)
+            if name not in self._registered:
+                await self._register(name)
+            reply, confirmed = await w.call(
+                lambda: append_replicated(
+                    w.client,
+                    APPEND,
+                    keys,
+                    args,
+                    replicas=w.replicas,
+                    replica_timeout=w.replica_timeout,
+                ),
+                retry=True,
+            )
         except FeedError as exc:
-            self.unavailable["post"] += 1
+            if exc.status == 503:
+                self.unavailable["post"] += 1
             raise exc from None
         offset, total, replayed = (int(v) for v in reply)
-        if offset == -1:
-            raise FeedError(409, f"the feed already holds {self.settings.max_topics} topics")
         if offset == -2:
             raise FeedError(422, "this Idempotency-Key was used for another body")
         # The server's own token found: its first attempt stored the message, then
@@ -611,7 +642,35 @@ class RedisFeed(Feed):
         # Stored: tell every process (this one at once) that the topic grew. A replay
         # tells it again: the first one's notice may be what was lost.
         w.triggers.advance(name, total)
+        if confirmed < w.replicas:
+            # On the primary, not yet on enough replicas: not acknowledged (its death
+            # now could lose it). The same Idempotency-Key gets this offset back.
+            self.unreplicated += 1
+            self.unavailable["post"] += 1
+            raise FeedError(
+                503,
+                f"stored but not confirmed by {w.replicas} replica(s) within "
+                f"{w.replica_timeout} s: retry with the same Idempotency-Key",
+            )
         return Appended(offset, replayed=bool(replayed))
+
+    async def _register(self, name: str) -> None:
+        """Add a new topic to the topics set (``max_topics``), once per process: topics
+        are never removed, so a name this process registered stays registered.
+
+        Raises:
+            FeedError: 409 for one topic too many, 503 Redis down.
+        """
+        w = self.redis
+        topics = f"{w.prefix}:topics"
+        client = w.client
+        assert client is not None
+        known = await w.call(
+            lambda: client.eval(REGISTER, 1, topics, name, self.settings.max_topics), retry=True
+        )
+        if not int(known):
+            raise FeedError(409, f"the feed already holds {self.settings.max_topics} topics")
+        self._registered.add(name)
 
     # -- fetching --------------------------------------------------------------------------
 
@@ -679,32 +738,21 @@ class RedisFeed(Feed):
         return view.fetched
 
     async def _wait(self, name: str, wait: float, threshold: int) -> None:
-        if self.parked >= self.settings.max_parked:
-            raise FeedError(503, f"{self.settings.max_parked} requests are waiting already")
         purgatory: ap.Purgatory[Any] = self.redis.purgatory
         # Completes once the topic's watermark reaches the threshold: advance() checks
         # it then and never before; its own check reads the purgatory's watermark.
         op = ap.WatermarkOperation(wait)
-        self.parked += 1
-        self.parked_by_topic[name] = self.parked_by_topic.get(name, 0) + 1
-        try:
-            if not purgatory.try_complete_else_watch(op, {name: threshold}):
-                # A post stored after our read whose notice arrived before the watch
-                # was in place advanced nothing here: read the end again, beside the
-                # wait (a hung Redis must not hold the GET past its wait).
-                self._catch_up(name)
-                await op
-        except asyncio.CancelledError:
-            op.cancel()
-            self.disconnected += 1
-            raise
-        finally:
-            self.parked -= 1
-            left = self.parked_by_topic[name] - 1
-            if left:
-                self.parked_by_topic[name] = left
-            else:
-                del self.parked_by_topic[name]
+        with self.parking(name):
+            try:
+                if not purgatory.try_complete_else_watch(op, {name: threshold}):
+                    # A post stored after our read whose notice arrived before the watch
+                    # was in place advanced nothing here: read the end again, beside the
+                    # wait (a hung Redis must not hold the GET past its wait).
+                    self._catch_up(name)
+                    await op
+            except asyncio.CancelledError:
+                op.cancel()
+                raise
 
     def _catch_up(self, name: str) -> None:
         """Advance the purgatory to the topic's byte count in Redis, in the background;
