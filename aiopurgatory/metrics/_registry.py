@@ -27,6 +27,8 @@ __all__ = [
     "HISTOGRAM_EDGES",
     "Gauge",
     "PurgatorySet",
+    "Registrations",
+    "check_type",
     "gauge_value",
     "outcome_values",
 ]
@@ -197,3 +199,42 @@ class PurgatorySet:
     def histograms(self) -> list[PurgatoryHistograms]:
         """``histograms()`` of every live registered purgatory, sorted by name."""
         return [purgatory.histograms() for purgatory in self.purgatories()]
+
+
+def check_type(name: str, value: object, kind: type, what: str) -> None:
+    """Raise TypeError naming ``name`` unless ``value`` is None or a ``kind``."""
+    if value is not None and not isinstance(value, kind):
+        raise TypeError(f"{name} must be {what} or None, got {type(value).__name__}")
+
+
+class Registrations:
+    """``register``, ``unregister`` and ``purgatories`` of an adapter, over its
+    :class:`PurgatorySet` (``self._purgatories``, set by the adapter)."""
+
+    __slots__ = ()
+    _purgatories: PurgatorySet
+
+    def register(self, purgatory: Purgatory[Any]) -> None:
+        """Report ``purgatory`` from the next collection (scrape) on. Idempotent.
+
+        Raises:
+            TypeError: ``purgatory`` is not a Purgatory.
+            ValueError: another live purgatory with the same name is registered.
+        """
+        self._purgatories.register(purgatory)
+
+    def unregister(self, purgatory: Purgatory[Any]) -> bool:
+        """Stop reporting ``purgatory``.
+
+        Returns:
+            True iff it was registered.
+
+        Raises:
+            TypeError: ``purgatory`` is not a Purgatory.
+        """
+        return self._purgatories.unregister(purgatory)
+
+    @property
+    def purgatories(self) -> list[Purgatory[Any]]:
+        """The live registered purgatories, sorted by name."""
+        return self._purgatories.purgatories()

@@ -78,6 +78,8 @@ from ._registry import (
     GAUGES,
     HISTOGRAM_EDGES,
     PurgatorySet,
+    Registrations,
+    check_type,
     gauge_value,
     outcome_values,
 )
@@ -103,7 +105,7 @@ def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
     return list(zip(_LE, map(float, histogram.cumulative(HISTOGRAM_EDGES)), strict=True))
 
 
-class PurgatoryCollector(Collector):
+class PurgatoryCollector(Registrations, Collector):
     """A Prometheus collector reporting the statistics of registered purgatories.
 
     Purgatories are held by weak references and read only when the registry is
@@ -132,11 +134,7 @@ class PurgatoryCollector(Collector):
         *,
         registry: CollectorRegistry | None = REGISTRY,
     ) -> None:
-        if registry is not None and not isinstance(registry, CollectorRegistry):
-            raise TypeError(
-                f"registry must be a prometheus_client CollectorRegistry or None, "
-                f"got {type(registry).__name__}"
-            )
+        check_type("registry", registry, CollectorRegistry, "a prometheus_client CollectorRegistry")
         self._purgatories = PurgatorySet(purgatories)
         if registry is not None:
             try:
@@ -147,31 +145,6 @@ class PurgatoryCollector(Collector):
                     "PurgatoryCollector per registry and register every purgatory with it "
                     "(collector.register(purgatory))"
                 ) from None
-
-    def register(self, purgatory: Purgatory[Any]) -> None:
-        """Report ``purgatory`` from the next scrape on. Idempotent.
-
-        Raises:
-            TypeError: ``purgatory`` is not a Purgatory.
-            ValueError: another live purgatory with the same name is registered.
-        """
-        self._purgatories.register(purgatory)
-
-    def unregister(self, purgatory: Purgatory[Any]) -> bool:
-        """Stop reporting ``purgatory``.
-
-        Returns:
-            True iff it was registered.
-
-        Raises:
-            TypeError: ``purgatory`` is not a Purgatory.
-        """
-        return self._purgatories.unregister(purgatory)
-
-    @property
-    def purgatories(self) -> list[Purgatory[Any]]:
-        """The live registered purgatories, sorted by name."""
-        return self._purgatories.purgatories()
 
     def describe(self) -> list[Metric]:
         """The metric families this collector produces, without samples.
@@ -267,11 +240,7 @@ class RedisTriggersCollector(Collector):
         *,
         registry: CollectorRegistry | None = REGISTRY,
     ) -> None:
-        if registry is not None and not isinstance(registry, CollectorRegistry):
-            raise TypeError(
-                f"registry must be a prometheus_client CollectorRegistry or None, "
-                f"got {type(registry).__name__}"
-            )
+        check_type("registry", registry, CollectorRegistry, "a prometheus_client CollectorRegistry")
         self._lock = threading.Lock()
         self._triggers: dict[tuple[str, str], weakref.ref[RedisTriggers]] = {}
         for one in triggers:
