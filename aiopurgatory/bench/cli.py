@@ -66,31 +66,6 @@ _LOOP_CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-class _HelpFormatter(argparse.HelpFormatter):
-    """Every option's help ends with its default, unless it says it already.
-
-    Flags that are off unless given, and options that are unset unless given
-    (None), say nothing more: their help says what giving them does.
-    """
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        help_ = action.help or ""
-        default = action.default
-        if (
-            "default" in help_
-            or default is None
-            or default is False
-            or default is argparse.SUPPRESS
-            or not action.option_strings
-        ):
-            return help_
-        if isinstance(default, list | tuple):
-            shown = ",".join(str(x) for x in default)
-        else:
-            shown = "%(default)s"
-        return f"{help_} (default: {shown})"
-
-
 def _parser() -> argparse.ArgumentParser:
     common = Parser(add_help=False)
     common.add_argument(
@@ -133,7 +108,6 @@ def _parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="aiopurgatory bench",
         description="Benchmarks of aiopurgatory against plain asyncio or trio, side by side.",
-        formatter_class=_HelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -143,7 +117,6 @@ def _parser() -> argparse.ArgumentParser:
             parents=[common],
             help=help_,
             description=help_,
-            formatter_class=_HelpFormatter,
         )
 
     p = command("timer", "ap.Timer vs loop.call_later (trio: trio's deadlines)")
