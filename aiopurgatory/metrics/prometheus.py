@@ -53,8 +53,6 @@ Needs the ``prometheus`` extra: ``pip install 'aiopurgatory[prometheus]'``.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +77,7 @@ from ._registry import (
     HISTOGRAM_EDGES,
     PurgatorySet,
     Registrations,
+    WeakRegistry,
     check_type,
     gauge_value,
     outcome_values,
@@ -241,8 +240,9 @@ class RedisTriggersCollector(Collector):
         registry: CollectorRegistry | None = REGISTRY,
     ) -> None:
         check_type("registry", registry, CollectorRegistry, "a prometheus_client CollectorRegistry")
-        self._lock = threading.Lock()
-        self._triggers: dict[tuple[str, str], weakref.ref[RedisTriggers]] = {}
+        self._triggers: WeakRegistry[tuple[str, str], RedisTriggers] = WeakRegistry(
+            self._labels, self._clash
+        )
         for one in triggers:
             self.register(one)
         if registry is not None:
@@ -259,6 +259,13 @@ class RedisTriggersCollector(Collector):
         purgatory = triggers.purgatory
         return (triggers.channel, "" if purgatory is None else purgatory.name)
 
+    @staticmethod
+    def _clash(labels: tuple[str, str]) -> str:
+        return (
+            f"RedisTriggers for channel {labels[0]!r} and purgatory {labels[1]!r} "
+            "are already registered"
+        )
+
     def register(self, triggers: RedisTriggers) -> None:
         """Report ``triggers`` from the next scrape on. Idempotent.
 
@@ -267,16 +274,7 @@ class RedisTriggersCollector(Collector):
             ValueError: other live triggers with the same channel and purgatory
                 name are registered.
         """
-        labels = self._labels(triggers)
-        with self._lock:
-            ref = self._triggers.get(labels)
-            current = None if ref is None else ref()
-            if current is not None and current is not triggers:
-                raise ValueError(
-                    f"RedisTriggers for channel {labels[0]!r} and purgatory {labels[1]!r} "
-                    "are already registered"
-                )
-            self._triggers[labels] = weakref.ref(triggers)
+        self._triggers.register(triggers)
 
     def unregister(self, triggers: RedisTriggers) -> bool:
         """Stop reporting ``triggers``.
@@ -287,25 +285,11 @@ class RedisTriggersCollector(Collector):
         Raises:
             TypeError: ``triggers`` is not a RedisTriggers.
         """
-        labels = self._labels(triggers)
-        with self._lock:
-            ref = self._triggers.get(labels)
-            if ref is None or ref() is not triggers:
-                return False
-            del self._triggers[labels]
-            return True
+        return self._triggers.unregister(triggers)
 
     def _snapshot(self) -> list[RedisTriggersStatistics]:
-        with self._lock:
-            live = []
-            for labels, ref in list(self._triggers.items()):
-                triggers = ref()
-                if triggers is None:
-                    del self._triggers[labels]
-                else:
-                    live.append(triggers)
         return sorted(
-            (triggers.statistics() for triggers in live),
+            (triggers.statistics() for triggers in self._triggers.live()),
             key=lambda stats: (stats.channel, stats.purgatory or ""),
         )
 
