@@ -264,6 +264,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": args.command,
         "machine": _machine(loops),
     }
+
+    def acks() -> dict[str, Any]:
+        # The acks=all workload, alone (--acks-only) or after the Kafka scenarios.
+        return run_acks_suite(
+            _scale_loops(loops),
+            _acks_pendings(args),
+            acks_params(args),
+            args.repeat,
+            runner,
+            impls=args.acks_impls,
+        )
+
     try:
         if args.command == "timer":
             params = {
@@ -276,14 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 loops, dict(params, seed=args.seed), args.repeat, runner
             )
         elif args.command == "purgatory" and args.acks_only:
-            report["acks"] = run_acks_suite(
-                _scale_loops(loops),
-                _acks_pendings(args),
-                acks_params(args),
-                args.repeat,
-                runner,
-                impls=args.acks_impls,
-            )
+            report["acks"] = acks()
         elif args.command == "purgatory":
             if not args.no_headline and headline_loops(loops):
                 # First: the case users have (see aiopurgatory.bench.realistic).
@@ -303,14 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sweep_params=dict(scenarios[0], num=args.sweep_num),
             )
             if _acks_pendings(args) and _scale_loops(loops):
-                report["acks"] = run_acks_suite(
-                    _scale_loops(loops),
-                    _acks_pendings(args),
-                    acks_params(args),
-                    args.repeat,
-                    runner,
-                    impls=args.acks_impls,
-                )
+                report["acks"] = acks()
         elif args.command == "scale":
             report["scale"] = run_scale_suite(
                 _scale_loops(loops),
