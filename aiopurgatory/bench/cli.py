@@ -67,31 +67,6 @@ _LOOP_CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-class _HelpFormatter(argparse.HelpFormatter):
-    """Every option's help ends with its default, unless it says it already.
-
-    Flags that are off unless given, and options that are unset unless given
-    (None), say nothing more: their help says what giving them does.
-    """
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        help_ = action.help or ""
-        default = action.default
-        if (
-            "default" in help_
-            or default is None
-            or default is False
-            or default is argparse.SUPPRESS
-            or not action.option_strings
-        ):
-            return help_
-        if isinstance(default, list | tuple):
-            shown = ",".join(str(x) for x in default)
-        else:
-            shown = "%(default)s"
-        return f"{help_} (default: {shown})"
-
-
 def _parser() -> argparse.ArgumentParser:
     common = Parser(add_help=False)
     common.add_argument(
@@ -134,7 +109,6 @@ def _parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="aiopurgatory bench",
         description="Benchmarks of aiopurgatory against plain asyncio or trio, side by side.",
-        formatter_class=_HelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -144,7 +118,6 @@ def _parser() -> argparse.ArgumentParser:
             parents=[common],
             help=help_,
             description=help_,
-            formatter_class=_HelpFormatter,
         )
 
     p = command("timer", "ap.Timer vs loop.call_later (trio: trio's deadlines)")
@@ -306,6 +279,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": args.command,
         "machine": _machine(loops),
     }
+
+    def acks() -> dict[str, Any]:
+        # The acks=all workload, alone (--acks-only) or after the Kafka scenarios.
+        return run_acks_suite(
+            _scale_loops(loops),
+            _acks_pendings(args),
+            acks_params(args),
+            args.repeat,
+            runner,
+            impls=args.acks_impls,
+        )
+
     try:
         if args.command == "timer":
             params = {
@@ -318,14 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 loops, dict(params, seed=args.seed), args.repeat, runner
             )
         elif args.command == "purgatory" and args.acks_only:
-            report["acks"] = run_acks_suite(
-                _scale_loops(loops),
-                _acks_pendings(args),
-                acks_params(args),
-                args.repeat,
-                runner,
-                impls=args.acks_impls,
-            )
+            report["acks"] = acks()
         elif args.command == "purgatory":
             if not args.no_headline and headline_loops(loops):
                 # First: the case users have (see aiopurgatory.bench.realistic).
@@ -345,14 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sweep_params=dict(scenarios[0], num=args.sweep_num),
             )
             if _acks_pendings(args) and _scale_loops(loops):
-                report["acks"] = run_acks_suite(
-                    _scale_loops(loops),
-                    _acks_pendings(args),
-                    acks_params(args),
-                    args.repeat,
-                    runner,
-                    impls=args.acks_impls,
-                )
+                report["acks"] = acks()
         elif args.command == "scale":
             report["scale"] = run_scale_suite(
                 _scale_loops(loops),

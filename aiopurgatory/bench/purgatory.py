@@ -63,6 +63,7 @@ from ._common import (
     trio_baselines,
 )
 from ._registry import register
+from .hand import HandImpl
 from .workload import OwnTimer, WatchLists, ap_ops, generate, purgatory_inputs
 
 __all__ = [
@@ -149,96 +150,6 @@ class _ApImpl(OwnTimer):
     def outcomes(self) -> tuple[int, int]:
         stats = self.purgatory.statistics()
         return stats.completed, stats.expired
-
-
-class _HandOp:
-    __slots__ = ("deadline", "future", "handle", "keys", "timeout")
-    deadline: float
-    future: asyncio.Future[bool]
-    handle: asyncio.TimerHandle
-    keys: Sequence[Hashable]
-
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
-
-    def try_complete(self) -> bool:  # pragma: no cover - completion "force" never checks
-        return False
-
-
-class _HandFlagOp(_HandOp):
-    __slots__ = ("ready", "ready_at")
-
-    def __init__(self, timeout: float) -> None:
-        super().__init__(timeout)
-        self.ready = False
-        self.ready_at = math.inf
-
-    def try_complete(self) -> bool:
-        return self.ready and not self.future.done()
-
-
-def _hand_clock_op(clock: Callable[[], float]) -> type[_HandFlagOp]:
-    class _HandClockOp(_HandFlagOp):
-        __slots__ = ()
-
-        def try_complete(self) -> bool:
-            return clock() >= self.ready_at and not self.future.done()
-
-    return _HandClockOp
-
-
-class _HandImpl(WatchLists[_HandOp]):
-    """What a careful asyncio programmer writes without a library."""
-
-    def __init__(self, late: list[float], clock: Callable[[], float], completion: str) -> None:
-        super().__init__(late, clock)
-        self.loop = asyncio.get_running_loop()
-        makers: dict[str, Callable[[float], _HandOp]] = {
-            "force": _HandOp,
-            "check": _HandFlagOp,
-            "clock": _hand_clock_op(clock),
-        }
-        self.make = makers[completion]
-
-    def watch(self, op: _HandOp, keys: Sequence[Hashable]) -> None:
-        loop = self.loop
-        op.future = loop.create_future()
-        handle = op.handle = loop.call_later(op.timeout, self._expire, op)
-        op.deadline = handle.when()
-        op.keys = keys
-        oid = id(op)
-        watchers = self.watchers
-        for key in keys:
-            ops = watchers.get(key)
-            if ops is None:
-                watchers[key] = {oid: op}
-            else:
-                ops[oid] = op
-        self.count += 1
-
-    def complete(self, op: _HandOp) -> None:
-        future = op.future
-        if future.done():
-            return
-        op.handle.cancel()
-        self._detach(op)
-        self.completed += 1
-        future.set_result(True)
-
-    def _expire(self, op: _HandOp) -> None:
-        future = op.future
-        if future.done():  # pragma: no cover - complete() cancels the handle first
-            return
-        self.late.append(self.clock() - op.deadline)
-        self._detach(op)
-        self.expired += 1
-        future.set_result(False)
-
-    def poll(self, now: float) -> None:
-        pass
-
-    def next_due(self) -> float:
-        return math.inf
 
 
 class _FloorOp:
@@ -329,7 +240,7 @@ class _FloorImpl(WatchLists[_FloorOp]):
 
 _IMPL_CLASSES: dict[str, Callable[[list[float], Callable[[], float], str], Any]] = {
     "ap": _ApImpl,
-    "hand": _HandImpl,
+    "hand": HandImpl,
     "floor": _FloorImpl,
 }
 

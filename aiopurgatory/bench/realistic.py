@@ -45,7 +45,8 @@ from typing import Any
 
 from ._common import Result, Spec, run_on
 from ._registry import register
-from .workload import OwnTimer, WatchLists, ap_ops, generate, purgatory_inputs
+from .hand import HandFlagOp, HandImpl, HandOp
+from .workload import OwnTimer, ap_ops, generate, purgatory_inputs
 
 __all__ = ["COMPLETIONS", "DEFAULTS", "IMPLS", "run_gc_stall", "run_realistic"]
 
@@ -96,85 +97,26 @@ class _Ap(OwnTimer):
         return stats.completed, stats.expired
 
 
-class _HandOp:
-    __slots__ = ("future", "handle", "keys", "ready", "ready_at", "timeout")
-    future: asyncio.Future[bool]
-    handle: asyncio.TimerHandle
-    keys: Sequence[Hashable]
-
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
-        self.ready = False
-        self.ready_at = math.inf
-
-    def try_complete(self) -> bool:
-        return self.ready and not self.future.done()
-
-
-class _Hand(WatchLists[_HandOp]):
-    """What a careful asyncio programmer writes without a library, awaited by tasks."""
+class _Hand(HandImpl):
+    """The hand-written purgatory (:mod:`.hand`), each op awaited by a task."""
 
     def __init__(self, clock: Callable[[], float], completion: str) -> None:
-        super().__init__([], clock)
-        self.loop = loop = asyncio.get_running_loop()
-        self.create_task = loop.create_task
+        super().__init__([], clock, "clock" if completion == "clock" else "check")
+        self.create_task = self.loop.create_task
         self.outstanding = self.peak = 0
-        if completion == "clock":
 
-            class ClockOp(_HandOp):
-                __slots__ = ()
-
-                def try_complete(self) -> bool:
-                    return clock() >= self.ready_at and not self.future.done()
-
-            self.make: Callable[[float], _HandOp] = ClockOp
-        else:
-            self.make = _HandOp
-
-    def watch(self, op: _HandOp, keys: Sequence[Hashable]) -> None:
+    def watch(self, op: HandOp, keys: Sequence[Hashable]) -> None:
         self.outstanding += 1
         if self.outstanding > self.peak:
             self.peak = self.outstanding
         self.create_task(self._request(op, keys))
 
-    async def _request(self, op: _HandOp, keys: Sequence[Hashable]) -> None:
-        loop = self.loop
-        future = op.future = loop.create_future()
-        op.handle = loop.call_later(op.timeout, self._expire, op)
-        op.keys = keys
-        oid = id(op)
-        watchers = self.watchers
-        for key in keys:
-            ops = watchers.get(key)
-            if ops is None:
-                watchers[key] = {oid: op}
-            else:
-                ops[oid] = op
-        self.count += 1
+    async def _request(self, op: HandOp, keys: Sequence[Hashable]) -> None:
+        HandImpl.watch(self, op, keys)
         try:
-            await future
+            await op.future
         finally:
             self.outstanding -= 1
-
-    def complete(self, op: _HandOp) -> None:
-        future = op.future
-        if future.done():
-            return
-        op.handle.cancel()
-        self._detach(op)
-        self.completed += 1
-        future.set_result(True)
-
-    def _expire(self, op: _HandOp) -> None:
-        self._detach(op)
-        self.expired += 1
-        op.future.set_result(False)
-
-    def poll(self, now: float) -> None:
-        pass
-
-    def next_due(self) -> float:
-        return math.inf
 
 
 class _NullOp:
@@ -344,7 +286,7 @@ async def _gc_stall(impl: str, pending: int, rounds: int) -> Result:
     else:
         lists: dict[int, dict[int, Any]] = {}
         for i in range(pending):
-            op = _HandOp(timeout)
+            op = HandFlagOp(timeout)
             op.future = loop.create_future()
             op.handle = loop.call_later(timeout, op.future.cancel)
             op.keys = (i % 1000,)

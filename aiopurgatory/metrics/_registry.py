@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from .. import Outcome, Purgatory, PurgatoryHistograms, PurgatoryStatistics
 
@@ -27,6 +27,9 @@ __all__ = [
     "HISTOGRAM_EDGES",
     "Gauge",
     "PurgatorySet",
+    "Registrations",
+    "WeakRegistry",
+    "check_type",
     "gauge_value",
     "outcome_values",
 ]
@@ -126,68 +129,102 @@ def outcome_values(stats: PurgatoryStatistics) -> list[tuple[str, int]]:
     return [(outcome.value, getattr(stats, outcome.value)) for outcome in Outcome]
 
 
+_K = TypeVar("_K")
+_T = TypeVar("_T")
+
+
+class WeakRegistry(Generic[_K, _T]):
+    """Objects by key, held by weak references: what an adapter reports on.
+
+    ``key(obj)`` checks an object (raising TypeError) and gives its key; two live
+    objects with one key would be two series with the same labels, invalid in
+    Prometheus and silently merged in OpenTelemetry: ``clash(key)`` says so.
+    """
+
+    __slots__ = ("_clash", "_key", "_lock", "_refs")
+
+    def __init__(self, key: Callable[[_T], _K], clash: Callable[[_K], str]) -> None:
+        self._key = key
+        self._clash = clash
+        self._lock = threading.Lock()
+        self._refs: dict[_K, weakref.ref[_T]] = {}
+
+    def register(self, obj: _T) -> None:
+        """Hold ``obj`` (idempotent); ValueError if another live one has its key."""
+        key = self._key(obj)
+        with self._lock:
+            ref = self._refs.get(key)
+            current = None if ref is None else ref()
+            if current is obj:
+                return
+            if current is not None:
+                raise ValueError(self._clash(key))
+            self._refs[key] = weakref.ref(obj)
+
+    def unregister(self, obj: _T) -> bool:
+        """Forget ``obj``; True iff it was held."""
+        key = self._key(obj)
+        with self._lock:
+            ref = self._refs.get(key)
+            if ref is None or ref() is not obj:
+                return False
+            del self._refs[key]
+            return True
+
+    def live(self) -> list[_T]:
+        """The objects still alive, in registration order (pruning dead references)."""
+        live: list[_T] = []
+        with self._lock:
+            dead = []
+            for key, ref in self._refs.items():
+                obj = ref()
+                if obj is None:
+                    dead.append(key)
+                else:
+                    live.append(obj)
+            for key in dead:
+                del self._refs[key]
+        return live
+
+
+def _purgatory_name(purgatory: Purgatory[Any]) -> str:
+    if not isinstance(purgatory, Purgatory):
+        raise TypeError(
+            f"purgatory must be an aiopurgatory.Purgatory, got {type(purgatory).__name__}"
+        )
+    return purgatory.name
+
+
+def _name_clash(name: str) -> str:
+    hint = (
+        " (the default name): name each one, e.g. Purgatory('produce')"
+        if name == "purgatory"
+        else ": give each purgatory its own name"
+    )
+    return f"purgatory: another purgatory named {name!r} is already registered{hint}"
+
+
 class PurgatorySet:
     """Registered purgatories by name, held by weak references."""
 
-    __slots__ = ("_lock", "_refs")
+    __slots__ = ("_registry",)
 
     def __init__(self, purgatories: Iterable[Purgatory[Any]] = ()) -> None:
-        self._lock = threading.Lock()
-        self._refs: dict[str, weakref.ref[Purgatory[Any]]] = {}
+        self._registry: WeakRegistry[str, Purgatory[Any]] = WeakRegistry(
+            _purgatory_name, _name_clash
+        )
         for purgatory in purgatories:
             self.register(purgatory)
 
     def register(self, purgatory: Purgatory[Any]) -> None:
-        if not isinstance(purgatory, Purgatory):
-            raise TypeError(
-                f"purgatory must be an aiopurgatory.Purgatory, got {type(purgatory).__name__}"
-            )
-        name = purgatory.name
-        with self._lock:
-            ref = self._refs.get(name)
-            current = ref() if ref is not None else None
-            if current is purgatory:
-                return
-            if current is not None:
-                # Two series with the same labels would be invalid (Prometheus) or
-                # silently merged (OpenTelemetry).
-                hint = (
-                    " (the default name): name each one, e.g. Purgatory('produce')"
-                    if name == "purgatory"
-                    else ": give each purgatory its own name"
-                )
-                raise ValueError(
-                    f"purgatory: another purgatory named {name!r} is already registered{hint}"
-                )
-            self._refs[name] = weakref.ref(purgatory)
+        self._registry.register(purgatory)
 
     def unregister(self, purgatory: Purgatory[Any]) -> bool:
-        if not isinstance(purgatory, Purgatory):
-            raise TypeError(
-                f"purgatory must be an aiopurgatory.Purgatory, got {type(purgatory).__name__}"
-            )
-        with self._lock:
-            ref = self._refs.get(purgatory.name)
-            if ref is None or ref() is not purgatory:
-                return False
-            del self._refs[purgatory.name]
-            return True
+        return self._registry.unregister(purgatory)
 
     def purgatories(self) -> list[Purgatory[Any]]:
         """The live registered purgatories, sorted by name (pruning dead references)."""
-        live: list[Purgatory[Any]] = []
-        with self._lock:
-            dead = []
-            for name, ref in self._refs.items():
-                purgatory = ref()
-                if purgatory is None:
-                    dead.append(name)
-                else:
-                    live.append(purgatory)
-            for name in dead:
-                del self._refs[name]
-        live.sort(key=lambda p: p.name)
-        return live
+        return sorted(self._registry.live(), key=lambda p: p.name)
 
     def snapshot(self) -> list[PurgatoryStatistics]:
         """``statistics()`` of every live registered purgatory, sorted by name."""
@@ -197,3 +234,42 @@ class PurgatorySet:
     def histograms(self) -> list[PurgatoryHistograms]:
         """``histograms()`` of every live registered purgatory, sorted by name."""
         return [purgatory.histograms() for purgatory in self.purgatories()]
+
+
+def check_type(name: str, value: object, kind: type, what: str) -> None:
+    """Raise TypeError naming ``name`` unless ``value`` is None or a ``kind``."""
+    if value is not None and not isinstance(value, kind):
+        raise TypeError(f"{name} must be {what} or None, got {type(value).__name__}")
+
+
+class Registrations:
+    """``register``, ``unregister`` and ``purgatories`` of an adapter, over its
+    :class:`PurgatorySet` (``self._purgatories``, set by the adapter)."""
+
+    __slots__ = ()
+    _purgatories: PurgatorySet
+
+    def register(self, purgatory: Purgatory[Any]) -> None:
+        """Report ``purgatory`` from the next collection (scrape) on. Idempotent.
+
+        Raises:
+            TypeError: ``purgatory`` is not a Purgatory.
+            ValueError: another live purgatory with the same name is registered.
+        """
+        self._purgatories.register(purgatory)
+
+    def unregister(self, purgatory: Purgatory[Any]) -> bool:
+        """Stop reporting ``purgatory``.
+
+        Returns:
+            True iff it was registered.
+
+        Raises:
+            TypeError: ``purgatory`` is not a Purgatory.
+        """
+        return self._purgatories.unregister(purgatory)
+
+    @property
+    def purgatories(self) -> list[Purgatory[Any]]:
+        """The live registered purgatories, sorted by name."""
+        return self._purgatories.purgatories()

@@ -65,7 +65,16 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
     ) from exc
 
 from .. import Histogram, Outcome, Purgatory, PurgatoryHistograms
-from ._registry import ADVANCES, GAUGES, Gauge, PurgatorySet, gauge_value, outcome_values
+from ._registry import (
+    ADVANCES,
+    GAUGES,
+    Gauge,
+    PurgatorySet,
+    Registrations,
+    check_type,
+    gauge_value,
+    outcome_values,
+)
 
 __all__ = ["METER_NAME", "QUANTILES", "PurgatoryInstruments"]
 
@@ -84,7 +93,7 @@ def _quantiles(histogram: Histogram, attributes: dict[str, str]) -> list[Observa
     ]
 
 
-class PurgatoryInstruments:
+class PurgatoryInstruments(Registrations):
     """OpenTelemetry observable instruments reporting registered purgatories.
 
     The instruments are created once, in the constructor; purgatories can be
@@ -109,11 +118,9 @@ class PurgatoryInstruments:
         *,
         meter_provider: MeterProvider | None = None,
     ) -> None:
-        if meter_provider is not None and not isinstance(meter_provider, MeterProvider):
-            raise TypeError(
-                f"meter_provider must be an opentelemetry MeterProvider or None, "
-                f"got {type(meter_provider).__name__}"
-            )
+        check_type(
+            "meter_provider", meter_provider, MeterProvider, "an opentelemetry MeterProvider"
+        )
         from .. import __version__
 
         self._purgatories = PurgatorySet(purgatories)
@@ -159,31 +166,6 @@ class PurgatoryInstruments:
             unit="s",
             description="Lateness percentiles of the expiries since the last collection.",
         )
-
-    def register(self, purgatory: Purgatory[Any]) -> None:
-        """Report ``purgatory`` from the next collection on. Idempotent.
-
-        Raises:
-            TypeError: ``purgatory`` is not a Purgatory.
-            ValueError: another live purgatory with the same name is registered.
-        """
-        self._purgatories.register(purgatory)
-
-    def unregister(self, purgatory: Purgatory[Any]) -> bool:
-        """Stop reporting ``purgatory``.
-
-        Returns:
-            True iff it was registered.
-
-        Raises:
-            TypeError: ``purgatory`` is not a Purgatory.
-        """
-        return self._purgatories.unregister(purgatory)
-
-    @property
-    def purgatories(self) -> list[Purgatory[Any]]:
-        """The live registered purgatories, sorted by name."""
-        return self._purgatories.purgatories()
 
     def _observer(self, gauge: Gauge) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:

@@ -53,8 +53,6 @@ Needs the ``prometheus`` extra: ``pip install 'aiopurgatory[prometheus]'``.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +76,9 @@ from ._registry import (
     GAUGES,
     HISTOGRAM_EDGES,
     PurgatorySet,
+    Registrations,
+    WeakRegistry,
+    check_type,
     gauge_value,
     outcome_values,
 )
@@ -103,7 +104,7 @@ def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
     return list(zip(_LE, map(float, histogram.cumulative(HISTOGRAM_EDGES)), strict=True))
 
 
-class PurgatoryCollector(Collector):
+class PurgatoryCollector(Registrations, Collector):
     """A Prometheus collector reporting the statistics of registered purgatories.
 
     Purgatories are held by weak references and read only when the registry is
@@ -132,11 +133,7 @@ class PurgatoryCollector(Collector):
         *,
         registry: CollectorRegistry | None = REGISTRY,
     ) -> None:
-        if registry is not None and not isinstance(registry, CollectorRegistry):
-            raise TypeError(
-                f"registry must be a prometheus_client CollectorRegistry or None, "
-                f"got {type(registry).__name__}"
-            )
+        check_type("registry", registry, CollectorRegistry, "a prometheus_client CollectorRegistry")
         self._purgatories = PurgatorySet(purgatories)
         if registry is not None:
             try:
@@ -147,31 +144,6 @@ class PurgatoryCollector(Collector):
                     "PurgatoryCollector per registry and register every purgatory with it "
                     "(collector.register(purgatory))"
                 ) from None
-
-    def register(self, purgatory: Purgatory[Any]) -> None:
-        """Report ``purgatory`` from the next scrape on. Idempotent.
-
-        Raises:
-            TypeError: ``purgatory`` is not a Purgatory.
-            ValueError: another live purgatory with the same name is registered.
-        """
-        self._purgatories.register(purgatory)
-
-    def unregister(self, purgatory: Purgatory[Any]) -> bool:
-        """Stop reporting ``purgatory``.
-
-        Returns:
-            True iff it was registered.
-
-        Raises:
-            TypeError: ``purgatory`` is not a Purgatory.
-        """
-        return self._purgatories.unregister(purgatory)
-
-    @property
-    def purgatories(self) -> list[Purgatory[Any]]:
-        """The live registered purgatories, sorted by name."""
-        return self._purgatories.purgatories()
 
     def describe(self) -> list[Metric]:
         """The metric families this collector produces, without samples.
@@ -267,13 +239,10 @@ class RedisTriggersCollector(Collector):
         *,
         registry: CollectorRegistry | None = REGISTRY,
     ) -> None:
-        if registry is not None and not isinstance(registry, CollectorRegistry):
-            raise TypeError(
-                f"registry must be a prometheus_client CollectorRegistry or None, "
-                f"got {type(registry).__name__}"
-            )
-        self._lock = threading.Lock()
-        self._triggers: dict[tuple[str, str], weakref.ref[RedisTriggers]] = {}
+        check_type("registry", registry, CollectorRegistry, "a prometheus_client CollectorRegistry")
+        self._triggers: WeakRegistry[tuple[str, str], RedisTriggers] = WeakRegistry(
+            self._labels, self._clash
+        )
         for one in triggers:
             self.register(one)
         if registry is not None:
@@ -290,6 +259,13 @@ class RedisTriggersCollector(Collector):
         purgatory = triggers.purgatory
         return (triggers.channel, "" if purgatory is None else purgatory.name)
 
+    @staticmethod
+    def _clash(labels: tuple[str, str]) -> str:
+        return (
+            f"RedisTriggers for channel {labels[0]!r} and purgatory {labels[1]!r} "
+            "are already registered"
+        )
+
     def register(self, triggers: RedisTriggers) -> None:
         """Report ``triggers`` from the next scrape on. Idempotent.
 
@@ -298,16 +274,7 @@ class RedisTriggersCollector(Collector):
             ValueError: other live triggers with the same channel and purgatory
                 name are registered.
         """
-        labels = self._labels(triggers)
-        with self._lock:
-            ref = self._triggers.get(labels)
-            current = None if ref is None else ref()
-            if current is not None and current is not triggers:
-                raise ValueError(
-                    f"RedisTriggers for channel {labels[0]!r} and purgatory {labels[1]!r} "
-                    "are already registered"
-                )
-            self._triggers[labels] = weakref.ref(triggers)
+        self._triggers.register(triggers)
 
     def unregister(self, triggers: RedisTriggers) -> bool:
         """Stop reporting ``triggers``.
@@ -318,25 +285,11 @@ class RedisTriggersCollector(Collector):
         Raises:
             TypeError: ``triggers`` is not a RedisTriggers.
         """
-        labels = self._labels(triggers)
-        with self._lock:
-            ref = self._triggers.get(labels)
-            if ref is None or ref() is not triggers:
-                return False
-            del self._triggers[labels]
-            return True
+        return self._triggers.unregister(triggers)
 
     def _snapshot(self) -> list[RedisTriggersStatistics]:
-        with self._lock:
-            live = []
-            for labels, ref in list(self._triggers.items()):
-                triggers = ref()
-                if triggers is None:
-                    del self._triggers[labels]
-                else:
-                    live.append(triggers)
         return sorted(
-            (triggers.statistics() for triggers in live),
+            (triggers.statistics() for triggers in self._triggers.live()),
             key=lambda stats: (stats.channel, stats.purgatory or ""),
         )
 

@@ -43,7 +43,7 @@ from typing import Any
 from .._clitools import OutputDir, Parser, Steps, UsageError, fail, require
 from ..events import EVENT, SCHEMA_VERSIONS
 from .schema import CORRUPT_COLUMN, EVENT_FIELDS, FACT_COLUMNS, OUTCOMES, event_schema
-from .session import DEFAULT_MASTER
+from .session import add_session_options, parse_conf
 from .tables import BINS_PER_DECADE, MALFORMED_DETAIL_LIMIT, AnalysisResult, Quality
 
 __all__ = [
@@ -601,34 +601,46 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("events", nargs="+", help="event log files, directories or globs (any URI)")
     p.add_output_dir()
-    p.add_argument(
-        "--master",
-        default=DEFAULT_MASTER,
-        help="Spark master: local[*] (default), local[N], spark://host:port, yarn, k8s://..., "
-        "or sc://host:port (Spark Connect)",
-    )
-    p.add_argument("--interval", type=float, default=1.0, help="rollup interval, seconds")
-    p.add_argument("--top", type=int, default=20, help="hot keys per ranking (report and table)")
-    p.add_argument("--no-report", action="store_true", help="tables only (no report.md, no plots)")
-    p.add_argument(
-        "--conf",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a Spark setting (repeatable)",
-    )
+    add_session_options(p)
+    add_analysis_options(p)
     return p
 
 
-def parse_conf(items: Sequence[str]) -> dict[str, str]:
-    """``KEY=VALUE`` strings -> dict; raises ValueError naming a bad item."""
-    conf = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--conf: expected KEY=VALUE, got {item!r}")
-        conf[key] = value
-    return conf
+def add_analysis_options(parser: argparse.ArgumentParser) -> None:
+    """``--interval``, ``--top`` and ``--no-report``: what :func:`analyze_facts` takes
+    from the command line (``analyze`` and ``replay``); checked by
+    :func:`check_analysis_options`."""
+    parser.add_argument("--interval", type=float, default=1.0, help="rollup interval, seconds")
+    parser.add_argument(
+        "--top", type=int, default=20, help="hot keys per ranking (report and table)"
+    )
+    parser.add_argument(
+        "--no-report", action="store_true", help="tables only (no report.md, no plots)"
+    )
+
+
+def analysis_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The :func:`analyze_facts` keywords that :func:`add_analysis_options` reads
+    (``interval``, ``top``, ``report``).
+
+    Raises:
+        UsageError: ``--interval`` is not > 0, or ``--top`` is < 1.
+    """
+    if not args.interval > 0 or args.top < 1:
+        raise UsageError("--interval must be > 0 and --top >= 1")
+    return {"interval": args.interval, "top": args.top, "report": not args.no_report}
+
+
+def print_result(result: AnalysisResult, output: OutputDir, steps: Steps) -> None:
+    """Point ``result`` at the committed ``output`` directory, add the steps' times
+    and print the summary (the end of ``analyze`` and ``replay``)."""
+    from .report import print_summary
+
+    result.out = output.path
+    if result.report is not None:
+        result.report = output.path / result.report.name
+    result.seconds = dict(steps.seconds)
+    print_summary(result)
 
 
 def _not_event_logs(paths: Sequence[str], limit: int = 1000) -> str | None:
@@ -666,8 +678,7 @@ def main(argv: list[str]) -> int:
     prog = "aiopurgatory analyze"
     args = _build_parser().parse_args(argv)
     try:
-        if not args.interval > 0 or args.top < 1:
-            raise UsageError("--interval must be > 0 and --top >= 1")
+        options = analysis_options(args)
         conf = parse_conf(args.conf)
         require(
             ["pyspark", "pandas", "pyarrow", "rich", *([] if args.no_report else ["matplotlib"])],
@@ -692,7 +703,6 @@ def main(argv: list[str]) -> int:
         return fail(prog, exc)
     except ConnectionError as exc:  # MasterUnreachableError
         return fail(prog, exc, 1)
-    from .report import print_summary
     from .session import cli_session, spark_path
 
     steps = Steps(prog)
@@ -725,17 +735,11 @@ def main(argv: list[str]) -> int:
             spark,
             out / "facts",
             out,
-            interval=args.interval,
-            top=args.top,
+            **options,
             quality=quality,
-            report=not args.no_report,
             extra={"inputs": ", ".join(args.events)},
             steps=steps,
         )
         output.commit(argv)
-    result.out = output.path
-    if result.report is not None:
-        result.report = output.path / result.report.name
-    result.seconds = dict(steps.seconds)
-    print_summary(result)
+    print_result(result, output, steps)
     return 0

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._clitools import OutputDir, Parser, Steps, UsageError, fail, require
-from .analyze import analyze_facts
+from .analyze import add_analysis_options, analysis_options, analyze_facts, print_result
 from .replay_core import _REQUEST_COLUMNS, ReplayParams, parse_sweep, replay_table
 from .schema import TRACE_COLUMNS
-from .session import _URI_SCHEME, DEFAULT_MASTER
+from .session import _URI_SCHEME, add_session_options, parse_conf
 from .trace import check_trace_columns
 
 if TYPE_CHECKING:
@@ -527,12 +527,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tick", default="0.001", help="timer tick(s), seconds")
     p.add_argument("--wheel-size", default="20", help="timing wheel size(s)")
-    p.add_argument(
-        "--master",
-        default=DEFAULT_MASTER,
-        help="Spark master: local[*] (default), local[N], spark://host:port, yarn, k8s://..., "
-        "or sc://host:port (Spark Connect)",
-    )
+    add_session_options(p)
     p.add_argument(
         "--local",
         action="store_true",
@@ -553,16 +548,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "share); 'spark' = through Spark (CSV traces, s3a:// and other URIs); 'auto' "
         "(default) = 'files' when it can",
     )
-    p.add_argument("--interval", type=float, default=1.0, help="rollup interval, seconds")
-    p.add_argument("--top", type=int, default=20, help="hot keys per ranking (report and table)")
-    p.add_argument("--no-report", action="store_true", help="tables only (no report.md, no plots)")
-    p.add_argument(
-        "--conf",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a Spark setting (repeatable)",
-    )
+    add_analysis_options(p)
     return p
 
 
@@ -585,21 +571,22 @@ def _write_scenarios(param_sets: Sequence[ReplayParams], path: Path) -> None:
     (path / "_SUCCESS").touch()
 
 
-def _checked(args: argparse.Namespace, prog: str) -> tuple[list[ReplayParams], dict[str, str], str]:
+def _checked(
+    args: argparse.Namespace, prog: str
+) -> tuple[list[ReplayParams], dict[str, str], dict[str, Any], str]:
     """Every check that can fail before any work: the parameter sets, the Spark
-    settings and the data path (``files`` or ``spark``, or ``local``).
+    settings, the analysis options and the data path (``files`` or ``spark``, or
+    ``local``).
 
     Raises:
         UsageError, ValueError: one line saying what is wrong.
     """
-    from .analyze import parse_conf
     from .session import check_master, is_connect, missing_inputs
     from .trace import inspect_trace
 
     param_sets = parse_sweep(args.timeout, args.min_insync, args.tick, args.wheel_size)
     conf = parse_conf(args.conf)
-    if not args.interval > 0 or args.top < 1:
-        raise UsageError("--interval must be > 0 and --top >= 1")
+    options = analysis_options(args)
     spark_needed = not (args.local and args.facts_only)
     modules = ["numpy", "pyarrow", "pandas"]
     if spark_needed:
@@ -631,7 +618,7 @@ def _checked(args: argparse.Namespace, prog: str) -> tuple[list[ReplayParams], d
                 f"replication ({replication}: a leader and {replication - 1} followers): no "
                 f"acks=all request could complete; give at most {replication}"
             )
-    return param_sets, conf, io
+    return param_sets, conf, options, io
 
 
 def main(argv: list[str]) -> int:
@@ -639,7 +626,7 @@ def main(argv: list[str]) -> int:
     prog = "aiopurgatory replay"
     args = _build_parser().parse_args(argv)
     try:
-        param_sets, conf, io = _checked(args, prog)
+        param_sets, conf, options, io = _checked(args, prog)
         output = OutputDir(
             args.out, overwrite=args.overwrite, inputs=[args.trace], command="replay"
         )
@@ -712,10 +699,8 @@ def main(argv: list[str]) -> int:
             spark,
             out / "facts",
             out,
-            interval=args.interval,
-            top=args.top,
+            **options,
             title="aiopurgatory trace replay",
-            report=not args.no_report,
             extra={
                 "trace": f"{args.trace} ({requests:,} requests)",
                 "scenarios": len(param_sets),
@@ -726,11 +711,5 @@ def main(argv: list[str]) -> int:
             steps=steps,
         )
         output.commit(argv)
-    from .report import print_summary
-
-    result.out = output.path
-    if result.report is not None:
-        result.report = output.path / result.report.name
-    result.seconds = dict(steps.seconds)
-    print_summary(result)
+    print_result(result, output, steps)
     return 0

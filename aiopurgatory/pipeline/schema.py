@@ -55,18 +55,24 @@ EVENT_FIELDS: Final[dict[str, str]] = {
 FACT_COLUMNS: Final[dict[str, str]] = {
     "scenario": "string",
     "source": "string",
-    "purgatory": "string",
-    "op_id": "string",
-    "op_type": "string",
-    "keys": "array<string>",
-    "timeout": "double",
-    "watched_at": "double",
-    "finished_at": "double",
-    "outcome": "string",
-    "error": "string",
-    "wait": "double",
-    "lateness": "double",
-    "ts": "double",
+    # An event's fields keep their types (one declaration of each: EVENT_FIELDS).
+    **{
+        name: EVENT_FIELDS[name]
+        for name in (
+            "purgatory",
+            "op_id",
+            "op_type",
+            "keys",
+            "timeout",
+            "watched_at",
+            "finished_at",
+            "outcome",
+            "error",
+            "wait",
+            "lateness",
+            "ts",
+        )
+    },
 }
 
 #: A request trace: name -> Spark SQL type. ``acks`` is 0, 1 or -1 (all);

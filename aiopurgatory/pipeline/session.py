@@ -17,6 +17,7 @@ pipeline's tasks run its code on the executors, which must have it installed
 
 from __future__ import annotations
 
+import argparse
 import glob
 import ipaddress
 import os
@@ -36,6 +37,7 @@ __all__ = [
     "PROBE_TIMEOUT",
     "MasterUnreachableError",
     "SparkSetupError",
+    "add_session_options",
     "check_executors",
     "check_master",
     "check_reachable",
@@ -44,6 +46,7 @@ __all__ = [
     "is_connect",
     "master_endpoints",
     "missing_inputs",
+    "parse_conf",
     "spark_path",
 ]
 
@@ -91,6 +94,35 @@ def check_master(master: str) -> None:
             "spark://host:port, sc://host:port, yarn or k8s://..."
         )
     master_endpoints(master)
+
+
+def add_session_options(parser: argparse.ArgumentParser) -> None:
+    """``--master`` and ``--conf``: the Spark session of a command (``analyze``,
+    ``replay``), as :func:`cli_session` takes them (``--conf`` through :func:`parse_conf`)."""
+    parser.add_argument(
+        "--master",
+        default=DEFAULT_MASTER,
+        help="Spark master: local[*] (default), local[N], spark://host:port, yarn, k8s://..., "
+        "or sc://host:port (Spark Connect)",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting (repeatable)",
+    )
+
+
+def parse_conf(items: Sequence[str]) -> dict[str, str]:
+    """``KEY=VALUE`` strings -> dict; raises ValueError naming a bad item."""
+    conf = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--conf: expected KEY=VALUE, got {item!r}")
+        conf[key] = value
+    return conf
 
 
 def is_connect(master: str) -> bool:

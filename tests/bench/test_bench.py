@@ -330,7 +330,10 @@ def test_cli_help_describes_every_flag_and_shows_its_default(
     assert "(default: both)" in text  # --loop
     assert "(default: 3)" in text  # --repeat
     [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    formatter = bench_cli._HelpFormatter("aiopurgatory bench")
+    # The bench CLI's parsers format help with the commands' shared formatter.
+    from aiopurgatory._clitools import _HelpFormatter
+
+    formatter = _HelpFormatter("aiopurgatory bench")
     for action in sub.choices[command]._actions:
         if not action.option_strings or action.dest == "help":
             continue

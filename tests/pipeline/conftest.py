@@ -4,10 +4,19 @@ one local standalone cluster for the tests that need it.
 Spark sessions take seconds to start, so every Spark test shares this one
 (``local[2]``, loopback only, UI off, 2 shuffle partitions, the venv's python
 for workers; see :func:`aiopurgatory.pipeline.session.get_spark`).
+
+Every JVM the tests start (this process's driver, the drivers of the commands run
+in subprocesses, the cluster's daemons and executors) runs with :data:`FAST_JVM`:
+the client compiler only and the serial collector. A Spark JVM spends most of a
+short job compiling itself and collecting with threads the 2 cores do not have;
+with these options an ``aiopurgatory analyze`` of 1,500 events took 37 CPU seconds
+instead of 74 here. The options change how fast the JVM gets, never what Spark
+computes.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +26,27 @@ from aiopurgatory.pipeline.cluster import LocalCluster, java_missing
 
 pytest.importorskip("pyspark")
 pytest.importorskip("pandas")
+
+#: JVM options of every Spark JVM of the tests (see the module's docstring).
+FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fast_spark_jvms() -> Iterator[None]:
+    # Drivers read PYSPARK_SUBMIT_ARGS when they launch their JVM (the library
+    # only sets it when absent: keep its log4j2 file); subprocesses inherit it.
+    # Executors of local masters live in the driver's JVM; those of a cluster
+    # get the options from the cluster (java_options) or from the driver's conf.
+    from aiopurgatory.pipeline.session import _LOG4J2
+
+    submit_args = (
+        f'--driver-java-options "-Dlog4j2.configurationFile={_LOG4J2.as_uri()} {FAST_JVM}" '
+        f'--conf "spark.executor.extraJavaOptions={FAST_JVM}" pyspark-shell'
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        if "PYSPARK_SUBMIT_ARGS" not in os.environ:
+            patch.setenv("PYSPARK_SUBMIT_ARGS", submit_args)
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +65,9 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     the tests did (see :mod:`aiopurgatory.pipeline.cluster`)."""
     if java_missing():
         pytest.skip("Java is missing (no java on PATH, no JAVA_HOME): cannot start Spark")
-    cluster = LocalCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=1)
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=1, java_options=FAST_JVM
+    )
     cluster.start()
     try:
         yield cluster

@@ -5,7 +5,8 @@ Workers of one core each and a Spark Connect server, all on 127.0.0.1). Every
 job runs in a subprocess through the ``aiopurgatory`` CLI, as a user runs it (a
 process has one classic Spark driver, and a Connect session switches the whole
 process to Connect mode). Results are compared row for row with the same command
-on ``local[*]``, which proves the executors imported and ran this package.
+run in this process on the tests' shared ``local[2]`` session (conftest.py; no
+driver JVM of its own), which proves the executors imported and ran this package.
 
 Also: a Worker (with its executor) killed by SIGKILL in the middle of a replay,
 after which Spark reruns the lost tasks and the facts are still exactly the
@@ -29,6 +30,7 @@ import textwrap
 import time
 import venv
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -107,35 +109,42 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"trace": trace, "events": events, "root": root}
 
 
+def _argv(command: str, inputs: dict[str, Path], master: str, out: Path) -> list[str]:
+    """``replay`` (the trace, both timeouts, no report) or ``analyze`` (the events)."""
+    if command == "replay":
+        argv = ["replay", str(inputs["trace"]), "--timeout", TIMEOUTS, "--no-report"]
+    else:
+        argv = ["analyze", str(inputs["events"])]
+    return [*argv, "--out", str(out), "--master", master]
+
+
 def _replay(inputs: dict[str, Path], master: str, out: Path) -> subprocess.CompletedProcess[str]:
-    return _cli(
-        "replay",
-        str(inputs["trace"]),
-        "--out",
-        str(out),
-        "--timeout",
-        TIMEOUTS,
-        "--master",
-        master,
-        "--no-report",
-    )
+    return _cli(*_argv("replay", inputs, master, out))
 
 
 def _analyze(inputs: dict[str, Path], master: str, out: Path) -> subprocess.CompletedProcess[str]:
-    return _cli("analyze", str(inputs["events"]), "--out", str(out), "--master", master)
+    return _cli(*_argv("analyze", inputs, master, out))
+
+
+def _in_process(command: str, inputs: dict[str, Path], out: Path) -> None:
+    """The command on the shared local session (the CLI takes the active session:
+    no driver JVM of its own)."""
+    from aiopurgatory.cli import main as cli
+
+    assert cli(_argv(command, inputs, "local[2]", out)) == 0
 
 
 @pytest.fixture(scope="module")
-def local_replay(inputs: dict[str, Path]) -> Path:
+def local_replay(spark: Any, inputs: dict[str, Path]) -> Path:
     out = inputs["root"] / "replay-local"
-    _ok(_replay(inputs, "local[*]", out))
+    _in_process("replay", inputs, out)
     return out
 
 
 @pytest.fixture(scope="module")
-def local_analysis(inputs: dict[str, Path]) -> Path:
+def local_analysis(spark: Any, inputs: dict[str, Path]) -> Path:
     out = inputs["root"] / "analysis-local"
-    _ok(_analyze(inputs, "local[*]", out))
+    _in_process("analyze", inputs, out)
     return out
 
 
@@ -288,6 +297,16 @@ KILL_DRIVER = textwrap.dedent(
 )
 
 
+@pytest.fixture(scope="module")
+def kill_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pd.DataFrame]:
+    """The trace both kill tests replay, and its single-process replay (rows as
+    :func:`_rows` gives them): made once, as both tests replay the same."""
+    trace = write_trace(
+        generate_trace(KILL_SPEC), tmp_path_factory.mktemp("kill") / "trace.parquet"
+    )
+    return trace, _rows(replay_trace(read_trace_pandas(trace), KILL_SWEEP, source="kill"))
+
+
 def _replay_stage_busy(ui: str) -> bool:
     """True while the replay stage (``KILL_TASKS`` tasks) runs a task on each executor
     (one core each), read from the driver's REST API."""
@@ -301,9 +320,12 @@ def _replay_stage_busy(ui: str) -> bool:
 
 @pytest.mark.parametrize("io", ["spark", "files"])
 def test_a_worker_killed_mid_replay_changes_nothing(
-    io: str, spark_cluster: LocalCluster, tmp_path: Path
+    io: str,
+    spark_cluster: LocalCluster,
+    kill_trace: tuple[Path, pd.DataFrame],
+    tmp_path: Path,
 ) -> None:
-    trace = write_trace(generate_trace(KILL_SPEC), tmp_path / "trace.parquet")
+    trace, want = kill_trace
     out = tmp_path / "facts"
     port = _free_port()
     ui = f"http://127.0.0.1:{port}"
@@ -345,7 +367,6 @@ def test_a_worker_killed_mid_replay_changes_nothing(
     # The driver saw the executor go and reran its tasks on the other one.
     assert "Lost executor" in stderr
     got = _rows(out)
-    want = _rows(replay_trace(read_trace_pandas(trace), KILL_SWEEP, source="kill"))
     # Spark's Parquet has narrower integer types than pandas: compare values.
     pd.testing.assert_frame_equal(got, want, check_exact=True, check_dtype=False)
     assert len(got) == len(KILL_SWEEP) * KILL_SPEC.requests

@@ -27,6 +27,7 @@ from aiopurgatory.pipeline.cluster import ClusterError, LocalCluster, _start_tic
         ({"workers": 1.5}, TypeError, "workers must be an int"),
         ({"cores": True}, TypeError, "cores must be an int"),
         ({"timeout": 0}, ValueError, "timeout must be"),
+        ({"java_options": ["-Xmx1g"]}, TypeError, "java_options must be a str"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, object], error: type[Exception], match: str) -> None:
