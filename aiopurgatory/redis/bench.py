@@ -41,8 +41,9 @@ import redis.asyncio as aioredis
 
 import aiopurgatory as ap
 
+from ._partitions import DEFAULT_PARTITIONS, Partitions
 from ._triggers import RedisTriggers
-from ._wire import Batch, encode
+from ._wire import Batch, Key, encode
 
 __all__ = ["main"]
 
@@ -64,6 +65,15 @@ def _emit(**fields: Any) -> None:
     sys.stdout.flush()
 
 
+async def _routed(triggers: RedisTriggers, keys: list[Key]) -> None:
+    """Wait until the partitions of ``keys`` (watched directly) are subscribed and
+    their catch-up (a read, and a check of each key) is done."""
+    subscriber = triggers._subscriber
+    assert subscriber is not None
+    while not subscriber.covers(keys) or not triggers._reader.idle:  # noqa: ASYNC110
+        await asyncio.sleep(0.005)
+
+
 class _Done(ap.DelayedOperation):
     """Completes when checked once armed: by the publisher's last trigger."""
 
@@ -81,7 +91,7 @@ async def _subscriber(url: str, parked: int, keys: int) -> None:
             purgatory.try_complete_else_watch(ap.WatermarkOperation(3600), {f"k{i % keys}": 10**15})
         done = _Done(3600)
         finished = asyncio.ensure_future(purgatory.watch(done, [_DONE]))
-        await asyncio.sleep(0)
+        await _routed(triggers, [_DONE, *{f"k{i % keys}" for i in range(parked)}])
         done.armed = True
         cpu = time.process_time()
         _emit(event="ready")
@@ -103,12 +113,14 @@ async def _publisher(url: str, triggers_n: int, batch: int, keys: int) -> None:
             # per trigger, with a message as RedisTriggers would send (from
             # another sender id, so that the subscriber applies it).
             client = aioredis.from_url(url)
+            channel_of = Partitions(_CHANNEL, DEFAULT_PARTITIONS).channel
             try:
                 wire = Batch()
                 for i in range(triggers_n):
                     wire.advances.clear()
                     wire.advances[names[i % keys]] = i
-                    await client.publish(_CHANNEL, encode("floor", wire))
+                    key = names[i % keys]
+                    await client.publish(channel_of(key), encode("floor", wire))
             finally:
                 await client.aclose()
         elif batch == 0:
