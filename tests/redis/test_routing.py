@@ -70,8 +70,8 @@ def test_a_bad_partition_count_is_refused(value: Any, error: type[Exception]) ->
 
 @pytest.mark.parametrize("argument", ["linger", "sweep_interval"])
 def test_bad_durations_are_refused(argument: str) -> None:
+    options: dict[str, Any] = {argument: 0}
     with pytest.raises(ValueError, match=argument):
-        options: dict[str, Any] = {argument: 0}
         RedisTriggers(None, "redis://127.0.0.1:1", **options)
 
 
