@@ -252,5 +252,10 @@ class Sender:
             replies = await self.link.execute(*missing)
         for reply in replies:
             if isinstance(reply, Exception):
+                # An error reply (READONLY from a primary demoted by a failover,
+                # LOADING from one restarting...): the next attempt takes a new
+                # connection, which a Sentinel-managed pool points at the
+                # current primary.
+                await self.link.drop()
                 raise reply
         self.published += len(commands)

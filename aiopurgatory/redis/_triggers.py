@@ -55,6 +55,7 @@ from ._publisher import ADVANCE_SCRIPT, ADVANCE_SHA, MAX_MESSAGE_TRIGGERS, Sende
 from ._reader import WatermarkReader
 from ._redact import Redactor, describe_url
 from ._subscriber import Subscriber
+from ._topology import Target, describe_pool, target_for_url
 from ._wire import Key, Value, check_key, check_value
 
 __all__ = [
@@ -211,10 +212,13 @@ class RedisTriggers:
         purgatory: the local purgatory to apply triggers to, or None for a
             publisher only (it does not subscribe).
         url_or_client: a Redis URL (``redis://[[user]:password@]host[:port][/db]``,
-            ``rediss://`` for TLS, ``unix://``; redis-py's ``from_url``) or a
-            ``redis.asyncio.Redis`` client. Of a client passed in, only its
-            connection settings are used (its pool is the application's: the
-            instance opens its own connections); it is not closed.
+            ``rediss://`` for TLS, ``unix://``; redis-py's ``from_url``), a
+            Sentinel-managed primary's
+            (``redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]``,
+            ``rediss+sentinel://`` for TLS), or a ``redis.asyncio.Redis``
+            client (a Sentinel-managed one too). Of a client passed in, only
+            its connection settings are used (its pool is the application's:
+            the instance opens its own connections); it is not closed.
         channel: the Redis channel (default ``"aiopurgatory"``); processes that
             share triggers use the same one. Its partitions' channels are
             ``{<tag>}<channel>:t`` and its watermarks are stored under
@@ -315,24 +319,24 @@ class RedisTriggers:
             try:
                 # Only the URL's settings are used (see _connection_factory): no
                 # connection is ever taken from this pool.
-                pool = aioredis.ConnectionPool.from_url(
-                    url_or_client, socket_connect_timeout=call_timeout
-                )
+                target = target_for_url(url_or_client, call_timeout)
             except ValueError as exc:
                 raise ValueError(
                     f"url_or_client: not a usable Redis URL ({self._redactor.error(exc)})"
                 ) from None
+            self._where = target.where or self._where
         elif isinstance(url_or_client, aioredis.Redis):
-            pool = url_or_client.connection_pool
-            kwargs = pool.connection_kwargs
+            target = Target(url_or_client.connection_pool, "")
+            kwargs = target.pool.connection_kwargs
             self._redactor = Redactor(kwargs.get("password"))
-            self._where = _describe_client(kwargs)
+            self._where = describe_pool(target.pool) or _describe_client(kwargs)
         else:
             raise TypeError(
                 "url_or_client must be a Redis URL (str) or a redis.asyncio.Redis client, "
                 f"got {type(url_or_client).__name__}"
             )
-        self._pool: aioredis.ConnectionPool = pool
+        self._target = target
+        self._pool: aioredis.ConnectionPool = target.pool
         self._purgatory = purgatory
         self._advance_local: Callable[[Hashable, float], int] | None = (
             None if purgatory is None else purgatory.advance
@@ -731,9 +735,11 @@ class RedisTriggers:
         return await self._subscriber.subscribe()
 
     async def _close_connections(self) -> None:
-        """Close the sender's and the reader's connections (the subscriber's is apart)."""
+        """Close the sender's and the reader's connections (the subscriber's is apart),
+        and the clients made to ask the sentinels."""
         await self._sender.link.drop()
         await self._reader.drop()
+        await self._target.aclose()
 
     def _task_ended(self, task: asyncio.Task[None]) -> None:
         # The loops end only when aclose() cancels them; anything else is a bug,
