@@ -126,7 +126,13 @@ class Subscriber:
         self._to_subscribe: set[int] = set()
         self._to_unsubscribe: set[int] = set()
         self._changed = asyncio.Event()
-        self._key_partition: dict[Key, int] = {}  # the sweep's cache
+        # The sweep's view: the purgatory's keys at the last sweep, the partition
+        # of each, how many of them each partition holds, and since when a
+        # wanted partition has held none (released after ``linger``).
+        self._swept: set[Any] = set()
+        self._key_partition: dict[Key, int] = {}
+        self._key_count: dict[int, int] = {}
+        self._idle: dict[int, float] = {}
 
         self.connection: Any = None
         self.connected = False
@@ -165,9 +171,13 @@ class Subscriber:
         wanted = self._wanted
         confirmed = self._confirmed
         ready: list[Key] = []
+        count = self._key_count
+        idle = self._idle
         for key in keys:
             n = of(key)
             wanted[n] = now
+            if n not in count:
+                idle[n] = now  # released after linger unless the sweep finds its key
             if n in confirmed:
                 ready.append(key)
             else:
@@ -186,34 +196,55 @@ class Subscriber:
         waiting[key] = None
 
     def sweep(self) -> None:
-        """Subscribe the partitions of keys watched directly; release the idle ones."""
+        """Subscribe the partitions of keys watched directly; release the idle ones.
+
+        The purgatory's keys are compared with the last sweep's as sets (C loops);
+        only the keys that came or went since are looked at one by one, so a
+        sweep over many watched keys that did not change costs little.
+        """
         purgatory = self._purgatory
         if purgatory.closed:
             return
         now = asyncio.get_running_loop().time()
-        cache = self._key_partition
-        of = self._partitions.of
+        keys = set(purgatory.keys())
+        swept = self._swept
+        partition_of_key = self._key_partition
+        count = self._key_count
+        idle = self._idle
         wanted = self._wanted
-        confirmed = self._confirmed
-        seen: dict[Key, int] = {}
-        for key in wire_keys(purgatory.keys()):
-            n = cache.get(key)
+        for key in swept - keys:
+            n = partition_of_key.pop(key, None)
             if n is None:
-                n = of(key)
-            seen[key] = n
+                continue  # a key that cannot cross the wire
+            left = count[n] - 1
+            if left:
+                count[n] = left
+            else:
+                del count[n]
+                idle[n] = now
+        of = self._partitions.of
+        confirmed = self._confirmed
+        for key in wire_keys(keys - swept):
+            n = partition_of_key[key] = of(key)
+            count[n] = count.get(n, 0) + 1
+            idle.pop(n, None)
             wanted[n] = now
             if n not in confirmed:
                 self._wait(n, key)
-        self._key_partition = seen  # the cache holds the keys watched now, no more
-        idle = [n for n, last in wanted.items() if now - last > self._linger]
-        for n in idle:
-            del wanted[n]
-            self._waiting.pop(n, None)
-            self._to_subscribe.discard(n)
-            if n in confirmed or self._subscribing.get(n):
-                confirmed.discard(n)
-                self._to_unsubscribe.add(n)
-                self._changed.set()
+        self._swept = keys
+        linger = self._linger
+        for n in [n for n, since in idle.items() if now - since > linger]:
+            del idle[n]
+            self._release(n)
+
+    def _release(self, n: int) -> None:
+        self._wanted.pop(n, None)
+        self._waiting.pop(n, None)
+        self._to_subscribe.discard(n)
+        if n in self._confirmed or self._subscribing.get(n):
+            self._confirmed.discard(n)
+            self._to_unsubscribe.add(n)
+            self._changed.set()
 
     # -- the task ------------------------------------------------------------------------
 

@@ -53,6 +53,8 @@ def target_for_url(url: str, timeout: float) -> Target:
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in _SENTINEL_SCHEMES:
         return _sentinel(url, _SENTINEL_SCHEMES[scheme], timeout)
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        raise ValueError("Redis Cluster is not supported yet (see docs/distributed.md, Topologies)")
     pool = aioredis.ConnectionPool.from_url(url, socket_connect_timeout=timeout)
     return Target(pool, "")
 

@@ -247,7 +247,7 @@ class RedisTriggers:
             key is gone (default 5), so that short-lived keys do not subscribe
             and unsubscribe each time.
         sweep_interval: seconds between two looks at the purgatory's watched
-            keys (default 0.1): a key watched on the purgatory directly, not
+            keys (default 0.25): a key watched on the purgatory directly, not
             through :meth:`watch`, has its partition subscribed within that
             long (and is then checked once, so no trigger is lost), and idle
             partitions are released.
@@ -273,7 +273,7 @@ class RedisTriggers:
         command_timeout: float = 5.0,
         partitions: int = DEFAULT_PARTITIONS,
         linger: float = 5.0,
-        sweep_interval: float = 0.1,
+        sweep_interval: float = 0.25,
         logger: Any | None = None,
     ) -> None:
         if current_backend() == "trio":
@@ -331,9 +331,12 @@ class RedisTriggers:
             self._redactor = Redactor(kwargs.get("password"))
             self._where = describe_pool(target.pool) or _describe_client(kwargs)
         else:
+            given: object = url_or_client  # type: ignore[unreachable]
+            kind = type(given).__name__
             raise TypeError(
                 "url_or_client must be a Redis URL (str) or a redis.asyncio.Redis client, "
-                f"got {type(url_or_client).__name__}"
+                f"got {kind}"
+                + (" (Redis Cluster is not supported yet)" if kind == "RedisCluster" else "")
             )
         self._target = target
         self._pool: aioredis.ConnectionPool = target.pool
