@@ -11,7 +11,7 @@ import aiopurgatory as ap
 from aiopurgatory.redis import RedisTriggers
 from aiopurgatory.redis.testing import RedisServer
 from tests.redis_helpers import Worker, encode_key
-from tests.test_redis import eventually, gate_reconnects, subscribers
+from tests.test_redis import eventually, gate_reconnects, routed, subscribers
 
 pytestmark = pytest.mark.realtime
 
@@ -36,7 +36,7 @@ async def test_thresholds_across_two_processes(redis_server: RedisServer, worker
                 asyncio.ensure_future(purgatory.watch(x, {b"x": 2})),
                 asyncio.ensure_future(purgatory.watch(seven, {7: 1.5})),
             ]
-            await asyncio.sleep(0)
+            await routed(triggers, b"x", 7)  # watched directly: found by the sweep
             await worker.request("advance", key=encode_key(b"x"), value=1)
             await worker.request("advance", key=encode_key("7"), value=2)  # a str: not 7
             await worker.request("flush")
