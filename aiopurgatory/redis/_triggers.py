@@ -51,9 +51,9 @@ from .._operation import Outcome
 from .._purgatory import Purgatory
 from ._link import CONNECTION_ERRORS, CONNECTION_LOST, Link, closed_transport
 from ._partitions import DEFAULT_PARTITIONS, Partitions, check_partitions
-from ._publisher import ADVANCE_SCRIPT, ADVANCE_SHA, MAX_MESSAGE_TRIGGERS, Sender
+from ._publisher import MAX_MESSAGE_TRIGGERS, Sender
 from ._reader import WatermarkReader
-from ._redact import Redactor, describe_url
+from ._redact import Redactor, describe_client, describe_url, url_password
 from ._subscriber import Subscriber
 from ._topology import Target, describe_pool, target_for_url
 from ._wire import Key, Value, check_key, check_value
@@ -70,10 +70,6 @@ __all__ = [
 
 #: The channel used when none is given.
 DEFAULT_CHANNEL: Final = "aiopurgatory"
-
-# Kept under these names for the code that imported them from here.
-_ADVANCE_SCRIPT: Final = ADVANCE_SCRIPT
-_ADVANCE_SHA: Final = ADVANCE_SHA
 
 # Kept under these names for the tests and the code that imported them from here.
 _CONNECTION_ERRORS: Final = CONNECTION_ERRORS
@@ -314,7 +310,7 @@ class RedisTriggers:
 
         self._id = f"{os.getpid()}-{secrets.token_hex(4)}"
         if isinstance(url_or_client, str):
-            self._redactor = Redactor(_url_password(url_or_client))
+            self._redactor = Redactor(url_password(url_or_client))
             self._where = describe_url(url_or_client)
             try:
                 # Only the URL's settings are used (see _connection_factory): no
@@ -329,7 +325,7 @@ class RedisTriggers:
             target = Target(url_or_client.connection_pool, "")
             kwargs = target.pool.connection_kwargs
             self._redactor = Redactor(kwargs.get("password"))
-            self._where = describe_pool(target.pool) or _describe_client(kwargs)
+            self._where = describe_pool(target.pool) or describe_client(kwargs)
         else:
             given: object = url_or_client  # type: ignore[unreachable]
             kind = type(given).__name__
@@ -804,23 +800,3 @@ class RedisTriggers:
         )
         connection_class = pool.connection_class
         return lambda: connection_class(**options)
-
-
-def _url_password(url: str) -> str | None:
-    from urllib.parse import unquote, urlsplit
-
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        return None
-    return None if password is None else unquote(password)
-
-
-def _describe_client(kwargs: dict[str, Any]) -> str:
-    if "path" in kwargs:
-        where = f"unix://{kwargs['path']}"
-    else:
-        where = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
-    user = kwargs.get("username") or ""
-    auth = f"{user}:***@" if kwargs.get("password") else (f"{user}@" if user else "")
-    return f"redis://{auth}{where}/{kwargs.get('db', 0)}"
