@@ -74,25 +74,25 @@ def partition_of(key: Key, count: int) -> int:
     return zlib.crc32(redis_key(b"", key)) % count
 
 
+# Tag candidates: the 65,536 strings of four letters from "@ABCDEFGHIJKLMNO"
+# (printable, no braces), in order; their CRC16s hit every one of the 16,384 slots.
+_TAG_LETTERS: Final = range(0x40, 0x50)
+
+
 @functools.cache
 def _tags(count: int) -> tuple[bytes, ...]:
     """One hash tag per partition, partition ``n``'s slot in the ``n``-th run of slots.
 
-    Deterministic (for each partition, the first fitting candidate of ``b"0",
-    b"1", ...``), so every process and version computes the same tags. The
-    candidates are hashed by C loops (``map``), about 0.3 s for 16,384
-    partitions, once per process.
+    Deterministic (for each partition, the first fitting candidate), so every
+    process and version computes the same tags. The candidates are hashed by C
+    loops (``map``): about 0.1 s once per process.
     """
-    tried = 12 * count
-    while True:
-        candidates = [str(i).encode("ascii") for i in range(tried)]
-        slots = map(binascii.crc_hqx, candidates, itertools.repeat(0))
-        runs = [(slot % SLOTS) * count // SLOTS for slot in slots]
-        # dict() keeps the last value per run: fed in reverse, the first candidate.
-        first = dict(zip(reversed(runs), reversed(candidates), strict=True))
-        if len(first) == count:
-            return tuple(first[n] for n in range(count))
-        tried *= 2
+    candidates = [bytes(letters) for letters in itertools.product(_TAG_LETTERS, repeat=4)]
+    slots = map(binascii.crc_hqx, candidates, itertools.repeat(0))
+    runs = [(slot % SLOTS) * count // SLOTS for slot in slots]
+    # dict() keeps the last value per run: fed in reverse, the first candidate.
+    first = dict(zip(reversed(runs), reversed(candidates), strict=True))
+    return tuple(first[n] for n in range(count))
 
 
 class Partitions:
