@@ -105,20 +105,32 @@ class Partitions:
         instance: this process's instance id (names its canary channel).
     """
 
-    __slots__ = ("_by_channel", "_prefixes", "canary", "channels", "control", "count")
+    __slots__ = ("_by_channel", "_channels", "_name", "_prefixes", "canary", "control", "count")
 
     def __init__(self, channel: str, count: int, instance: str = "") -> None:
-        name = channel.encode("utf-8", "surrogatepass")
+        self._name = name = channel.encode("utf-8", "surrogatepass")
         self.count = count
-        tags = _tags(count)
-        #: Partition n's channel.
-        self.channels: tuple[bytes, ...] = tuple(b"{" + t + b"}" + name + b":t" for t in tags)
-        self._prefixes: tuple[bytes, ...] = tuple(b"{" + t + b"}" + name + b":wm:" for t in tags)
-        self._by_channel = {channel: n for n, channel in enumerate(self.channels)}
+        # Built at first use (a process's first watch or publish): the tags take
+        # about 0.1 s once per process, which a start need not wait for.
+        self._channels: tuple[bytes, ...] | None = None
+        self._prefixes: tuple[bytes, ...] = ()
+        self._by_channel: dict[bytes, int] = {}
         #: The control channel (the channel's name).
         self.control = name
         #: This process's canary channel.
         self.canary = name + b":canary:" + instance.encode("ascii")
+
+    @property
+    def channels(self) -> tuple[bytes, ...]:
+        """Partition n's channel, for each n."""
+        channels = self._channels
+        if channels is None:
+            name = self._name
+            tags = _tags(self.count)
+            channels = self._channels = tuple(b"{" + t + b"}" + name + b":t" for t in tags)
+            self._prefixes = tuple(b"{" + t + b"}" + name + b":wm:" for t in tags)
+            self._by_channel = {channel: n for n, channel in enumerate(channels)}
+        return channels
 
     def of(self, key: Key) -> int:
         """``key``'s partition."""
@@ -130,12 +142,16 @@ class Partitions:
 
     def stored_key(self, key: Key) -> bytes:
         """The Redis key holding ``key``'s watermark."""
-        return redis_key(self._prefixes[self.of(key)], key)
+        return redis_key(self.prefix(self.of(key)), key)
 
     def prefix(self, partition: int) -> bytes:
         """The prefix of the Redis keys of ``partition``'s watermarks."""
+        if self._channels is None:
+            self.channels  # noqa: B018  # builds them
         return self._prefixes[partition]
 
     def partition_of_channel(self, channel: bytes) -> int | None:
         """The partition whose channel is ``channel``, or None (control, canary, other)."""
+        if self._channels is None:
+            return None  # no partition subscribed yet
         return self._by_channel.get(channel)

@@ -22,7 +22,6 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 __all__ = ["Target", "describe_pool", "target_for_url"]
 
@@ -60,6 +59,8 @@ def target_for_url(url: str, timeout: float) -> Target:
 
 
 def _sentinel(url: str, tls: bool, timeout: float) -> Target:
+    from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+
     parts = urlsplit(url)
     netloc = parts.netloc.rsplit("@", 1)
     username = password = None
@@ -105,6 +106,8 @@ def _sentinel(url: str, tls: bool, timeout: float) -> Target:
 
 def describe_pool(pool: aioredis.ConnectionPool) -> str | None:
     """How to show a Sentinel-managed pool (None for any other: shown by its settings)."""
+    from redis.asyncio.sentinel import SentinelConnectionPool
+
     if isinstance(pool, SentinelConnectionPool):
         manager = pool.sentinel_manager
         seeds = ",".join(
