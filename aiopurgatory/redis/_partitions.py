@@ -127,9 +127,12 @@ class Partitions:
         if channels is None:
             name = self._name
             tags = _tags(self.count)
-            channels = self._channels = tuple(b"{" + t + b"}" + name + b":t" for t in tags)
+            channels = tuple(b"{" + t + b"}" + name + b":t" for t in tags)
             self._prefixes = tuple(b"{" + t + b"}" + name + b":wm:" for t in tags)
             self._by_channel = {channel: n for n, channel in enumerate(channels)}
+            # Set last: a SyncPublisher's other threads see all three, or build
+            # them too (the same values).
+            self._channels = channels
         return channels
 
     def of(self, key: Key) -> int:

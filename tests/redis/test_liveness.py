@@ -50,7 +50,10 @@ async def test_a_deaf_subscription_is_found_by_its_canary_and_renewed(
     async with sub, RedisTriggers(None, real.url, channel="c") as pub:
         op = ap.WatermarkOperation(30)
         waiting = asyncio.ensure_future(sub.watch(op, {"k": 1}))
-        await asyncio.sleep(0.05)
+        # Subscribed (on the stale server) and caught up (from the real one)
+        # before the advance: only the renewed subscription can bring it.
+        subscriber = sub._subscriber
+        await eventually(lambda: subscriber.covers(["k"]) and sub._reader.idle)
         loop = asyncio.get_running_loop()
         started = loop.time()
         pub.advance("k", 1)
