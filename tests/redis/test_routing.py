@@ -238,14 +238,16 @@ async def test_a_sync_publisher_publishes_on_the_same_partition_channels(
                 asyncio.ensure_future(sub.watch(checked, [42])),
             ]
             await eventually(lambda: sub.statistics().subscribed >= 1)
-            await eventually(
-                lambda: sub._subscriber is not None and sub._subscriber.covers([b"raw", 42])
-            )
+            subscriber = sub._subscriber
+            assert subscriber is not None
+            # Subscribed and caught up before the triggers: they must come through.
+            await eventually(lambda: subscriber.covers([b"raw", 42]) and sub._reader.idle)
             ready = True
             await asyncio.to_thread(publisher.advance, b"raw", 5)
             await asyncio.to_thread(publisher.check_and_complete, 42)
             outcomes = await asyncio.wait_for(asyncio.gather(*waiting), 5)
             assert outcomes == [ap.Outcome.COMPLETED] * 2
-            assert sub.statistics().received == 2
+            # Both came through the partition channels (not only the catch-up).
+            await eventually(lambda: sub.statistics().received == 2)
     finally:
         publisher.close()
