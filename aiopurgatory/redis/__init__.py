@@ -25,6 +25,7 @@ from ._redact import describe_url
 from ._sync import SyncPublisher
 from ._triggers import (
     DEFAULT_CHANNEL,
+    DEFAULT_PARTITIONS,
     MAX_MESSAGE_TRIGGERS,
     RedisTriggers,
     RedisTriggersClosedError,
@@ -34,6 +35,7 @@ from ._triggers import (
 
 __all__ = [
     "DEFAULT_CHANNEL",
+    "DEFAULT_PARTITIONS",
     "MAX_MESSAGE_TRIGGERS",
     "RedisTriggers",
     "RedisTriggersClosedError",

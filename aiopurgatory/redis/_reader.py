@@ -8,7 +8,10 @@ of its own, from one task:
   an advance that reached this process before the watch (when nothing here kept
   it) is not missed. The watch does not wait for the read: it waits for its
   operation, which the read may complete. So a slow or hung Redis never holds a
-  caller past its operation's timeout.
+  caller past its operation's timeout. Keys whose partition had to be subscribed
+  first (:mod:`._subscriber`) are also *checked* once after the read: a plain
+  trigger published before the subscription was confirmed is not state, and
+  checking makes it good.
 * **resync** (:meth:`request_resync`): after the subscription (re)starts, every
   watched key is read and advanced, then checked once (plain triggers are not
   state: one missed while unsubscribed is made good by checking).
@@ -32,7 +35,7 @@ from typing import Any, Final
 
 from .._purgatory import Purgatory
 from ._link import CONNECTION_ERRORS
-from ._wire import Key, Value, parse_stored, redis_key, wire_keys
+from ._wire import Key, Value, parse_stored, wire_keys
 
 __all__ = ["READ_CHUNK", "WatermarkReader"]
 
@@ -46,7 +49,7 @@ class WatermarkReader:
     Args:
         purgatory: the local purgatory (None for a publisher only: fetches only).
         link: the connection it reads on (no one else uses it).
-        prefix: the channel's watermark key prefix.
+        stored_key: the Redis key of a key's stored watermark.
         backoff: the wait before the n-th retry (n from 1), in seconds.
         record_error: records a failure in the owner's statistics; returns its
             redacted text.
@@ -55,16 +58,18 @@ class WatermarkReader:
 
     __slots__ = (
         "_backoff",
+        "_busy",
+        "_checks",
         "_failures",
         "_fetches",
         "_keys",
         "_kick",
         "_link",
         "_logger",
-        "_prefix",
         "_purgatory",
         "_record_error",
         "_resync",
+        "_stored_key",
         "_wakeup",
         "completed",
         "read_errors",
@@ -76,7 +81,7 @@ class WatermarkReader:
         self,
         purgatory: Purgatory[Any] | None,
         link: Any,
-        prefix: bytes,
+        stored_key: Callable[[Key], bytes],
         *,
         backoff: Callable[[int], float],
         record_error: Callable[[BaseException], str],
@@ -84,14 +89,16 @@ class WatermarkReader:
     ) -> None:
         self._purgatory = purgatory
         self._link = link
-        self._prefix = prefix
+        self._stored_key = stored_key
         self._backoff = backoff
         self._record_error = record_error
         self._logger = logger
         # What the next round trip reads (dicts as ordered sets).
         self._keys: dict[Key, None] = {}
+        self._checks: dict[Key, None] = {}  # read, then checked once
         self._fetches: dict[Key, list[asyncio.Future[Value | None]]] = {}
         self._resync = False
+        self._busy = False  # a round trip is in flight
         self._failures = 0  # reads failed since the last one that succeeded
         self._wakeup = asyncio.Event()  # work is waiting
         self._kick = asyncio.Event()  # end a backoff now
@@ -102,9 +109,13 @@ class WatermarkReader:
 
     # -- requests (any task of the loop) ------------------------------------------------
 
-    def want(self, keys: Iterable[Key]) -> None:
-        """Read ``keys``' stored watermarks soon and apply them (for a new watch)."""
-        self._keys.update(dict.fromkeys(keys))
+    def want(self, keys: Iterable[Key], *, check: bool = False) -> None:
+        """Read ``keys``' stored watermarks soon and apply them (for a new watch).
+
+        With ``check``, each key is also checked once after the read (its
+        partition was subscribed just now: a plain trigger may have been missed).
+        """
+        (self._checks if check else self._keys).update(dict.fromkeys(keys))
         self._wakeup.set()
 
     def fetch(self, key: Key) -> asyncio.Future[Value | None]:
@@ -120,6 +131,15 @@ class WatermarkReader:
         self._resync = True
         self._wakeup.set()
         self._kick.set()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is asked for or being read."""
+        return not (self._keys or self._checks or self._fetches or self._resync or self._busy)
+
+    def cancel_resync(self) -> None:
+        """Forget a resync asked for (one was just served)."""
+        self._resync = False
 
     async def drop(self) -> None:
         """Close its connection (at close; a later read would open a new one)."""
@@ -141,13 +161,15 @@ class WatermarkReader:
         while True:
             await wakeup.wait()
             wakeup.clear()
-            while self._keys or self._fetches or self._resync:
+            while self._keys or self._checks or self._fetches or self._resync:
                 keys, self._keys = self._keys, {}
+                checks, self._checks = self._checks, {}
                 fetches, self._fetches = self._fetches, {}
                 resync, self._resync = self._resync, False
                 self._kick.clear()
+                self._busy = True
                 try:
-                    await self.serve(keys, fetches, resync=resync)
+                    await self.serve(keys, fetches, resync=resync, checks=checks)
                 except asyncio.CancelledError:
                     # Closing: the fetches in flight are failed with the others
                     # (fail_fetches), not left waiting forever.
@@ -155,8 +177,10 @@ class WatermarkReader:
                         self._fetches.setdefault(key, []).extend(futures)
                     raise
                 except Exception as exc:
-                    self._failed(exc, keys, fetches, resync=resync)
+                    self._failed(exc, keys, fetches, resync=resync, checks=checks)
                     await self._pause(self._backoff(self._failures))
+                finally:
+                    self._busy = False
 
     async def serve(
         self,
@@ -164,8 +188,10 @@ class WatermarkReader:
         fetches: dict[Key, list[asyncio.Future[Value | None]]] | None = None,
         *,
         resync: bool = False,
+        checks: Iterable[Key] = (),
     ) -> None:
-        """One round trip for ``keys``, the ``fetches`` and, if ``resync``, every watched key.
+        """One round trip for ``keys``, ``checks``, the ``fetches`` and, if ``resync``,
+        every watched key; then ``checks`` (every watched key if ``resync``) are checked.
 
         Raises:
             Exception: the read failed (nothing was applied; fetches untouched).
@@ -174,6 +200,8 @@ class WatermarkReader:
         watched = wire_keys(purgatory.keys()) if resync and purgatory is not None else []
         wanted = dict.fromkeys(watched)
         wanted.update(dict.fromkeys(keys))
+        checks = list(checks)
+        wanted.update(dict.fromkeys(checks))
         if fetches:
             wanted.update(dict.fromkeys(fetches))
         order = list(wanted)
@@ -196,19 +224,19 @@ class WatermarkReader:
         for key, value in zip(order, values, strict=True):
             if value is not None:
                 completed += advance(key, value)
+        # Plain triggers are not state: one missed while unsubscribed is made
+        # good by checking the key once.
+        check = purgatory.check_and_complete
+        for key in watched if resync else checks:
+            completed += check(key)
         if resync:
-            # Plain triggers are not state: one missed while unsubscribed is
-            # made good by checking every watched key once.
-            check = purgatory.check_and_complete
-            for key in watched:
-                completed += check(key)
             self.resyncs += 1
         self.completed += completed
 
     async def _read(self, keys: list[Key]) -> list[Value | None]:
-        prefix = self._prefix
+        stored_key = self._stored_key
         commands = [
-            ("MGET", *[redis_key(prefix, key) for key in keys[start : start + READ_CHUNK]])
+            ("MGET", *[stored_key(key) for key in keys[start : start + READ_CHUNK]])
             for start in range(0, len(keys), READ_CHUNK)
         ]
         replies = await self._link.execute(*commands)
@@ -227,6 +255,7 @@ class WatermarkReader:
         fetches: dict[Key, list[asyncio.Future[Value | None]]],
         *,
         resync: bool,
+        checks: dict[Key, None],
     ) -> None:
         self._failures += 1
         self.read_errors += 1
@@ -237,7 +266,7 @@ class WatermarkReader:
             self._logger.warning(
                 "aiopurgatory.redis.read_failed",
                 error=text,
-                keys=len(keys) + len(fetches),
+                keys=len(keys) + len(checks) + len(fetches),
                 resync=resync,
             )
         for futures in fetches.values():
@@ -253,6 +282,9 @@ class WatermarkReader:
             retry = {key: None for key in keys if key in watched}
             retry.update(self._keys)
             self._keys = retry
+            retry = {key: None for key in checks if key in watched}
+            retry.update(self._checks)
+            self._checks = retry
 
     async def _pause(self, delay: float) -> None:
         """Sleep ``delay`` seconds, or less if a resync or a fetch asks for Redis now."""

@@ -2,11 +2,12 @@
 
 A Celery or RQ task, a Django view, a thread or a Spark task has no event loop
 to run :class:`~aiopurgatory.redis.RedisTriggers` on. This publisher speaks the
-same protocol with redis-py's *sync* client: the same channel, the same message
-format (:mod:`._wire`) and, for an advance, the same Lua script as the async
-sender (raise the stored watermark, atomic max, refresh its TTL, publish; one
-round trip), so the two kinds of publisher can advance one key side by side and
-the stored watermark is still the highest value either sent.
+same protocol with redis-py's *sync* client: the same partition channels
+(:mod:`._partitions`), the same message format (:mod:`._wire`) and, for an
+advance, the same Lua script as the async sender (raise the stored watermark,
+atomic max, refresh its TTL, publish; one round trip), so the two kinds of
+publisher can advance one key side by side and the stored watermark is still the
+highest value either sent.
 
 Nothing is batched or sent in the background: each call is one command, and it
 has reached Redis (the watermark stored, the message published) when it
@@ -30,17 +31,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.retry import Retry
 
+from ._partitions import DEFAULT_PARTITIONS, Partitions, check_partitions
+from ._publisher import ADVANCE_SCRIPT
 from ._redact import Redactor, describe_client, describe_url, url_password
-from ._triggers import (
-    _ADVANCE_SCRIPT,
-    DEFAULT_CHANNEL,
-    RedisTriggersClosedError,
-    RedisTriggersError,
-)
+from ._triggers import DEFAULT_CHANNEL, RedisTriggersClosedError, RedisTriggersError
 from ._triggers import _cause as _connection_cause
 from ._triggers import _positive as _seconds
-from ._wire import Batch, Key, Value, check_key, check_value, encode, redis_key, stored
-from ._wire import watermark_prefix as _watermark_prefix
+from ._wire import Batch, Key, Value, check_key, check_value, encode, stored
 
 __all__ = ["SyncPublisher"]
 
@@ -97,11 +94,13 @@ class SyncPublisher:
             (default one day), as ``RedisTriggers``' option of that name.
         timeout: seconds for connecting and for each reply, for a URL's client
             (default 5).
+        partitions: the number of partition channels, as the subscribing
+            ``RedisTriggers``' option of that name (default 16,384).
 
     Raises:
         TypeError: an argument has the wrong type (an asyncio client, say).
         ValueError: an unusable URL, an empty channel, a duration that is not
-            positive and finite.
+            positive and finite, ``partitions`` not from 1 to 16,384.
     """
 
     def __init__(
@@ -111,6 +110,7 @@ class SyncPublisher:
         channel: str | None = None,
         watermark_ttl: float = 86_400.0,
         timeout: float = _DEFAULT_TIMEOUT,
+        partitions: int = DEFAULT_PARTITIONS,
     ) -> None:
         if channel is None:
             channel = DEFAULT_CHANNEL
@@ -120,6 +120,7 @@ class SyncPublisher:
             raise ValueError("channel must not be empty")
         ttl = _seconds(watermark_ttl, "watermark_ttl")
         wait = _seconds(timeout, "timeout")
+        partition_count = check_partitions(partitions)
 
         self._id = f"{os.getpid()}-{secrets.token_hex(4)}"
         given: object = url_or_client  # checked at run time, whatever the annotation says
@@ -161,10 +162,9 @@ class SyncPublisher:
                 f"got {type(given).__name__}{hint}"
             )
         self._client: redis.Redis = client
-        self._script = client.register_script(_ADVANCE_SCRIPT)
+        self._script = client.register_script(ADVANCE_SCRIPT)
         self._channel = channel
-        self._channel_bytes = channel.encode("utf-8", "surrogatepass")
-        self._prefix = _watermark_prefix(channel)
+        self._partitions = Partitions(channel, partition_count, self._id)
         self._ttl_ms = str(max(1, round(ttl * 1000))).encode("ascii")
         self._timeout = wait
         self._closed = False
@@ -215,10 +215,11 @@ class SyncPublisher:
         batch = Batch()
         batch.advance(key, value)
         message = encode(self._id, batch)
+        partitions = self._partitions
         self._call(
             self._script,
-            keys=[redis_key(self._prefix, key)],
-            args=[self._ttl_ms, self._channel_bytes, message, stored(value)],
+            keys=[partitions.stored_key(key)],
+            args=[self._ttl_ms, b"PUBLISH", partitions.channel(key), message, stored(value)],
         )
 
     def check_and_complete(self, key: Key) -> None:
@@ -234,7 +235,7 @@ class SyncPublisher:
         self._check_open()
         batch = Batch()
         batch.check(key)
-        self._call(self._client.publish, self._channel_bytes, encode(self._id, batch))
+        self._call(self._client.publish, self._partitions.channel(key), encode(self._id, batch))
 
     def ping(self) -> None:
         """Check that Redis answers (one PING).

@@ -1,44 +1,35 @@
-"""RedisTriggers: a purgatory's triggers shared by every process on a Redis channel.
+"""RedisTriggers: a purgatory's triggers shared by every process through Redis.
 
-How it works (the docs page ``distributed.md`` has the user's view):
+How it works (the docs page ``distributed.md`` has the user's view). The work is
+split by job, one module each, and this class ties them together and keeps the
+lifecycle (:class:`_State`):
 
-* Three connections per instance, each owned by this module and used by one
-  task (never redis-py's pool, which runs out under many concurrent callers and
-  hands out connections that died while Redis was away): the sender's, the
-  reader's (both :class:`~._link.Link`: opened on use, replaced when found dead
-  before use, every call bounded by ``command_timeout``) and the subscriber's.
-* ``check_and_complete(key)`` / ``advance(key, value)`` apply to the local
-  purgatory at once, then join the *pending batch*. A sender task wakes on the
-  next loop iteration and sends the whole batch as one message (so the triggers
-  of one iteration leave as one PUBLISH; a slow round trip lets more gather).
-  A batch with advances goes through one Lua script that raises each key's
-  stored watermark (atomic max, TTL refreshed) and publishes the message, in one
-  round trip. A batch that fails to send is kept (merged with what came after:
-  triggers are idempotent, so sending one twice or late is harmless) and retried
-  with backoff.
-* The subscriber's connection is not redis-py's PubSub, whose own retries would
-  reconnect behind our back and skip the resync. Its reads have no timeout; a
-  watchdog sends PING after a silent health-check interval, and a second silent
-  interval means the connection is dead. Any error ends the connection, never
-  the task: it reconnects with exponential backoff and jitter, and after every
-  (re)subscription asks the reader for a *resync*: the stored watermark of every
-  key the purgatory watches is read and applied, then every watched key is
-  checked once. Subscribing comes before reading, so nothing published in
-  between is missed.
-* The reader (:mod:`._reader`) reads stored watermarks for ``watch()`` (the
-  keys of every watch of a loop iteration in one round trip; the watch waits for
-  its operation, not for the read), for the resyncs and for
-  ``fetch_watermark()``; a failed read is retried, counted and logged once per
-  outage.
-* Every message carries the sender's instance id; a process's own messages come
-  back to it and are skipped (they were applied locally already).
+* :mod:`._partitions`: which channel carries a key's triggers and which Redis
+  key stores its watermark (a channel's keys are spread over partitions).
+* :mod:`._publisher`: ``check_and_complete(key)`` / ``advance(key, value)`` apply
+  to the local purgatory at once, then join the *pending batch*; a sender task
+  sends the batch of one loop iteration in one round trip (one message per
+  partition, advances through the atomic-max script), keeps and retries it on
+  failure.
+* :mod:`._subscriber`: subscribes to the partitions of the keys the purgatory
+  watches (and no others), proves with a canary that the subscription delivers,
+  renews it when it does not, and applies what other processes publish.
+* :mod:`._reader`: the one path that reads stored watermarks, for the catch-up
+  of a new watch, the resync after a (re)subscription, and ``fetch_watermark()``.
+* :mod:`._link`: the library's own connections (one per job, never redis-py's
+  pool, which runs out under many concurrent callers and hands out connections
+  that died while Redis was away), every call bounded by ``command_timeout``.
+
+Every message carries the sender's instance id; a process's own messages come
+back to it only if it watches their keys, and are skipped (they were applied
+locally already).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import enum
 import math
 import os
 import random
@@ -51,7 +42,7 @@ from typing import Any, Final, Self
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import AuthenticationError, AuthorizationError, RedisError
+from redis.exceptions import AuthenticationError, AuthorizationError
 
 from .._detect import current_backend
 from .._errors import PurgatoryError
@@ -59,24 +50,17 @@ from .._logging import LazyLogger
 from .._operation import Outcome
 from .._purgatory import Purgatory
 from ._link import CONNECTION_ERRORS, CONNECTION_LOST, Link, closed_transport
+from ._partitions import DEFAULT_PARTITIONS, Partitions, check_partitions
+from ._publisher import MAX_MESSAGE_TRIGGERS, Sender
 from ._reader import WatermarkReader
-from ._redact import Redactor, describe_url
-from ._wire import (
-    Batch,
-    Key,
-    MalformedMessage,
-    Value,
-    check_key,
-    check_value,
-    decode,
-    encode,
-    redis_key,
-    stored,
-    watermark_prefix,
-)
+from ._redact import Redactor, describe_client, describe_url, url_password
+from ._subscriber import Subscriber
+from ._topology import Target, describe_pool, target_for_url
+from ._wire import Key, Value, check_key, check_value
 
 __all__ = [
     "DEFAULT_CHANNEL",
+    "DEFAULT_PARTITIONS",
     "MAX_MESSAGE_TRIGGERS",
     "RedisTriggers",
     "RedisTriggersClosedError",
@@ -86,27 +70,6 @@ __all__ = [
 
 #: The channel used when none is given.
 DEFAULT_CHANNEL: Final = "aiopurgatory"
-#: A batch larger than this leaves as several messages, so that no message grows
-#: past what a slow subscriber's output buffer in Redis tolerates.
-MAX_MESSAGE_TRIGGERS: Final = 1024
-
-# KEYS: watermark keys. ARGV[1]: TTL in ms, ARGV[2]: channel, ARGV[3]: message,
-# ARGV[3 + i]: the value for KEYS[i] (decimal text). Raises each key to at least
-# its value and refreshes its TTL, then publishes: one round trip, atomic.
-_ADVANCE_SCRIPT: Final = """
-local ttl = ARGV[1]
-for i, key in ipairs(KEYS) do
-  local new = ARGV[i + 3]
-  local current = tonumber(redis.call('GET', key) or '')
-  if current == nil or current < tonumber(new) then
-    redis.call('SET', key, new, 'PX', ttl)
-  else
-    redis.call('PEXPIRE', key, ttl)
-  end
-end
-return redis.call('PUBLISH', ARGV[2], ARGV[3])
-"""
-_ADVANCE_SHA: Final = hashlib.sha1(_ADVANCE_SCRIPT.encode("ascii")).hexdigest()
 
 # Kept under these names for the tests and the code that imported them from here.
 _CONNECTION_ERRORS: Final = CONNECTION_ERRORS
@@ -120,6 +83,15 @@ class RedisTriggersError(PurgatoryError):
 
 class RedisTriggersClosedError(RedisTriggersError, RuntimeError):
     """Use of a RedisTriggers before ``async with`` or after ``aclose()``."""
+
+
+class _State(enum.Enum):
+    """A RedisTriggers' lifecycle: NEW -> RUNNING -> CLOSING -> CLOSED (or NEW -> CLOSED)."""
+
+    NEW = "new"
+    RUNNING = "running"
+    CLOSING = "closing"
+    CLOSED = "closed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +109,11 @@ class RedisTriggersStatistics:
         triggers: ``check_and_complete``/``advance`` calls on this instance.
         pending: triggers gathered and not yet sent (distinct keys); after
             ``aclose()``, those it could not send.
-        published: messages published (one per batch, or per
+        published: messages published (one per partition of a batch, or per
             :data:`MAX_MESSAGE_TRIGGERS` triggers).
         publish_errors: attempts to send a batch that failed (it is kept and retried).
-        received: messages from other processes.
+        received: messages from other processes (only those of the partitions
+            of keys watched here reach a process).
         echoes: this instance's own messages coming back (skipped).
         malformed: messages on the channel this version cannot read (skipped).
         applied: triggers from other processes applied to the local purgatory.
@@ -153,6 +126,10 @@ class RedisTriggersStatistics:
             fetches of one iteration: one each).
         read_errors: those that failed (each is retried; a failed fetch is the
             caller's error).
+        subscribed: partition channels subscribed now (0 for a publisher only,
+            or a process watching nothing).
+        deaf_detected: times the subscription was found connected but not
+            delivering (its canary did not come back) and renewed.
     """
 
     channel: str
@@ -174,6 +151,8 @@ class RedisTriggersStatistics:
     last_error: str | None
     reads: int = 0
     read_errors: int = 0
+    subscribed: int = 0
+    deaf_detected: int = 0
 
 
 def _positive(value: object, argument: str) -> float:
@@ -201,15 +180,18 @@ class RedisTriggers:
 
     ``check_and_complete(key)`` and ``advance(key, value)`` apply to the local
     purgatory at once and are published to the channel; a subscriber task applies
-    what other processes publish to this process's purgatory. Three Redis
-    connections per instance (a subscription, a sender's, a reader's), its own,
-    however many operations wait; a connection that died (Redis restarted) is
-    replaced before use. Triggers of
-    one loop iteration leave as one message; advances of one key in it keep the
-    highest value. Watermarks are also stored in Redis (atomic max, expiring
-    ``watermark_ttl`` seconds after their last advance) and re-read for every
-    watched key whenever the subscription (re)starts, so a message missed while
-    disconnected costs a delay until the reconnect, never more.
+    what other processes publish to this process's purgatory. A channel's keys
+    are spread over ``partitions`` partition channels, and a process subscribes
+    only to the partitions of the keys its purgatory watches: a process that
+    watches nothing receives no trigger. Three Redis connections per instance
+    (a subscription, a sender's, a reader's), its own, however many operations
+    wait; a connection that died (Redis restarted) is replaced before use.
+    Triggers of one loop iteration leave in one round trip (a message per
+    partition); advances of one key in it keep the highest value. Watermarks are
+    also stored in Redis (atomic max, expiring ``watermark_ttl`` seconds after
+    their last advance) and re-read for every watched key whenever the
+    subscription (re)starts, so a message missed while disconnected costs a
+    delay until the reconnect, never more.
 
     Use as an async context manager (``async with RedisTriggers(...) as t:``): entering
     connects (and subscribes) once and raises :class:`RedisTriggersError` if Redis is
@@ -226,18 +208,24 @@ class RedisTriggers:
         purgatory: the local purgatory to apply triggers to, or None for a
             publisher only (it does not subscribe).
         url_or_client: a Redis URL (``redis://[[user]:password@]host[:port][/db]``,
-            ``rediss://`` for TLS, ``unix://``; redis-py's ``from_url``) or a
-            ``redis.asyncio.Redis`` client. Of a client passed in, only its
-            connection settings are used (its pool is the application's: the
-            instance opens its own connections); it is not closed.
+            ``rediss://`` for TLS, ``unix://``; redis-py's ``from_url``), a
+            Sentinel-managed primary's
+            (``redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]``,
+            ``rediss+sentinel://`` for TLS), or a ``redis.asyncio.Redis``
+            client (a Sentinel-managed one too). Of a client passed in, only
+            its connection settings are used (its pool is the application's:
+            the instance opens its own connections); it is not closed.
         channel: the Redis channel (default ``"aiopurgatory"``); processes that
-            share triggers use the same one. Its watermarks are stored under
-            ``{channel}:wm:*``.
+            share triggers use the same one. Its partitions' channels are
+            ``{<tag>}<channel>:t`` and its watermarks are stored under
+            ``{<tag>}<channel>:wm:*`` (one hash tag per partition).
         watermark_ttl: seconds a stored watermark lives after its last advance
             (default one day).
         health_check_interval: seconds of silence on the subscription after
-            which a PING is sent; no reply within as long again means the
-            connection is dead (default 5).
+            which a PING goes down it and a canary message is published to this
+            instance's own canary channel; no PONG within as long again means
+            the connection is dead, a PONG without the canary that it is deaf
+            (``deaf_detected``); either way it is renewed (default 5).
         reconnect_delay: the first and the longest delay between reconnection
             attempts, in seconds (default 0.1 and 10); each wait is drawn
             between half and all of ``min(longest, first * 2**attempt)``.
@@ -248,11 +236,23 @@ class RedisTriggers:
             connection is taken for dead, dropped and the call retried later
             (default 5). It never holds :meth:`watch`, which waits for its
             operation only.
+        partitions: how many partition channels a channel's keys are spread
+            over (default 16,384, one per Redis Cluster slot); every process
+            and :class:`SyncPublisher` on the channel must use the same.
+        linger: seconds a partition stays subscribed after its last watched
+            key is gone (default 5), so that short-lived keys do not subscribe
+            and unsubscribe each time.
+        sweep_interval: seconds between two looks at the purgatory's watched
+            keys (default 0.25): a key watched on the purgatory directly, not
+            through :meth:`watch`, has its partition subscribed within that
+            long (and is then checked once, so no trigger is lost), and idle
+            partitions are released.
         logger: a structlog-compatible logger (default: the library's).
 
     Raises:
         TypeError: an argument has the wrong type.
-        ValueError: a duration is not positive and finite; an empty channel.
+        ValueError: a duration is not positive and finite; an empty channel;
+            ``partitions`` not from 1 to 16,384.
         RuntimeError: constructed under trio.
     """
 
@@ -267,6 +267,9 @@ class RedisTriggers:
         reconnect_delay: tuple[float, float] = (0.1, 10.0),
         close_timeout: float = 5.0,
         command_timeout: float = 5.0,
+        partitions: int = DEFAULT_PARTITIONS,
+        linger: float = 5.0,
+        sweep_interval: float = 0.25,
         logger: Any | None = None,
     ) -> None:
         if current_backend() == "trio":
@@ -296,6 +299,9 @@ class RedisTriggers:
             raise ValueError(f"reconnect_delay must be (first, longest), got {reconnect_delay!r}")
         close_wait = _positive(close_timeout, "close_timeout")
         call_timeout = _positive(command_timeout, "command_timeout")
+        partition_count = check_partitions(partitions)
+        linger_for = _positive(linger, "linger")
+        sweep_every = _positive(sweep_interval, "sweep_interval")
         if logger is not None and not callable(getattr(logger, "bind", None)):
             raise TypeError(
                 f"logger must be a structlog-compatible logger (with bind()), "
@@ -304,38 +310,38 @@ class RedisTriggers:
 
         self._id = f"{os.getpid()}-{secrets.token_hex(4)}"
         if isinstance(url_or_client, str):
-            self._redactor = Redactor(_url_password(url_or_client))
+            self._redactor = Redactor(url_password(url_or_client))
             self._where = describe_url(url_or_client)
             try:
                 # Only the URL's settings are used (see _connection_factory): no
                 # connection is ever taken from this pool.
-                pool = aioredis.ConnectionPool.from_url(
-                    url_or_client, socket_connect_timeout=call_timeout
-                )
+                target = target_for_url(url_or_client, call_timeout)
             except ValueError as exc:
                 raise ValueError(
                     f"url_or_client: not a usable Redis URL ({self._redactor.error(exc)})"
                 ) from None
+            self._where = target.where or self._where
         elif isinstance(url_or_client, aioredis.Redis):
-            pool = url_or_client.connection_pool
-            kwargs = pool.connection_kwargs
+            target = Target(url_or_client.connection_pool, "")
+            kwargs = target.pool.connection_kwargs
             self._redactor = Redactor(kwargs.get("password"))
-            self._where = _describe_client(kwargs)
+            self._where = describe_pool(target.pool) or describe_client(kwargs)
         else:
+            given: object = url_or_client  # type: ignore[unreachable]
+            kind = type(given).__name__
             raise TypeError(
                 "url_or_client must be a Redis URL (str) or a redis.asyncio.Redis client, "
-                f"got {type(url_or_client).__name__}"
+                f"got {kind}"
+                + (" (Redis Cluster is not supported yet)" if kind == "RedisCluster" else "")
             )
-        self._pool: aioredis.ConnectionPool = pool
+        self._target = target
+        self._pool: aioredis.ConnectionPool = target.pool
         self._purgatory = purgatory
         self._advance_local: Callable[[Hashable, float], int] | None = (
             None if purgatory is None else purgatory.advance
         )
         self._channel = channel
-        self._channel_bytes = channel.encode("utf-8", "surrogatepass")
-        self._prefix = watermark_prefix(channel)
-        self._ttl_ms = str(max(1, round(ttl * 1000))).encode("ascii")
-        self._health_check_interval = health
+        self._partitions = Partitions(channel, partition_count, self._id)
         self._reconnect_first = first
         self._reconnect_longest = longest
         self._close_timeout = close_wait
@@ -343,43 +349,53 @@ class RedisTriggers:
         base_logger = LazyLogger() if logger is None else logger
         self._logger: Any = base_logger.bind(channel=channel, instance=self._id)
         # The library's own connections, one per job, none shared with the
-        # application: the sender's, the reader's, and the subscriber's (made in
-        # _subscribe; it is not a Link: it only listens).
-        self._sender_link = Link(self._connection_factory("pub"), call_timeout)
-        self._new_subscriber_connection = self._connection_factory("sub")
+        # application: the sender's, the reader's, and the subscriber's.
+        self._sender = Sender(
+            self._id,
+            Link(self._connection_factory("pub"), call_timeout),
+            self._partitions,
+            ttl_ms=str(max(1, round(ttl * 1000))).encode("ascii"),
+            publish=b"PUBLISH",
+            backoff=lambda attempt: self._backoff(attempt),
+            record_error=self._record_error,
+            record_bug=self._record_bug,
+            on_result=self._published,
+            logger=self._logger,
+        )
         self._reader = WatermarkReader(
             purgatory,
             Link(self._connection_factory("read"), call_timeout),
-            self._prefix,
-            backoff=self._backoff,
+            self._partitions.stored_key,
+            backoff=lambda attempt: self._backoff(attempt),
             record_error=self._record_error,
             logger=self._logger,
         )
+        self._subscriber: Subscriber | None = (
+            None
+            if purgatory is None
+            else Subscriber(
+                self._id,
+                purgatory,
+                self._partitions,
+                self._connection_factory("sub"),
+                self._reader,
+                self._sender,
+                health_check_interval=health,
+                command_timeout=call_timeout,
+                linger=linger_for,
+                sweep_interval=sweep_every,
+                backoff=lambda attempt: self._backoff(attempt),
+                record_error=self._record_error,
+                record_bug=self._record_bug,
+                logger=self._logger,
+            )
+        )
 
-        self._state = "new"  # -> "running" -> "closing" -> "closed"
-        self._pending = Batch()
-        self._pending_waiters: list[asyncio.Future[None]] = []
-        self._inflight_waiters: list[asyncio.Future[None]] = []
-        self._inflight = 0
-        self._wakeup: asyncio.Event | None = None
-        self._sender: asyncio.Task[None] | None = None
-        self._subscriber: asyncio.Task[None] | None = None
-        self._reading: asyncio.Task[None] | None = None  # runs the reader
-        self._connection: Any = None  # the subscriber's redis.asyncio.Connection
-        self._replies = 0  # replies read on it (the watchdog watches this count)
-        self._health_failure: BaseException | None = None
-
-        self._connected = False
-        self._reconnects = 0
+        self._state = _State.NEW
+        self._tasks: list[asyncio.Task[None]] = []
+        self._publisher_connected = False  # a publisher only: the last send succeeded
         self._connection_errors = 0
         self._triggers = 0
-        self._published = 0
-        self._publish_errors = 0
-        self._received = 0
-        self._echoes = 0
-        self._malformed = 0
-        self._applied = 0
-        self._completed = 0
         self._last_error: str | None = None
 
     # -- public API ------------------------------------------------------------------
@@ -402,14 +418,17 @@ class RedisTriggers:
     @property
     def connected(self) -> bool:
         """The subscription is up (publisher only: the last command to Redis succeeded)."""
-        return self._connected
+        subscriber = self._subscriber
+        if self._state is not _State.RUNNING:
+            return False
+        return self._publisher_connected if subscriber is None else subscriber.connected
 
     def __repr__(self) -> str:
         role = "publisher" if self._purgatory is None else f"purgatory={self._purgatory.name!r}"
-        link = "connected" if self._connected else "disconnected"
+        link = "connected" if self.connected else "disconnected"
         return (
             f"<RedisTriggers channel={self._channel!r} redis={self._where} {role} "
-            f"{self._state} {link}>"
+            f"{self._state.value} {link}>"
         )
 
     def check_and_complete(self, key: Key) -> int:
@@ -427,9 +446,10 @@ class RedisTriggers:
         self._check_running()
         purgatory = self._purgatory
         completed = 0 if purgatory is None else purgatory.check_and_complete(key)
-        self._pending.check(key)
+        sender = self._sender
+        sender.pending.check(key)
         self._triggers += 1
-        self._wakeup.set()  # type: ignore[union-attr]  # set while running
+        sender.wakeup.set()
         return completed
 
     def advance(self, key: Key, value: Value) -> int:
@@ -454,9 +474,10 @@ class RedisTriggers:
         self._check_running()
         advance_local = self._advance_local
         completed = 0 if advance_local is None else advance_local(key, value)
-        self._pending.advance(key, value)
+        sender = self._sender
+        sender.pending.advance(key, value)
         self._triggers += 1
-        self._wakeup.set()  # type: ignore[union-attr]  # set while running
+        sender.wakeup.set()
         return completed
 
     async def flush(self) -> None:
@@ -468,15 +489,13 @@ class RedisTriggers:
         Raises:
             RedisTriggersClosedError: the instance was closed before they were sent.
         """
-        if self._state == "new":
+        if self._state is _State.NEW:
             raise RedisTriggersClosedError("RedisTriggers is not started: use `async with`")
-        if not self._pending and not self._inflight:
+        if not self._sender:
             return
-        if self._state == "closed":
+        if self._state is _State.CLOSED:
             raise RedisTriggersClosedError("RedisTriggers is closed: pending triggers were dropped")
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        (self._pending_waiters if self._pending else self._inflight_waiters).append(waiter)
-        await waiter
+        await self._sender.wait_sent()
 
     async def fetch_watermark(self, key: Key) -> Value | None:
         """The watermark of ``key`` stored in Redis, or None if none or expired.
@@ -547,7 +566,9 @@ class RedisTriggers:
             wire = [check_key(key) for key in keys]
         if purgatory.try_complete_else_watch(op, keys):
             return Outcome.COMPLETED
-        self._reader.want(wire)
+        assert self._subscriber is not None  # there is a purgatory
+        # Subscribed first (if its partition is not yet), read next.
+        self._subscriber.need(wire)
         try:
             outcome: Outcome = await op
         except asyncio.CancelledError:
@@ -557,54 +578,59 @@ class RedisTriggers:
 
     def statistics(self) -> RedisTriggersStatistics:
         """A snapshot of the counters (see :class:`RedisTriggersStatistics`)."""
+        sub = self._subscriber
+        sender = self._sender
+        reader = self._reader
         return RedisTriggersStatistics(
             channel=self._channel,
             instance=self._id,
             purgatory=None if self._purgatory is None else self._purgatory.name,
-            connected=self._connected,
-            reconnects=self._reconnects,
+            connected=self.connected,
+            reconnects=0 if sub is None else sub.reconnects,
             connection_errors=self._connection_errors,
             triggers=self._triggers,
-            pending=len(self._pending) + self._inflight,
-            published=self._published,
-            publish_errors=self._publish_errors,
-            received=self._received,
-            echoes=self._echoes,
-            malformed=self._malformed,
-            applied=self._applied,
-            completed=self._completed + self._reader.completed,
-            resyncs=self._reader.resyncs,
+            pending=len(sender),
+            published=sender.published,
+            publish_errors=sender.publish_errors,
+            received=0 if sub is None else sub.received,
+            echoes=0 if sub is None else sub.echoes,
+            malformed=0 if sub is None else sub.malformed,
+            applied=0 if sub is None else sub.applied,
+            completed=reader.completed + (0 if sub is None else sub.completed),
+            resyncs=reader.resyncs,
             last_error=self._last_error,
-            reads=self._reader.reads,
-            read_errors=self._reader.read_errors,
+            reads=reader.reads,
+            read_errors=reader.read_errors,
+            subscribed=0 if sub is None else sub.subscribed,
+            deaf_detected=0 if sub is None else sub.deaf_detected,
         )
 
     async def __aenter__(self) -> Self:
         if current_backend() == "trio":
             raise RuntimeError("aiopurgatory.redis.RedisTriggers needs an asyncio event loop")
-        if self._state != "new":
+        if self._state is not _State.NEW:
             raise RedisTriggersClosedError("a RedisTriggers can be entered once")
         failure: BaseException | None = None
         connection: Any = None
         try:
             # The whole start is one call to Redis for command_timeout.
             async with asyncio.timeout(self._command_timeout):
-                with _CONNECTION_LOST:
-                    reply = (await self._sender_link.execute(("PING",)))[0]
+                with CONNECTION_LOST:
+                    reply = (await self._sender.link.execute(("PING",)))[0]
                     if isinstance(reply, Exception):
                         raise reply
-                    if self._purgatory is not None:
+                    if self._subscriber is not None:
                         connection = await self._subscribe()
                         await self._reader.serve(resync=True)
         except TimeoutError:
             failure = TimeoutError(f"no answer within {self._command_timeout:g} s")
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             failure = exc
         except BaseException:  # cancelled while connecting: leave nothing open
             if connection is not None:
                 await connection.disconnect(nowait=True)
             await self._close_connections()
-            self._state = "closed"
+            self._state = _State.CLOSED
             raise
         if failure is not None:
             # Raised outside the except block: no chained redis-py exception
@@ -619,25 +645,17 @@ class RedisTriggers:
             if connection is not None:
                 await connection.disconnect(nowait=True)
             await self._close_connections()
-            self._state = "closed"
+            self._state = _State.CLOSED
             raise RedisTriggersError(message)
-        self._connection = connection
-        self._connected = True
-        self._wakeup = asyncio.Event()
-        self._state = "running"
-        self._sender = asyncio.create_task(
-            self._send_loop(), name=f"aiopurgatory-redis-send-{self._id}"
-        )
-        self._sender.add_done_callback(self._task_ended)
-        self._reading = asyncio.create_task(
-            self._reader.run(), name=f"aiopurgatory-redis-read-{self._id}"
-        )
-        self._reading.add_done_callback(self._task_ended)
-        if connection is not None:
-            self._subscriber = asyncio.create_task(
-                self._subscribe_loop(connection), name=f"aiopurgatory-redis-sub-{self._id}"
-            )
-            self._subscriber.add_done_callback(self._task_ended)
+        # The resync done above is the start's; the one the subscription asked
+        # for would only repeat it.
+        self._reader.cancel_resync()
+        self._publisher_connected = True
+        self._state = _State.RUNNING
+        self._start_task(self._sender.run(), "send")
+        self._start_task(self._reader.run(), "read")
+        if self._subscriber is not None:
+            self._start_task(self._subscriber.run(connection, lambda: self._subscribe()), "sub")
         self._logger.info("aiopurgatory.redis.started", redis=self._where)
         return self
 
@@ -657,44 +675,40 @@ class RedisTriggers:
         :class:`RedisTriggersClosedError`). A client passed in is left open.
         Takes at most ``close_timeout`` plus a few loop iterations.
         """
-        if self._state in ("closing", "closed"):
+        if self._state in (_State.CLOSING, _State.CLOSED):
             return
-        if self._state == "new":
-            self._state = "closed"
+        if self._state is _State.NEW:
+            self._state = _State.CLOSED
             return
-        self._state = "closing"
+        self._state = _State.CLOSING
         dropped = 0
+        sender = self._sender
         try:
-            if self._pending or self._inflight:
+            if sender:
                 try:
                     await asyncio.wait_for(self._drain(), self._close_timeout)
                 except TimeoutError:
-                    dropped = len(self._pending) + self._inflight
+                    dropped = len(sender)
         finally:
             # Also when the closing task is cancelled: nothing is left running.
-            tasks = [t for t in (self._subscriber, self._sender, self._reading) if t is not None]
+            tasks, self._tasks = self._tasks, []
             for task in tasks:
                 task.cancel()
             for task in tasks:
                 # A task that died of a bug was logged by _task_ended already.
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            connection, self._connection = self._connection, None
-            if connection is not None:
-                await connection.disconnect(nowait=True)
+            subscriber = self._subscriber
+            if subscriber is not None:
+                await subscriber.drop()
             await self._close_connections()
             self._reader.fail_fetches(
                 RedisTriggersClosedError("RedisTriggers closed before the watermark was read")
             )
-            self._connected = False
-            self._state = "closed"
-        for waiter in (*self._inflight_waiters, *self._pending_waiters):
-            if not waiter.done():
-                waiter.set_exception(
-                    RedisTriggersClosedError("RedisTriggers closed before the triggers were sent")
-                )
-        self._inflight_waiters = []
-        self._pending_waiters = []
+            self._state = _State.CLOSED
+        sender.fail_waiters(
+            RedisTriggersClosedError("RedisTriggers closed before the triggers were sent")
+        )
         if dropped:
             self._logger.warning("aiopurgatory.redis.dropped_on_close", triggers=dropped)
         self._logger.info("aiopurgatory.redis.closed")
@@ -702,17 +716,29 @@ class RedisTriggers:
     # -- internals -------------------------------------------------------------------
 
     def _check_running(self) -> None:
-        if self._state != "running":
+        if self._state is not _State.RUNNING:
             raise RedisTriggersClosedError(
                 "RedisTriggers is not started: use `async with`"
-                if self._state == "new"
+                if self._state is _State.NEW
                 else "RedisTriggers is closed"
             )
 
+    def _start_task(self, work: Any, role: str) -> None:
+        task = asyncio.create_task(work, name=f"aiopurgatory-redis-{role}-{self._id}")
+        task.add_done_callback(self._task_ended)
+        self._tasks.append(task)
+
+    async def _subscribe(self) -> Any:
+        """A new subscription, confirmed (the subscriber calls it through here: tests gate it)."""
+        assert self._subscriber is not None
+        return await self._subscriber.subscribe()
+
     async def _close_connections(self) -> None:
-        """Close the sender's and the reader's connections (the subscriber's is apart)."""
-        await self._sender_link.drop()
+        """Close the sender's and the reader's connections (the subscriber's is apart),
+        and the clients made to ask the sentinels."""
+        await self._sender.link.drop()
         await self._reader.drop()
+        await self._target.aclose()
 
     def _task_ended(self, task: asyncio.Task[None]) -> None:
         # The loops end only when aclose() cancels them; anything else is a bug,
@@ -720,108 +746,36 @@ class RedisTriggers:
         if task.cancelled():
             return
         exc = task.exception()  # retrieved in every case: never "never retrieved"
-        if self._state != "running":
+        if self._state is not _State.RUNNING:
             return
         self._last_error = "ended" if exc is None else self._redactor.error(exc)
-        self._connected = False
         self._logger.error(
             "aiopurgatory.redis.task_ended", task=task.get_name(), error=self._last_error
         )
 
     def _record_error(self, exc: BaseException) -> str:
+        """A connection failure: counted, kept as the last error; its redacted text."""
         text = self._redactor.error(exc)
         self._last_error = text
         self._connection_errors += 1
         return text
+
+    def _record_bug(self, exc: BaseException) -> str:
+        """An unexpected failure: kept as the last error; its redacted text."""
+        text = self._redactor.error(exc)
+        self._last_error = text
+        return text
+
+    def _published(self, ok: bool) -> None:
+        self._publisher_connected = ok
 
     def _backoff(self, attempt: int) -> float:
         ceiling = min(self._reconnect_longest, self._reconnect_first * 2 ** min(attempt - 1, 30))
         return random.uniform(ceiling / 2, ceiling)
 
     async def _drain(self) -> None:
-        while self._pending or self._inflight:
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            (self._pending_waiters if self._pending else self._inflight_waiters).append(waiter)
-            await waiter
-
-    # The sender -------------------------------------------------------------------
-
-    async def _send_loop(self) -> None:
-        wakeup = self._wakeup
-        assert wakeup is not None
-        failures = 0
-        while True:
-            await wakeup.wait()
-            wakeup.clear()
-            while self._pending:
-                batch, self._pending = self._pending, Batch()
-                waiters, self._pending_waiters = self._pending_waiters, []
-                self._inflight = len(batch)
-                self._inflight_waiters = waiters
-                try:
-                    with _CONNECTION_LOST:
-                        await self._send(batch)
-                except _CONNECTION_ERRORS as exc:
-                    failures += 1
-                    self._publish_errors += 1
-                    text = self._record_error(exc)
-                    if self._purgatory is None:
-                        self._connected = False
-                    if failures == 1:
-                        self._logger.warning(
-                            "aiopurgatory.redis.publish_failed", error=text, triggers=len(batch)
-                        )
-                    # Keep the batch, ahead of what came since; retry after a backoff.
-                    batch.merge(self._pending)
-                    self._pending = batch
-                    self._pending_waiters = self._inflight_waiters + self._pending_waiters
-                    self._inflight = 0
-                    self._inflight_waiters = []
-                    await asyncio.sleep(self._backoff(failures))
-                    continue
-                except Exception as exc:  # a bug: never end the sender silently
-                    self._publish_errors += 1
-                    self._last_error = self._redactor.error(exc)
-                    self._logger.error(
-                        "aiopurgatory.redis.send_failed",
-                        error=self._last_error,
-                        triggers=len(batch),
-                    )
-                if failures:
-                    self._logger.warning("aiopurgatory.redis.publish_resumed", attempts=failures)
-                    failures = 0
-                if self._purgatory is None:
-                    self._connected = True
-                self._inflight = 0
-                self._inflight_waiters = []
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_result(None)
-
-    async def _send(self, batch: Batch) -> None:
-        prefix = self._prefix
-        link = self._sender_link
-        for part in batch.split(MAX_MESSAGE_TRIGGERS):
-            message = encode(self._id, part)
-            if part.advances:
-                await link.script(
-                    _ADVANCE_SHA,
-                    _ADVANCE_SCRIPT,
-                    [redis_key(prefix, key) for key in part.advances],
-                    [
-                        self._ttl_ms,
-                        self._channel_bytes,
-                        message,
-                        *map(stored, part.advances.values()),
-                    ],
-                )
-            else:
-                reply = (await link.execute(("PUBLISH", self._channel_bytes, message)))[0]
-                if isinstance(reply, Exception):
-                    raise reply
-            self._published += 1
-
-    # The subscriber ----------------------------------------------------------------
+        while self._sender:
+            await self._sender.wait_sent()
 
     def _connection_factory(self, role: str) -> Callable[[], Any]:
         """Makes new connections for ``role`` with the URL's (or the client's) settings."""
@@ -846,181 +800,3 @@ class RedisTriggers:
         )
         connection_class = pool.connection_class
         return lambda: connection_class(**options)
-
-    async def _subscribe(self) -> Any:
-        """A new connection subscribed to the channel (the subscription confirmed).
-
-        Bounded by ``command_timeout``, the connect included.
-        """
-        connection = self._new_subscriber_connection()
-        try:
-            try:
-                async with asyncio.timeout(self._command_timeout):
-                    await connection.connect()
-                    await connection.send_command(
-                        "SUBSCRIBE", self._channel_bytes, check_health=False
-                    )
-                    reply = await connection.read_response(timeout=math.inf)
-            except TimeoutError:
-                raise TimeoutError(
-                    f"no reply to SUBSCRIBE within {self._command_timeout:g} s"
-                ) from None
-            if not (isinstance(reply, list) and reply and reply[0] == b"subscribe"):
-                raise RedisError(f"unexpected reply to SUBSCRIBE: {reply!r:.80}")
-        except BaseException:
-            await connection.disconnect(nowait=True)
-            raise
-        return connection
-
-    async def _subscribe_loop(self, connection: Any) -> None:
-        attempt = 0
-        logged_failure: str | None = None
-        while True:
-            if connection is None:
-                try:
-                    with _CONNECTION_LOST:
-                        connection = await self._subscribe()
-                        self._connection = connection
-                except _CONNECTION_ERRORS as exc:
-                    if connection is not None:
-                        await connection.disconnect(nowait=True)
-                        connection = self._connection = None
-                    attempt += 1
-                    text = self._record_error(exc)
-                    # Once per distinct cause (refused while Redis restarts, then
-                    # a wrong password...): an outage is a few lines, not one per try.
-                    log = self._logger.debug if text == logged_failure else self._logger.warning
-                    logged_failure = text
-                    log("aiopurgatory.redis.reconnect_failed", error=text, attempt=attempt)
-                    await asyncio.sleep(self._backoff(attempt))
-                    continue
-                self._reconnects += 1
-                self._connected = True
-                # Subscribed first, read next: nothing published in between is missed.
-                self._reader.request_resync()
-                self._logger.warning("aiopurgatory.redis.reconnected", attempts=attempt + 1)
-                attempt = 0
-                logged_failure = None
-            try:
-                with _CONNECTION_LOST:
-                    await self._listen(connection)
-            except _CONNECTION_ERRORS as exc:
-                text = self._record_error(exc)
-                self._logger.warning("aiopurgatory.redis.disconnected", error=text)
-            except Exception as exc:  # a bug: log it, reconnect, never end silently
-                text = self._record_error(exc)
-                self._logger.error("aiopurgatory.redis.subscriber_failed", error=text)
-            self._connected = False
-            await connection.disconnect(nowait=True)
-            connection = self._connection = None
-            # Even the first attempt waits a little, so a restarted Redis is
-            # not hit by every process at once.
-            attempt = 1
-            await asyncio.sleep(self._backoff(attempt))
-
-    async def _listen(self, connection: Any) -> None:
-        """Apply messages until the connection fails (this only returns by raising).
-
-        The read has no timeout (a timeout per read would cost more than the
-        rest of a message's handling); a watchdog task looks at the count of
-        replies read instead, once per health-check interval.
-        """
-        read = connection.read_response
-        on_message = self._on_message
-        self._health_failure = None
-        watchdog = asyncio.create_task(self._watchdog(connection))
-        watchdog.add_done_callback(self._watchdog_ended)
-        try:
-            while True:
-                response = await read(timeout=math.inf)
-                self._replies += 1
-                if type(response) is list and len(response) == 3 and response[0] == b"message":
-                    on_message(response[2])
-        except BaseException:
-            failure = self._health_failure
-            if failure is not None:
-                raise failure from None
-            raise
-        finally:
-            watchdog.cancel()
-
-    async def _watchdog(self, connection: Any) -> None:
-        """PING after an interval of silence; end the connection after a second one."""
-        interval = self._health_check_interval
-        seen = self._replies
-        pinged = False
-        while True:
-            await asyncio.sleep(interval)
-            if self._replies != seen:
-                seen = self._replies
-                pinged = False
-            elif not pinged:
-                pinged = True
-                # A failed send: the reader sees the broken connection too.
-                with contextlib.suppress(*_CONNECTION_ERRORS), _CONNECTION_LOST:
-                    await connection.send_command("PING", check_health=False)
-            else:
-                self._health_failure = TimeoutError(
-                    f"no reply to a health-check PING within {interval:g} s"
-                )
-                # The reader, blocked in its read, fails on the closed connection.
-                await connection.disconnect(nowait=True)
-                return
-
-    def _watchdog_ended(self, task: asyncio.Task[None]) -> None:
-        # Its failures are the connection's (the reader sees them); a bug is logged.
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            self._last_error = self._redactor.error(exc)
-            self._logger.error("aiopurgatory.redis.watchdog_failed", error=self._last_error)
-
-    def _on_message(self, data: bytes) -> None:
-        try:
-            sender, checks, advances = decode(data)
-        except MalformedMessage as exc:
-            self._malformed += 1
-            if self._malformed == 1:
-                self._logger.warning("aiopurgatory.redis.malformed_message", error=str(exc))
-            return
-        if sender == self._id:
-            self._echoes += 1
-            return
-        self._received += 1
-        purgatory = self._purgatory
-        advance_local = self._advance_local
-        if purgatory is None or advance_local is None or purgatory.closed:
-            return
-        completed = 0
-        try:
-            for key, value in advances:
-                completed += advance_local(key, value)
-            check = purgatory.check_and_complete
-            for key in checks:
-                completed += check(key)
-        except Exception as exc:  # a bug (callbacks' failures are contained by the purgatory)
-            self._last_error = self._redactor.error(exc)
-            self._logger.error("aiopurgatory.redis.apply_failed", error=self._last_error)
-        self._applied += len(advances) + len(checks)
-        self._completed += completed
-
-
-def _url_password(url: str) -> str | None:
-    from urllib.parse import unquote, urlsplit
-
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        return None
-    return None if password is None else unquote(password)
-
-
-def _describe_client(kwargs: dict[str, Any]) -> str:
-    if "path" in kwargs:
-        where = f"unix://{kwargs['path']}"
-    else:
-        where = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
-    user = kwargs.get("username") or ""
-    auth = f"{user}:***@" if kwargs.get("password") else (f"{user}@" if user else "")
-    return f"redis://{auth}{where}/{kwargs.get('db', 0)}"

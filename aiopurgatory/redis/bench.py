@@ -2,6 +2,10 @@
 
 ``python -m aiopurgatory.redis.bench [--triggers N] [--batch B ...] [--loop L ...]``
 
+``python -m aiopurgatory.redis.bench --routing`` prints instead what the number
+of partitions does to interest routing (:func:`routing_table`: arithmetic over
+the real partition function, no Redis), the figures docs/distributed.md cites.
+
 Starts a throwaway ``redis-server`` (:mod:`aiopurgatory.redis.testing`), then for
 each event loop and batch size runs two processes: a subscriber (a purgatory
 with ``--parked`` operations waiting on ``--keys`` keys, thresholds never
@@ -41,8 +45,9 @@ import redis.asyncio as aioredis
 
 import aiopurgatory as ap
 
+from ._partitions import DEFAULT_PARTITIONS, Partitions
 from ._triggers import RedisTriggers
-from ._wire import Batch, encode
+from ._wire import Batch, Key, encode
 
 __all__ = ["main"]
 
@@ -64,6 +69,15 @@ def _emit(**fields: Any) -> None:
     sys.stdout.flush()
 
 
+async def _routed(triggers: RedisTriggers, keys: list[Key]) -> None:
+    """Wait until the partitions of ``keys`` (watched directly) are subscribed and
+    their catch-up (a read, and a check of each key) is done."""
+    subscriber = triggers._subscriber
+    assert subscriber is not None
+    while not subscriber.covers(keys) or not triggers._reader.idle:  # noqa: ASYNC110
+        await asyncio.sleep(0.005)
+
+
 class _Done(ap.DelayedOperation):
     """Completes when checked once armed: by the publisher's last trigger."""
 
@@ -81,7 +95,7 @@ async def _subscriber(url: str, parked: int, keys: int) -> None:
             purgatory.try_complete_else_watch(ap.WatermarkOperation(3600), {f"k{i % keys}": 10**15})
         done = _Done(3600)
         finished = asyncio.ensure_future(purgatory.watch(done, [_DONE]))
-        await asyncio.sleep(0)
+        await _routed(triggers, [_DONE, *{f"k{i % keys}" for i in range(parked)}])
         done.armed = True
         cpu = time.process_time()
         _emit(event="ready")
@@ -103,12 +117,14 @@ async def _publisher(url: str, triggers_n: int, batch: int, keys: int) -> None:
             # per trigger, with a message as RedisTriggers would send (from
             # another sender id, so that the subscriber applies it).
             client = aioredis.from_url(url)
+            channel_of = Partitions(_CHANNEL, DEFAULT_PARTITIONS).channel
             try:
                 wire = Batch()
                 for i in range(triggers_n):
                     wire.advances.clear()
                     wire.advances[names[i % keys]] = i
-                    await client.publish(_CHANNEL, encode("floor", wire))
+                    key = names[i % keys]
+                    await client.publish(channel_of(key), encode("floor", wire))
             finally:
                 await client.aclose()
         elif batch == 0:
@@ -210,11 +226,66 @@ def _run_one(
     }
 
 
+def routing_table(total: int = 10_000) -> list[dict[str, Any]]:
+    """What the number of partitions does to interest routing (arithmetic, no Redis).
+
+    For each count of partitions (and a channel per key), with ``total`` keys
+    each triggered once: the share of the triggers a process receives when it
+    watches 100 keys, or 1/8 of the keys (8 processes with disjoint interests);
+    the partitions it then subscribes to; and the messages a publisher sends
+    for one loop iteration that triggers 1,000 distinct keys.
+    """
+    from ._partitions import partition_of
+
+    names = [f"k{i}" for i in range(total)]
+    rows = []
+    for count in (64, 256, 1024, 4096, 16384, 0):
+        parts = [partition_of(key, count) for key in names] if count else list(range(total))
+        row: dict[str, Any] = {"partitions": count or "per key"}
+        for label, mine in (
+            ("100 keys", range(0, total, total // 100)),
+            ("1/8", range(0, total, 8)),
+        ):
+            subscribed = {parts[i] for i in mine}
+            received = sum(1 for p in parts if p in subscribed)
+            row[f"{label}: received %"] = round(100 * received / total, 1)
+            row[f"{label}: subscribed"] = len(subscribed)
+        row["messages per 1,000-key iteration"] = len(set(parts[:1000]))
+        rows.append(row)
+    return rows
+
+
+def sweep_cost(keys: int = 10_000, sweeps: int = 50) -> float:
+    """CPU milliseconds of one sweep of ``keys`` watched keys, none changing (no Redis)."""
+
+    async def measure() -> float:
+        purgatory: ap.Purgatory[Any] = ap.Purgatory("sweep")
+        triggers = RedisTriggers(purgatory, "redis://127.0.0.1:1")  # never entered
+        subscriber = triggers._subscriber
+        assert subscriber is not None
+        for i in range(keys):
+            purgatory.try_complete_else_watch(ap.WatermarkOperation(3600), {f"k{i}": 1})
+        subscriber.sweep()  # the first sweep finds every key
+        cpu = time.process_time()
+        for _ in range(sweeps):
+            subscriber.sweep()
+        cpu = time.process_time() - cpu
+        purgatory.close()
+        return cpu / sweeps * 1e3
+
+    return asyncio.run(measure())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark (see the module documentation); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--role"]:
         _role(argv[1:])
+        return 0
+    if argv[:1] == ["--routing"]:
+        for row in routing_table():
+            print("  ".join(f"{name}: {value}" for name, value in row.items()))
+        print(f"a sweep of 10,000 watched keys, none changing: {sweep_cost():.2f} ms CPU")
         return 0
     parser = argparse.ArgumentParser(
         prog="python -m aiopurgatory.redis.bench",

@@ -29,7 +29,7 @@ from aiopurgatory.redis import (
     RedisTriggersError,
     SyncPublisher,
 )
-from aiopurgatory.redis._wire import redis_key, watermark_prefix
+from aiopurgatory.redis._partitions import DEFAULT_PARTITIONS, Partitions
 from aiopurgatory.redis.testing import RedisServer
 from tests.support.redis import Worker, encode_key
 
@@ -43,7 +43,7 @@ PASSWORD = "s3cr:et@/p%ss"
 def stored_watermark(server: RedisServer, channel: str, key: str | bytes | int) -> bytes | None:
     client = redis.Redis.from_url(server.url)
     try:
-        value = client.get(redis_key(watermark_prefix(channel), key))
+        value = client.get(Partitions(channel, DEFAULT_PARTITIONS).stored_key(key))
         assert value is None or isinstance(value, bytes)
         return value
     finally:
@@ -130,7 +130,7 @@ async def test_a_stored_watermark_reaches_a_subscriber_that_was_away(
     # its subscription restarts) catches up from the stored watermark.
     publisher.advance(7, 10)
     client = redis.Redis.from_url(redis_server.url)
-    ttl = client.pttl(redis_key(watermark_prefix("jobs"), 7))
+    ttl = client.pttl(Partitions("jobs", DEFAULT_PARTITIONS).stored_key(7))
     client.close()
     assert 86_390_000 < int(ttl) <= 86_400_000
     purgatory: ap.Purgatory[ap.WatermarkOperation] = ap.Purgatory("late")
@@ -316,7 +316,7 @@ def test_close_and_a_client_passed_in(redis_server: RedisServer) -> None:
         publisher.advance("k", 2)
     with pytest.raises(RedisTriggersClosedError):
         publisher.check_and_complete("k")
-    assert client.get(redis_key(watermark_prefix("jobs"), "k")) == b"1"  # left open
+    assert client.get(Partitions("jobs", DEFAULT_PARTITIONS).stored_key("k")) == b"1"  # left open
     client.close()
 
     with SyncPublisher(redis_server.url) as owned:

@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 import aiopurgatory as ap
 from aiopurgatory.redis import RedisTriggers
 from aiopurgatory.redis.testing import RedisServer
-from tests.redis.test_redis import eventually, gate_reconnects, subscribers
+from tests.redis.test_redis import eventually, gate_reconnects, routed, subscribers
 from tests.support.redis import Worker, encode_key
 
 pytestmark = pytest.mark.realtime
@@ -36,7 +36,7 @@ async def test_thresholds_across_two_processes(redis_server: RedisServer, worker
                 asyncio.ensure_future(purgatory.watch(x, {b"x": 2})),
                 asyncio.ensure_future(purgatory.watch(seven, {7: 1.5})),
             ]
-            await asyncio.sleep(0)
+            await routed(triggers, b"x", 7)  # watched directly: found by the sweep
             await worker.request("advance", key=encode_key(b"x"), value=1)
             await worker.request("advance", key=encode_key("7"), value=2)  # a str: not 7
             await worker.request("flush")
@@ -93,12 +93,15 @@ async def test_watch_catches_up_with_an_advance_made_before_it(redis_server: Red
     ):
         pub.advance("topic", 10)
         await pub.flush()
-        await eventually(lambda: sub.statistics().received == 1)
-        # Nobody watched "topic" here when the advance came: nothing was kept.
+        # Nobody watched "topic" here when the advance came: it was not even
+        # received (its partition is not subscribed), and nothing was kept.
+        assert sub.statistics().received == 0
         assert purgatory.watermark("topic") is None
-        plain = ap.WatermarkOperation(0.3)
-        assert await purgatory.watch(plain, {"topic": 5}) is ap.Outcome.EXPIRED
-        # RedisTriggers.watch reads the stored watermark after watching.
+        # Watched on the purgatory directly: the next sweep of the watched keys
+        # subscribes its partition and reads the stored watermark.
+        plain = ap.WatermarkOperation(5)
+        assert await purgatory.watch(plain, {"topic": 5}) is ap.Outcome.COMPLETED
+        # RedisTriggers.watch reads the stored watermark after watching, at once.
         caught_up = ap.WatermarkOperation(30)
         assert await sub.watch(caught_up, {"topic": 5}) is ap.Outcome.COMPLETED
         # Not reached yet: waits, and a later advance completes it.
@@ -140,7 +143,9 @@ async def test_a_killed_subscription_resyncs_thousands_of_keys(
         for i in range(n):
             pub.advance(i, 1)
         await pub.flush()
-        assert pub.statistics().published == 3
+        # One message per partition of the keys.
+        of = sub._partitions.of
+        assert pub.statistics().published == len({of(i) for i in range(n)})
         assert await subscribers(redis_client, "c") == 0
         assert not any(op.done() for op in ops)
         gate.set()

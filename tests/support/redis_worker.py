@@ -48,6 +48,19 @@ class Waiting(ap.DelayedOperation):
         return self.force_complete() if self.armed else False
 
 
+async def routed(triggers: RedisTriggers, keys: list[Any]) -> None:
+    """Wait (up to 10 s) until the partitions of ``keys`` are subscribed."""
+    subscriber = triggers._subscriber
+    assert subscriber is not None
+    of = triggers._partitions.of
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while not all(of(key) in subscriber._confirmed for key in keys):
+        if loop.time() > deadline:
+            raise TimeoutError(f"the partitions of {keys!r} were not subscribed in 10 s")
+        await asyncio.sleep(0.005)
+
+
 def emit(**event: Any) -> None:
     sys.stdout.write(json.dumps(event) + "\n")
     sys.stdout.flush()
@@ -81,6 +94,9 @@ async def main(url: str, channel: str, options: dict[str, Any]) -> None:
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 await asyncio.sleep(0)  # watched before the reply
+                # ... and its keys' partitions subscribed (found by the sweep of the
+                # purgatory's keys), so that what the test publishes next is received.
+                await routed(triggers, list(thresholds or keys))
                 emit(event="watch", id=command["id"])
             elif cmd == "arm":
                 ops[command["id"]].armed = True

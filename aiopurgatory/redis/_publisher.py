@@ -1,0 +1,261 @@
+"""Publishing: the triggers of one loop iteration leave as one round trip, per partition a message.
+
+A :class:`Sender` gathers triggers in its *pending batch* (:class:`~._wire.Batch`);
+its task wakes on the next loop iteration and sends the whole batch: the batch
+is split by partition (:mod:`._partitions`), each partition's part becomes one
+message on that partition's channel (or several, past
+:data:`MAX_MESSAGE_TRIGGERS`), and all of them go in one round trip. A part with
+advances goes through the script that raises each key's stored watermark
+(atomic max, TTL refreshed) and publishes the message: atomic, and within one
+Cluster slot, since a partition's channel and watermarks share a hash tag. A
+batch that fails to send is kept (merged with what came after: triggers are
+idempotent, so sending one twice or late is harmless) and retried with backoff.
+
+The sender also carries the subscriber's canaries (:meth:`Sender.send_canary`):
+a canary published on the path every trigger takes proves, when it comes back,
+that the subscription delivers what is published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable
+from typing import Any, Final
+
+from redis.exceptions import NoScriptError
+
+from ._link import CONNECTION_ERRORS, CONNECTION_LOST, Link
+from ._partitions import Partitions
+from ._wire import Batch, encode, redis_key, stored
+
+__all__ = ["ADVANCE_SCRIPT", "MAX_MESSAGE_TRIGGERS", "Sender", "publish_commands"]
+
+#: A batch larger than this leaves as several messages, so that no message grows
+#: past what a slow subscriber's output buffer in Redis tolerates.
+MAX_MESSAGE_TRIGGERS: Final = 1024
+
+# KEYS: watermark keys (one slot). ARGV[1]: TTL in ms, ARGV[2]: the publish
+# command (PUBLISH, or SPUBLISH on a cluster), ARGV[3]: channel, ARGV[4]: message,
+# ARGV[4 + i]: the value for KEYS[i] (decimal text). Raises each key to at least
+# its value and refreshes its TTL, then publishes: one round trip, atomic.
+ADVANCE_SCRIPT: Final = """
+local ttl = ARGV[1]
+for i, key in ipairs(KEYS) do
+  local new = ARGV[i + 4]
+  local current = tonumber(redis.call('GET', key) or '')
+  if current == nil or current < tonumber(new) then
+    redis.call('SET', key, new, 'PX', ttl)
+  else
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+return redis.call(ARGV[2], ARGV[3], ARGV[4])
+"""
+ADVANCE_SHA: Final = hashlib.sha1(ADVANCE_SCRIPT.encode("ascii")).hexdigest()
+
+
+def publish_commands(
+    sender: str, batch: Batch, partitions: Partitions, ttl_ms: bytes, publish: bytes
+) -> list[tuple[Any, ...]]:
+    """The commands that send ``batch``: per partition (and per
+    :data:`MAX_MESSAGE_TRIGGERS` triggers) one PUBLISH, or one EVALSHA of
+    :data:`ADVANCE_SCRIPT` when it holds advances."""
+    by_partition: dict[int, Batch] = {}
+    of = partitions.of
+    for key in batch.checks:
+        n = of(key)
+        part = by_partition.get(n)
+        if part is None:
+            part = by_partition[n] = Batch()
+        part.checks[key] = None
+    for key, value in batch.advances.items():
+        n = of(key)
+        part = by_partition.get(n)
+        if part is None:
+            part = by_partition[n] = Batch()
+        part.advances[key] = value
+    commands: list[tuple[Any, ...]] = []
+    for n, whole in by_partition.items():
+        channel = partitions.channels[n]
+        prefix = partitions.prefix(n)
+        for part in whole.split(MAX_MESSAGE_TRIGGERS):
+            message = encode(sender, part)
+            if part.advances:
+                keys = [redis_key(prefix, key) for key in part.advances]
+                commands.append(
+                    (
+                        "EVALSHA",
+                        ADVANCE_SHA,
+                        len(keys),
+                        *keys,
+                        ttl_ms,
+                        publish,
+                        channel,
+                        message,
+                        *map(stored, part.advances.values()),
+                    )
+                )
+            else:
+                commands.append((publish, channel, message))
+    return commands
+
+
+class Sender:
+    """The pending batch and the task that sends it, on a :class:`~._link.Link` of its own.
+
+    Args:
+        instance: the owner's instance id (carried by every message).
+        link: the connection it sends on (no one else uses it).
+        partitions: the channel's partitions.
+        ttl_ms: stored watermarks' TTL, milliseconds as decimal bytes.
+        publish: ``b"PUBLISH"``, or ``b"SPUBLISH"`` on a cluster.
+        backoff: the wait before the n-th retry (n from 1), in seconds.
+        record_error: records a connection failure in the owner's statistics;
+            returns its redacted text.
+        record_bug: records an unexpected failure; returns its redacted text.
+        on_result: called with True after a send succeeded, False after one
+            failed (a publisher only shows it as ``connected``).
+        logger: the owner's bound logger.
+    """
+
+    def __init__(
+        self,
+        instance: str,
+        link: Link,
+        partitions: Partitions,
+        *,
+        ttl_ms: bytes,
+        publish: bytes,
+        backoff: Callable[[int], float],
+        record_error: Callable[[BaseException], str],
+        record_bug: Callable[[BaseException], str],
+        on_result: Callable[[bool], None],
+        logger: Any,
+    ) -> None:
+        self._id = instance
+        self.link = link
+        self._partitions = partitions
+        self._ttl_ms = ttl_ms
+        self._publish = publish
+        self._backoff = backoff
+        self._record_error = record_error
+        self._record_bug = record_bug
+        self._on_result = on_result
+        self._logger = logger
+        self.pending = Batch()
+        self._pending_waiters: list[asyncio.Future[None]] = []
+        self._inflight_waiters: list[asyncio.Future[None]] = []
+        self.inflight = 0
+        self._canaries: list[bytes] = []  # canary messages to publish
+        self.wakeup = asyncio.Event()
+        self.published = 0
+        self.publish_errors = 0
+
+    # -- requests (any task of the loop) ------------------------------------------------
+
+    def send_canary(self, message: bytes) -> None:
+        """Publish ``message`` on this process's canary channel with the next round trip."""
+        self._canaries.append(message)
+        self.wakeup.set()
+
+    def wait_sent(self) -> asyncio.Future[None]:
+        """A future set when every trigger gathered so far has been sent."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        (self._pending_waiters if self.pending else self._inflight_waiters).append(waiter)
+        return waiter
+
+    def fail_waiters(self, exc: BaseException) -> None:
+        """Fail every ``wait_sent`` future not yet set (at close)."""
+        for waiter in (*self._inflight_waiters, *self._pending_waiters):
+            if not waiter.done():
+                waiter.set_exception(exc)
+        self._inflight_waiters = []
+        self._pending_waiters = []
+
+    def __len__(self) -> int:
+        """Triggers gathered and not yet sent (distinct keys)."""
+        return len(self.pending) + self.inflight
+
+    # -- the task ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Send batches until cancelled; failures are retried, never raised."""
+        wakeup = self.wakeup
+        failures = 0
+        while True:
+            await wakeup.wait()
+            wakeup.clear()
+            if self._canaries:
+                canaries, self._canaries = self._canaries, []
+                try:
+                    with CONNECTION_LOST:
+                        await self.link.execute(
+                            *[(self._publish, self._partitions.canary, m) for m in canaries]
+                        )
+                except CONNECTION_ERRORS:
+                    pass  # a canary that is not sent is not received: the watchdog sees it
+            while self.pending:
+                batch, self.pending = self.pending, Batch()
+                waiters, self._pending_waiters = self._pending_waiters, []
+                self.inflight = len(batch)
+                self._inflight_waiters = waiters
+                try:
+                    with CONNECTION_LOST:
+                        await self._send(batch)
+                except CONNECTION_ERRORS as exc:
+                    failures += 1
+                    self.publish_errors += 1
+                    text = self._record_error(exc)
+                    self._on_result(False)
+                    if failures == 1:
+                        self._logger.warning(
+                            "aiopurgatory.redis.publish_failed", error=text, triggers=len(batch)
+                        )
+                    # Keep the batch, ahead of what came since; retry after a backoff.
+                    batch.merge(self.pending)
+                    self.pending = batch
+                    self._pending_waiters = self._inflight_waiters + self._pending_waiters
+                    self.inflight = 0
+                    self._inflight_waiters = []
+                    await asyncio.sleep(self._backoff(failures))
+                    continue
+                except Exception as exc:  # a bug: never end the sender silently
+                    self.publish_errors += 1
+                    self._logger.error(
+                        "aiopurgatory.redis.send_failed",
+                        error=self._record_bug(exc),
+                        triggers=len(batch),
+                    )
+                if failures:
+                    self._logger.warning("aiopurgatory.redis.publish_resumed", attempts=failures)
+                    failures = 0
+                self._on_result(True)
+                self.inflight = 0
+                self._inflight_waiters = []
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+
+    async def _send(self, batch: Batch) -> None:
+        commands = publish_commands(self._id, batch, self._partitions, self._ttl_ms, self._publish)
+        replies = await self.link.execute(*commands)
+        missing = [
+            command
+            for command, reply in zip(commands, replies, strict=True)
+            if isinstance(reply, NoScriptError)
+        ]
+        if missing:
+            # Redis does not have the script yet (new, restarted, SCRIPT FLUSH):
+            # load it and send those again.
+            await self.link.execute(("SCRIPT", "LOAD", ADVANCE_SCRIPT))
+            replies = await self.link.execute(*missing)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                # An error reply (READONLY from a primary demoted by a failover,
+                # LOADING from one restarting...): the next attempt takes a new
+                # connection, which a Sentinel-managed pool points at the
+                # current primary.
+                await self.link.drop()
+                raise reply
+        self.published += len(commands)

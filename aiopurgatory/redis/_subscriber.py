@@ -1,0 +1,541 @@
+"""Subscribing: the partitions of the watched keys, on one connection, kept alive and delivering.
+
+A :class:`Subscriber` owns one connection (not redis-py's PubSub, whose own
+retries would reconnect behind our back and skip the resync) and three tasks'
+worth of work, run by :meth:`Subscriber.run`:
+
+* **Interest.** The connection listens on the control channel, on this process's
+  canary channel, and on the partition channels (:mod:`._partitions`) of the
+  keys the purgatory watches, no others: a process that watches nothing
+  receives no trigger. A key watched through ``RedisTriggers.watch`` is known at
+  once (:meth:`Subscriber.need`); a key watched on the purgatory directly is
+  found by a sweep of the purgatory's keys every ``sweep_interval`` seconds.
+  A key whose partition is not subscribed yet waits for the confirmation of its
+  SUBSCRIBE, then is read *and checked* once (:meth:`WatermarkReader.want`):
+  subscribed first, read next, so nothing published in between slips through.
+  A partition is released (UNSUBSCRIBE) once no watched key has been in it for
+  ``linger`` seconds, so short-lived keys (one long poll after another on one
+  topic) do not subscribe and unsubscribe each time.
+* **Liveness.** After a silent health-check interval (nothing delivered), a PING
+  goes down the connection and a *canary* (a message to this process's canary
+  channel) goes out on the publishing path. If neither has come back after a
+  second interval the connection is dead; if the PING came back but the canary
+  did not, the connection is *deaf* (connected, not delivering: subscribed on a
+  node that no longer gets the publishes, a subscription dropped by the server):
+  counted in ``deaf_detected``. Either way the connection is dropped and renewed.
+* **Renewal.** Any error ends the connection, never the task: it reconnects with
+  exponential backoff and jitter, subscribes to every partition still wanted,
+  and asks the reader for a *resync* (every watched key read and checked). A
+  partition the server unsubscribes by itself is subscribed again, and resynced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import secrets
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Final
+
+from redis.exceptions import RedisError
+
+from .._purgatory import Purgatory
+from ._link import CONNECTION_ERRORS, CONNECTION_LOST
+from ._partitions import Partitions
+from ._publisher import Sender
+from ._reader import WatermarkReader
+from ._wire import Key, MalformedMessage, decode, wire_keys
+
+__all__ = ["DeafSubscription", "Subscriber"]
+
+#: Channels per SUBSCRIBE/UNSUBSCRIBE command (a long list is sent in parts).
+_CHANNELS_PER_COMMAND: Final = 1000
+
+
+class DeafSubscription(RedisError):
+    """The subscription answered PING but did not deliver its own canary."""
+
+
+class Subscriber:
+    """The subscription of one RedisTriggers (see the module documentation).
+
+    Args:
+        purgatory: the local purgatory.
+        partitions: the channel's partitions.
+        new_connection: makes a new, unconnected redis-py asyncio connection.
+        reader: the owner's watermark reader (catch-up, resync).
+        sender: the owner's sender (it publishes the canaries).
+        health_check_interval: seconds of silence before a probe; as long again
+            for its answer.
+        command_timeout: seconds for connecting and subscribing.
+        linger: seconds a partition stays subscribed with no watched key.
+        sweep_interval: seconds between sweeps of the purgatory's keys.
+        backoff: the wait before the n-th reconnection (n from 1), in seconds.
+        record_error: records a connection failure; returns its redacted text.
+        record_bug: records an unexpected failure; returns its redacted text.
+        logger: the owner's bound logger.
+    """
+
+    def __init__(
+        self,
+        instance: str,
+        purgatory: Purgatory[Any],
+        partitions: Partitions,
+        new_connection: Callable[[], Any],
+        reader: WatermarkReader,
+        sender: Sender,
+        *,
+        health_check_interval: float,
+        command_timeout: float,
+        linger: float,
+        sweep_interval: float,
+        backoff: Callable[[int], float],
+        record_error: Callable[[BaseException], str],
+        record_bug: Callable[[BaseException], str],
+        logger: Any,
+    ) -> None:
+        self._id = instance
+        self._purgatory = purgatory
+        self._partitions = partitions
+        self._new_connection = new_connection
+        self._reader = reader
+        self._sender = sender
+        self._health_check_interval = health_check_interval
+        self._command_timeout = command_timeout
+        self._linger = linger
+        self._sweep_interval = sweep_interval
+        self._backoff = backoff
+        self._record_error = record_error
+        self._record_bug = record_bug
+        self._logger = logger
+        self._advance = purgatory.advance
+        self._check = purgatory.check_and_complete
+
+        # Partition -> the loop time a watched key was last seen in it.
+        self._wanted: dict[int, float] = {}
+        # Partitions whose SUBSCRIBE the current connection confirmed.
+        self._confirmed: set[int] = set()
+        # Requests sent on the current connection and not yet confirmed, per
+        # partition (replies come in the order of the requests).
+        self._subscribing: dict[int, int] = {}
+        self._unsubscribing: dict[int, int] = {}
+        # Keys waiting for their partition's confirmation, then read and checked.
+        self._waiting: dict[int, dict[Key, None]] = {}
+        # Partitions to (un)subscribe at the next turn of the keeper.
+        self._to_subscribe: set[int] = set()
+        self._to_unsubscribe: set[int] = set()
+        self._changed = asyncio.Event()
+        # The sweep's view: the purgatory's keys at the last sweep, the partition
+        # of each, how many of them each partition holds, and since when a
+        # wanted partition has held none (released after ``linger``).
+        self._swept: set[Any] = set()
+        self._key_partition: dict[Key, int] = {}
+        self._key_count: dict[int, int] = {}
+        self._idle: dict[int, float] = {}
+
+        self.connection: Any = None
+        self.connected = False
+        self.reconnects = 0
+        self.received = 0
+        self.echoes = 0
+        self.malformed = 0
+        self.applied = 0
+        self.completed = 0
+        self.deaf_detected = 0
+        self._delivered = 0  # messages read on the connection (the watchdog's count)
+        self._pongs = 0
+        self._canary: bytes | None = None  # the canary out, not yet back
+        self._failure: BaseException | None = None  # why the keeper ended the connection
+
+    @property
+    def subscribed(self) -> int:
+        """Partition channels subscribed now (confirmed by Redis)."""
+        return len(self._confirmed)
+
+    def covers(self, keys: Iterable[Key]) -> bool:
+        """The partitions of ``keys`` are all subscribed now (for benchmarks and tests)."""
+        of = self._partitions.of
+        return all(of(key) in self._confirmed for key in keys)
+
+    # -- interest (any task of the loop) -----------------------------------------------
+
+    def need(self, keys: Iterable[Key]) -> None:
+        """``keys`` were just watched (through ``RedisTriggers.watch``): catch them up.
+
+        Keys whose partition is subscribed are read at once; the others after
+        their partition's SUBSCRIBE is confirmed (then also checked once).
+        """
+        now = asyncio.get_running_loop().time()
+        of = self._partitions.of
+        wanted = self._wanted
+        confirmed = self._confirmed
+        ready: list[Key] = []
+        count = self._key_count
+        idle = self._idle
+        for key in keys:
+            n = of(key)
+            wanted[n] = now
+            if n not in count:
+                idle[n] = now  # released after linger unless the sweep finds its key
+            if n in confirmed:
+                ready.append(key)
+            else:
+                self._wait(n, key)
+        if ready:
+            self._reader.want(ready)
+
+    def _wait(self, n: int, key: Key) -> None:
+        waiting = self._waiting.get(n)
+        if waiting is None:
+            waiting = self._waiting[n] = {}
+            if not self._subscribing.get(n):
+                self._to_subscribe.add(n)
+                self._to_unsubscribe.discard(n)
+                self._changed.set()
+        waiting[key] = None
+
+    def sweep(self) -> None:
+        """Subscribe the partitions of keys watched directly; release the idle ones.
+
+        The purgatory's keys are compared with the last sweep's as sets (C loops);
+        only the keys that came or went since are looked at one by one, so a
+        sweep over many watched keys that did not change costs little.
+        """
+        purgatory = self._purgatory
+        if purgatory.closed:
+            return
+        now = asyncio.get_running_loop().time()
+        keys = set(purgatory.keys())
+        swept = self._swept
+        partition_of_key = self._key_partition
+        count = self._key_count
+        idle = self._idle
+        wanted = self._wanted
+        for key in swept - keys:
+            n = partition_of_key.pop(key, None)
+            if n is None:
+                continue  # a key that cannot cross the wire
+            left = count[n] - 1
+            if left:
+                count[n] = left
+            else:
+                del count[n]
+                idle[n] = now
+        of = self._partitions.of
+        confirmed = self._confirmed
+        for key in wire_keys(keys - swept):
+            n = partition_of_key[key] = of(key)
+            count[n] = count.get(n, 0) + 1
+            idle.pop(n, None)
+            wanted[n] = now
+            if n not in confirmed:
+                self._wait(n, key)
+        self._swept = keys
+        linger = self._linger
+        for n in [n for n, since in idle.items() if now - since > linger]:
+            del idle[n]
+            self._release(n)
+
+    def _release(self, n: int) -> None:
+        self._wanted.pop(n, None)
+        self._waiting.pop(n, None)
+        self._to_subscribe.discard(n)
+        if n in self._confirmed or self._subscribing.get(n):
+            self._confirmed.discard(n)
+            self._to_unsubscribe.add(n)
+            self._changed.set()
+
+    # -- the task ------------------------------------------------------------------------
+
+    async def run(self, connection: Any, subscribe: Callable[[], Awaitable[Any]]) -> None:
+        """Listen until cancelled: on ``connection`` (from :meth:`subscribe`), then on
+        the connections ``subscribe`` makes after each loss."""
+        attempt = 0
+        logged_failure: str | None = None
+        sweeping = asyncio.create_task(
+            self._sweep_loop(), name=f"aiopurgatory-redis-sweep-{self._id}"
+        )
+        try:
+            while True:
+                if connection is None:
+                    try:
+                        with CONNECTION_LOST:
+                            connection = await subscribe()
+                    except CONNECTION_ERRORS as exc:
+                        attempt += 1
+                        text = self._record_error(exc)
+                        # Once per distinct cause (refused while Redis restarts, then
+                        # a wrong password...): an outage is a few lines, not one per try.
+                        log = self._logger.debug if text == logged_failure else self._logger.warning
+                        logged_failure = text
+                        log("aiopurgatory.redis.reconnect_failed", error=text, attempt=attempt)
+                        await asyncio.sleep(self._backoff(attempt))
+                        continue
+                    self.reconnects += 1
+                    self._logger.warning("aiopurgatory.redis.reconnected", attempts=attempt + 1)
+                    attempt = 0
+                    logged_failure = None
+                try:
+                    with CONNECTION_LOST:
+                        await self._listen(connection)
+                except CONNECTION_ERRORS as exc:
+                    text = self._record_error(exc)
+                    self._logger.warning("aiopurgatory.redis.disconnected", error=text)
+                except Exception as exc:  # a bug: log it, reconnect, never end silently
+                    text = self._record_bug(exc)
+                    self._logger.error("aiopurgatory.redis.subscriber_failed", error=text)
+                self.connected = False
+                self._confirmed.clear()
+                await connection.disconnect(nowait=True)
+                connection = self.connection = None
+                # Even the first attempt waits a little, so a restarted Redis is
+                # not hit by every process at once.
+                attempt = 1
+                await asyncio.sleep(self._backoff(attempt))
+        finally:
+            sweeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeping
+
+    async def subscribe(self) -> Any:
+        """A new connection subscribed to every wanted partition (confirmed), resync asked.
+
+        Bounded by ``command_timeout``, the connect included.
+        """
+        connection = self._new_connection()
+        partitions = self._partitions
+        wanted = list(self._wanted)
+        channels = [partitions.control, partitions.canary]
+        channels += [partitions.channels[n] for n in wanted]
+        try:
+            try:
+                async with asyncio.timeout(self._command_timeout):
+                    await connection.connect()
+                    for start in range(0, len(channels), _CHANNELS_PER_COMMAND):
+                        await connection.send_command(
+                            "SUBSCRIBE",
+                            *channels[start : start + _CHANNELS_PER_COMMAND],
+                            check_health=False,
+                        )
+                    confirmed = 0
+                    while confirmed < len(channels):
+                        reply = await connection.read_response(timeout=math.inf)
+                        kind = reply[0] if isinstance(reply, list) and len(reply) == 3 else None
+                        if kind == b"subscribe":
+                            confirmed += 1
+                        elif kind == b"message":
+                            # Published after an earlier part of the SUBSCRIBE: applied.
+                            self._deliver(reply[1], reply[2])
+                        else:
+                            raise RedisError(f"unexpected reply to SUBSCRIBE: {reply!r:.80}")
+            except TimeoutError:
+                raise TimeoutError(
+                    f"no reply to SUBSCRIBE within {self._command_timeout:g} s"
+                ) from None
+        except BaseException:
+            await connection.disconnect(nowait=True)
+            raise
+        self.connection = connection
+        self.connected = True
+        self._subscribing.clear()
+        self._unsubscribing.clear()
+        self._to_unsubscribe.clear()
+        self._confirmed = set(wanted)
+        self._to_subscribe = {n for n in self._wanted if n not in self._confirmed}
+        if self._to_subscribe:
+            self._changed.set()
+        # Subscribed first, read next: nothing published in between is missed.
+        # The resync reads and checks every watched key: the waiting ones too.
+        self._waiting = {n: keys for n, keys in self._waiting.items() if n in self._to_subscribe}
+        self._reader.request_resync()
+        return connection
+
+    async def drop(self) -> None:
+        """Close the connection (at close)."""
+        connection, self.connection = self.connection, None
+        self.connected = False
+        self._confirmed.clear()
+        if connection is not None:
+            await connection.disconnect(nowait=True)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._sweep_interval)
+            try:
+                self.sweep()
+            except Exception as exc:  # a bug: loud, and the sweeps go on
+                self._logger.error("aiopurgatory.redis.sweep_failed", error=self._record_bug(exc))
+
+    async def _listen(self, connection: Any) -> None:
+        """Apply messages until the connection fails (this only returns by raising).
+
+        The read has no timeout (a timeout per read would cost more than the
+        rest of a message's handling); the keeper task looks at the count of
+        messages delivered instead, once per health-check interval.
+        """
+        read = connection.read_response
+        deliver = self._deliver
+        partition_of_channel = self._partitions.partition_of_channel
+        self._failure = None
+        keeper = asyncio.create_task(self._keep(connection))
+        keeper.add_done_callback(self._keeper_ended)
+        try:
+            while True:
+                response = await read(timeout=math.inf)
+                if type(response) is list and len(response) == 3:
+                    kind = response[0]
+                    if kind == b"message":
+                        deliver(response[1], response[2])
+                        continue
+                    if kind == b"subscribe":
+                        self._confirm(partition_of_channel(response[1]))
+                        continue
+                    if kind == b"unsubscribe":
+                        self._unsubscribed(partition_of_channel(response[1]))
+                        continue
+                if type(response) is list and response and response[0] == b"pong":
+                    self._pongs += 1
+        except BaseException:
+            failure = self._failure
+            if failure is not None:
+                raise failure from None
+            raise
+        finally:
+            keeper.cancel()
+
+    def _confirm(self, n: int | None) -> None:
+        if n is None:
+            return
+        pending = self._subscribing.get(n, 0)
+        if pending:
+            self._subscribing[n] = pending - 1
+        # An UNSUBSCRIBE still unanswered was sent after this SUBSCRIBE: not ours to keep.
+        if n in self._wanted and not self._unsubscribing.get(n):
+            self._confirmed.add(n)
+            keys = self._waiting.pop(n, None)
+            if keys:
+                self._reader.want(keys, check=True)
+
+    def _unsubscribed(self, n: int | None) -> None:
+        if n is None:
+            return
+        pending = self._unsubscribing.get(n, 0)
+        if pending:
+            self._unsubscribing[n] = pending - 1
+            return
+        # The server dropped a subscription we did not release: subscribe
+        # again, and resync (what was published meanwhile was missed).
+        self._confirmed.discard(n)
+        if n in self._wanted:
+            self._logger.warning("aiopurgatory.redis.unsubscribed_by_server", partition=n)
+            self._to_subscribe.add(n)
+            self._changed.set()
+            self._reader.request_resync()
+
+    async def _keep(self, connection: Any) -> None:
+        """Send the (un)subscriptions asked for, and probe the connection when silent."""
+        interval = self._health_check_interval
+        loop = asyncio.get_running_loop()
+        changed = self._changed
+        seen = self._delivered
+        next_tick = loop.time() + interval
+        probe: int | None = None  # the PONG count when the probe went out
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, next_tick - loop.time())):
+                    await changed.wait()
+            if changed.is_set():
+                changed.clear()
+                # A failed send: the reader sees the broken connection too.
+                with contextlib.suppress(*CONNECTION_ERRORS), CONNECTION_LOST:
+                    await self._send_changes(connection)
+            if loop.time() < next_tick:
+                continue
+            next_tick = loop.time() + interval
+            if self._delivered != seen:
+                seen = self._delivered
+                probe = None
+            elif probe is None:
+                probe = self._pongs
+                self._canary = f"{self._id}:{secrets.token_hex(4)}".encode("ascii")
+                self._sender.send_canary(self._canary)
+                with contextlib.suppress(*CONNECTION_ERRORS), CONNECTION_LOST:
+                    await connection.send_command("PING", check_health=False)
+            elif self._pongs == probe:
+                self._failure = TimeoutError(
+                    f"no reply to a health-check PING within {interval:g} s"
+                )
+                # The reader, blocked in its read, fails on the closed connection.
+                await connection.disconnect(nowait=True)
+                return
+            else:
+                self.deaf_detected += 1
+                self._failure = DeafSubscription(
+                    f"the subscription answered PING but its canary did not come back "
+                    f"within {interval:g} s"
+                )
+                self._logger.warning("aiopurgatory.redis.deaf_subscription", seconds=interval)
+                await connection.disconnect(nowait=True)
+                return
+
+    async def _send_changes(self, connection: Any) -> None:
+        partitions = self._partitions
+        leave = sorted(self._to_unsubscribe)
+        join = sorted(self._to_subscribe)
+        self._to_unsubscribe = set()
+        self._to_subscribe = set()
+        for n in leave:
+            self._unsubscribing[n] = self._unsubscribing.get(n, 0) + 1
+        for n in join:
+            self._subscribing[n] = self._subscribing.get(n, 0) + 1
+        for command, group in (("UNSUBSCRIBE", leave), ("SUBSCRIBE", join)):
+            channels = [partitions.channels[n] for n in group]
+            for start in range(0, len(channels), _CHANNELS_PER_COMMAND):
+                part = channels[start : start + _CHANNELS_PER_COMMAND]
+                await connection.send_command(command, *part, check_health=False)
+
+    def _keeper_ended(self, task: asyncio.Task[None]) -> None:
+        # Its failures are the connection's (the reader sees them); a bug is logged.
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._logger.error("aiopurgatory.redis.watchdog_failed", error=self._record_bug(exc))
+
+    # -- messages ------------------------------------------------------------------------
+
+    def _deliver(self, channel: bytes, data: bytes) -> None:
+        self._delivered += 1
+        if channel == self._partitions.canary:
+            if data == self._canary:
+                self._canary = None
+        else:
+            self._on_message(data)
+
+    def _on_message(self, data: bytes) -> None:
+        try:
+            sender, checks, advances = decode(data)
+        except MalformedMessage as exc:
+            self.malformed += 1
+            if self.malformed == 1:
+                self._logger.warning("aiopurgatory.redis.malformed_message", error=str(exc))
+            return
+        if sender == self._id:
+            self.echoes += 1
+            return
+        self.received += 1
+        if self._purgatory.closed:
+            return
+        completed = 0
+        try:
+            advance = self._advance
+            for key, value in advances:
+                completed += advance(key, value)
+            check = self._check
+            for key in checks:
+                completed += check(key)
+        except Exception as exc:  # a bug (callbacks' failures are contained by the purgatory)
+            self._logger.error("aiopurgatory.redis.apply_failed", error=self._record_bug(exc))
+        self.applied += len(advances) + len(checks)
+        self.completed += completed

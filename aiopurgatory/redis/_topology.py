@@ -1,0 +1,119 @@
+"""Where the connections go: one server, or the primary a set of Sentinels names.
+
+A :class:`RedisTriggers` never uses a redis-py pool's connections; it takes a
+pool's *settings* and makes its own connections from them. This module turns
+what the user passed (a URL, or a client) into such a pool:
+
+* ``redis://``, ``rediss://``, ``unix://``: redis-py's ``ConnectionPool.from_url``.
+* ``redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]``
+  (``rediss+sentinel://`` for TLS to the data servers): a
+  ``SentinelConnectionPool``, whose connections ask a sentinel for the current
+  primary each time they connect. A connection renewed after a failover (lost,
+  or found deaf by its canary) therefore lands on the new primary. The password
+  is the data servers'; the sentinels are asked without one.
+* A ``redis.asyncio.Redis`` client: its pool (a Sentinel-managed client's is a
+  ``SentinelConnectionPool``, which works the same way).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis.asyncio as aioredis
+
+__all__ = ["Target", "describe_pool", "target_for_url"]
+
+_SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
+
+
+@dataclass
+class Target:
+    """A pool whose settings make the connections, and what to close with it."""
+
+    pool: aioredis.ConnectionPool
+    where: str
+    # Clients the library made to reach the sentinels (closed by aclose()).
+    sentinel_clients: list[aioredis.Redis] = field(default_factory=list)
+
+    async def aclose(self) -> None:
+        clients, self.sentinel_clients = self.sentinel_clients, []
+        for client in clients:
+            await client.aclose()
+
+
+def target_for_url(url: str, timeout: float) -> Target:
+    """The pool for ``url`` (see the module documentation).
+
+    Raises:
+        ValueError: not a usable URL (the message never holds the password).
+    """
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in _SENTINEL_SCHEMES:
+        return _sentinel(url, _SENTINEL_SCHEMES[scheme], timeout)
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        raise ValueError("Redis Cluster is not supported yet (see docs/distributed.md, Topologies)")
+    pool = aioredis.ConnectionPool.from_url(url, socket_connect_timeout=timeout)
+    return Target(pool, "")
+
+
+def _sentinel(url: str, tls: bool, timeout: float) -> Target:
+    from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)
+    username = password = None
+    if len(netloc) == 2:
+        user, _, secret = netloc[0].partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if secret else None
+    hosts: list[tuple[str, int]] = []
+    for item in netloc[-1].split(","):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"a sentinel must be host:port, got {item!r}")
+        hosts.append((host.strip("[]"), int(port)))
+    path = [p for p in parts.path.split("/") if p]
+    if not path or len(path) > 2:
+        raise ValueError(
+            "a Sentinel URL names its service: redis+sentinel://host:port/service[/db]"
+        )
+    service = unquote(path[0])
+    db = 0
+    if len(path) == 2:
+        if not path[1].isdigit():
+            raise ValueError(f"the database must be a number, got {path[1]!r}")
+        db = int(path[1])
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        hosts,
+        sentinel_kwargs={"socket_connect_timeout": timeout, "socket_timeout": timeout},
+        socket_connect_timeout=timeout,
+    )
+    options: dict[str, Any] = {"db": db, "socket_connect_timeout": timeout}
+    if username is not None:
+        options["username"] = username
+    if password is not None:
+        options["password"] = password
+    if tls:
+        options["ssl"] = True
+    pool = SentinelConnectionPool(service, sentinel, **options)  # type: ignore[no-untyped-call]
+    seeds = ",".join(f"{host}:{port}" for host, port in hosts)
+    auth = f"{username or ''}:***@" if password else (f"{username}@" if username else "")
+    where = f"{'rediss' if tls else 'redis'}+sentinel://{auth}{seeds}/{service}/{db}"
+    return Target(pool, where, list(sentinel.sentinels))
+
+
+def describe_pool(pool: aioredis.ConnectionPool) -> str | None:
+    """How to show a Sentinel-managed pool (None for any other: shown by its settings)."""
+    from redis.asyncio.sentinel import SentinelConnectionPool
+
+    if isinstance(pool, SentinelConnectionPool):
+        manager = pool.sentinel_manager
+        seeds = ",".join(
+            f"{s.connection_pool.connection_kwargs.get('host')}:"
+            f"{s.connection_pool.connection_kwargs.get('port')}"
+            for s in manager.sentinels
+        )
+        return f"redis+sentinel://{seeds}/{pool.service_name}"
+    return None
