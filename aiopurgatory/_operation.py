@@ -39,7 +39,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._backends import done_callback_scheduler, new_waiter, running_call_soon_threadsafe
-from ._errors import as_seconds
+from ._validation import as_seconds
 from ._logging import LazyLogger
 from ._timer import _TimerEntry
 

@@ -5,6 +5,8 @@ cimport cython
 
 from aiopurgatory._histogram cimport _Recorder
 from aiopurgatory._operation cimport DelayedOperation, _Owner
+from aiopurgatory._thresholds cimport ThresholdEntry, ThresholdIndex
+from aiopurgatory._validation cimport keys_of, thresholds_of
 from aiopurgatory._timer cimport Timer
 
 cdef extern from *:
@@ -18,51 +20,11 @@ cdef extern from *:
 
 # Read per operation: C variables, never looked up by name.
 cdef object COMPLETED, EXPIRED, CANCELLED
-cdef object heappop, heappush, insort
 cdef dict _modules
 
 
-@cython.locals(i=Py_ssize_t, j=Py_ssize_t, h=Py_hash_t)
-cdef bint _distinct_and_hashable(list keys, Py_ssize_t n) except -1
-@cython.locals(n=Py_ssize_t)
-cpdef tuple _keys_of(keys)
-@cython.locals(plain=bint, watched=list, thresholds=list)
-cpdef tuple _thresholds_of(keys)
 @cython.locals(op=DelayedOperation, completed=Py_ssize_t)
 cdef Py_ssize_t _check_ops(list ops) except -1
-
-
-@cython.final
-cdef class _Entry:
-    cdef public Py_ssize_t number
-    cdef public object op
-    cdef public object threshold
-
-
-@cython.locals(entry=_Entry)
-cdef _Entry _new_entry(threshold, Py_ssize_t number, op)
-@cython.locals(entry=_Entry)
-cdef list _unfinished(list entries)
-
-
-cdef class _Thresholds:
-    cdef public Py_ssize_t count
-    cdef public Py_ssize_t head
-    cdef public list heap
-    cdef public Py_ssize_t live
-    cdef public object mark
-    cdef public list reached
-    cdef public list run
-
-    @cython.locals(mark=object, run=list)
-    cpdef add(self, _Entry entry)
-    cpdef list pending(self)
-    @cython.locals(reached=list, checked=list, kept=list, run=list, heap=list,
-                   head=Py_ssize_t, end=Py_ssize_t, entry=_Entry)
-    cpdef list reach(self, value)
-    @cython.locals(heap=list, run=list, reached=list, waiting=Py_ssize_t,
-                   live=Py_ssize_t, count=Py_ssize_t)
-    cpdef remove(self, threshold)
 
 
 cdef class _PurgatoryCore(_Owner):
@@ -92,21 +54,22 @@ cdef class _PurgatoryCore(_Owner):
     cdef bint _watch_any(self, op, keys) except -1
     @cython.locals(timer=Timer, watchers=dict, ops=dict)
     cdef bint _watch(self, DelayedOperation op, tuple keys, tuple thresholds) except -1
-    @cython.locals(everything=dict, watch=_Thresholds, i=Py_ssize_t, n=Py_ssize_t, 
-                   entry=_Entry, entries=list)
+    @cython.locals(everything=dict, watch=ThresholdIndex, i=Py_ssize_t, n=Py_ssize_t,
+                   entries=list)
     cdef _watch_thresholds(self, DelayedOperation op, tuple keys, tuple thresholds)
-    @cython.locals(ops=dict, watch=_Thresholds, checked=list)
+    @cython.locals(ops=dict, watch=ThresholdIndex, checked=list)
     cpdef check_and_complete(self, key)
-    @cython.locals(ops=dict, watch=_Thresholds, checked=list, watermarks=dict)
+    @cython.locals(ops=dict, watch=ThresholdIndex, checked=list, watermarks=dict)
     cpdef advance(self, key, value)
     @cython.locals(watchers=dict, ops=dict, keys=tuple, thresholds=tuple, now=double, due=double,
                    timeout=double, late=double, wait=double)
     cdef _detach(self, DelayedOperation op, outcome)
-    @cython.locals(everything=dict, watch=_Thresholds, i=Py_ssize_t, entry=_Entry)
+    @cython.locals(everything=dict, watch=ThresholdIndex, i=Py_ssize_t, entry=ThresholdEntry)
     cdef _unwatch_thresholds(self, entries, tuple keys, tuple thresholds)
     @cython.locals(watermarks=dict)
     cdef _forget(self, key)
     cdef _record(self, DelayedOperation op)
+    cdef dict _plain_watchers(self, key)
 
 
 cdef class WatermarkOperation(DelayedOperation):

@@ -21,10 +21,8 @@ from __future__ import annotations
 import concurrent.futures
 import enum
 import sys
-from bisect import insort
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from heapq import heapify, heappop, heappush
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Self
 
@@ -35,6 +33,8 @@ from ._histogram import _Recorder
 from ._latency import Histogram, PurgatoryHistograms
 from ._logging import LazyLogger
 from ._operation import DelayedOperation, Outcome, _Owner
+from ._thresholds import ThresholdIndex
+from ._validation import as_number, hashable_key, keys_of, thresholds_of, unhashable_key
 from ._timer import Timer
 
 if sys.version_info >= (3, 13):
@@ -95,116 +95,6 @@ class PurgatoryStatistics:
     advances: int = 0
 
 
-# A list of up to this many keys is checked in place, with no dict built.
-_FEW_KEYS: Final = 8
-
-
-def _distinct_and_hashable(keys: list[Hashable], n: int) -> bool:
-    """True if the ``n`` keys are hashable and no two are equal as dict keys would be."""
-    for i in range(n):
-        key = keys[i]
-        try:
-            h = hash(key)
-        except TypeError:
-            return False
-        for j in range(i):
-            other = keys[j]
-            if other is key or (hash(other) == h and other == key):
-                return False
-    return True
-
-
-def _tuple_refused(keys: tuple[Any, ...]) -> TypeError:
-    return TypeError(
-        f"keys must not be a tuple ({keys!r}): a tuple is ambiguous, one composite key "
-        "or several keys. Pass a list: [('orders', 0)] watches the one key ('orders', 0), "
-        "['orders', 0] the two keys 'orders' and 0"
-    )
-
-
-def _keys_of(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
-    """``keys`` as a tuple of distinct hashable keys, or a TypeError/ValueError naming them."""
-    cls = type(keys)
-    if cls is list:
-        # The common case first: a short list of distinct keys, checked in place.
-        n = len(keys)  # type: ignore[arg-type]
-        if 0 < n <= _FEW_KEYS and _distinct_and_hashable(keys, n):  # type: ignore[arg-type]
-            return tuple(keys)
-        # dict.fromkeys both removes duplicates and rejects unhashable keys.
-        try:
-            unique = dict.fromkeys(keys)
-        except TypeError:
-            pass  # the slow path below names the unhashable key
-        else:
-            if unique:
-                return tuple(unique)
-    if isinstance(keys, tuple):
-        raise _tuple_refused(keys)
-    if isinstance(keys, str | bytes | bytearray | memoryview):
-        raise TypeError(
-            f"keys must be an iterable of keys, not a single {type(keys).__name__}: "
-            "wrap it in a list"
-        )
-    try:
-        items = list(keys)  # once: a generator cannot be read twice
-    except TypeError:
-        raise TypeError(
-            f"keys must be an iterable of hashable keys, got {type(keys).__name__}"
-        ) from None
-    try:
-        unique = dict.fromkeys(items)
-    except TypeError:
-        for key in items:
-            try:
-                hash(key)
-            except TypeError as exc:
-                raise TypeError(f"keys: unhashable key {key!r} ({exc})") from None
-        raise
-    if not unique:
-        raise ValueError("keys must not be empty")
-    return tuple(unique)
-
-
-def _number(value: Any, name: str) -> Any:
-    """``value`` if an int or a float and not NaN, else a TypeError/ValueError naming ``name``."""
-    cls = type(value)
-    if (cls is not int and cls is not float) and (
-        isinstance(value, bool) or not isinstance(value, int | float)
-    ):
-        raise TypeError(f"{name} must be an int or a float, got {cls.__name__}")
-    if value != value:
-        raise ValueError(f"{name} must not be NaN")
-    return value
-
-
-def _thresholds_of(
-    keys: Mapping[Hashable, float],
-) -> tuple[tuple[Hashable, ...], tuple[float, ...]]:
-    """A Mapping of keys to thresholds as (keys, thresholds), checked."""
-    plain = type(keys) is dict  # its keys are hashable: it holds them
-    # (A one-key dict of a valid threshold never gets here: _watch_any takes it.)
-    watched = []
-    thresholds = []
-    for key, threshold in keys.items():
-        if not plain:
-            try:
-                hash(key)
-            except TypeError as exc:
-                raise TypeError(f"keys: unhashable key {key!r} ({exc})") from None
-        cls = type(threshold)
-        if (cls is not int and cls is not float) or threshold != threshold:
-            _number(threshold, f"the threshold of key {key!r}")
-        watched.append(key)
-        thresholds.append(threshold)
-    if not watched:
-        raise ValueError("keys must not be empty")
-    return tuple(watched), tuple(thresholds)
-
-
-def _unhashable_key(key: object, exc: TypeError) -> TypeError:
-    return TypeError(f"key must be hashable, got {key!r} ({exc})")
-
-
 def _check_ops(ops: list[Any]) -> int:
     """Call ``try_complete()`` on each pending op of ``ops``; how many completed.
 
@@ -225,192 +115,6 @@ def _check_ops(ops: list[Any]) -> int:
         if op._outcome is COMPLETED:
             completed += 1
     return completed
-
-
-class _Entry:
-    """A threshold watch of one key: ordered by threshold, then watch number.
-
-    ``op`` is the operation until it finishes, then None (see _Thresholds).
-    Made by :func:`_new_entry`.
-    """
-
-    __slots__ = ("number", "op", "threshold")
-
-    number: int
-    op: Any
-    threshold: Any
-
-    def __lt__(self, other: _Entry) -> bool:
-        if self.threshold == other.threshold:
-            return self.number < other.number
-        return self.threshold < other.threshold  # type: ignore[no-any-return]
-
-
-def _new_entry(threshold: Any, number: int, op: Any) -> _Entry:
-    """A new entry (once per watch: set in place, cheaper than a call of ``__init__``)."""
-    entry = _Entry.__new__(_Entry)
-    entry.threshold = threshold
-    entry.number = number
-    entry.op = op
-    return entry
-
-
-def _unfinished(entries: list[_Entry]) -> list[_Entry]:
-    """The entries of ``entries`` whose op has not finished, in their order."""
-    return [entry for entry in entries if entry.op is not None]
-
-
-class _Thresholds:
-    """The watchers of one key that watch it with a threshold.
-
-    Each pending one has an :class:`_Entry`: its threshold on this key, its
-    watch's number in its purgatory (in watch order, so ties keep it), and the
-    op, until the op finishes: then its entries under every key let go of it
-    at once (``op`` None), whatever entries stay behind. ``count`` counts the
-    pending ops.
-
-    ``mark`` is the highest value :meth:`reach` was given (None before the
-    first): an entry is in ``reached`` if its threshold is at most ``mark``,
-    else in ``run`` or ``heap``. ``run`` is a list in ascending order, read
-    from ``head`` on, that takes every watch whose threshold is at least the
-    last one's (the common case: a produce waits for the offset it was just
-    given); ``heap`` takes the others. ``reached`` is in threshold order: a
-    reach appends what it pops, all above the old mark; a watch at or below
-    the mark is inserted in place (rare: its own check said no). Those are
-    checked by every later advance until they finish. The slots of ``run``
-    before ``head`` hold None, until the run is compacted.
-
-    The entry of a finished op stays until it is popped or read, or until
-    the stale entries outnumber the live ones (then they are rebuilt:
-    amortised O(1) per op, at most about twice the live entries). ``live``
-    counts the pending ops of ``reached``. Everything is changed in place
-    but ``reached``.
-    """
-
-    __slots__ = ("count", "head", "heap", "live", "mark", "reached", "run")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.run: list[Any] = []  # entries, and None before ``head``
-        self.head = 0
-        self.heap: list[_Entry] = []
-        self.reached: list[_Entry] = []
-        self.live = 0
-        self.mark: Any = None
-
-    def add(self, entry: _Entry) -> None:
-        """Take the entry of a new watcher."""
-        self.count += 1
-        mark = self.mark
-        if mark is not None and entry.threshold <= mark:
-            insort(self.reached, entry)
-            self.live += 1
-            return
-        run = self.run
-        if self.head == len(run):
-            if run:
-                run.clear()
-                self.head = 0
-            run.append(entry)
-        elif entry.threshold >= run[-1].threshold:
-            run.append(entry)
-        else:
-            heappush(self.heap, entry)
-
-    def pending(self) -> list[Any]:
-        """The pending ops, in threshold order (ties in watch order)."""
-        entries = _unfinished(self.heap)
-        entries += _unfinished(self.run[self.head :])
-        entries += _unfinished(self.reached)
-        entries.sort()
-        return [entry.op for entry in entries]
-
-    def reach(self, value: Any) -> list[Any]:
-        """Reach every entry whose threshold is at most ``value`` (above ``mark``).
-
-        Returns:
-            The pending ops reached, in threshold order: those reached before,
-            then those reached now.
-        """
-        reached = self.reached
-        checked = []
-        if reached:
-            # Read them, and let go of the entries of those that finished.
-            kept = []
-            for entry in reached:
-                op = entry.op
-                if op is not None:
-                    checked.append(op)
-                    kept.append(entry)
-            if len(kept) != len(reached):
-                self.reached = reached = kept
-        self.mark = value
-        run = self.run
-        head = self.head
-        heap = self.heap
-        end = len(run)
-        if not heap:
-            # The common case (thresholds watched in ascending order): straight
-            # from the run, already in order.
-            while head < end:
-                entry = run[head]
-                if entry.threshold > value:
-                    break
-                run[head] = None  # let go of it now (not at the next compaction)
-                head += 1
-                op = entry.op
-                if op is not None:
-                    reached.append(entry)
-                    checked.append(op)
-        else:
-            while True:
-                if head < end and run[head].threshold <= value:
-                    if heap and heap[0] < run[head]:
-                        entry = heappop(heap)
-                    else:
-                        entry = run[head]
-                        run[head] = None
-                        head += 1
-                elif heap and heap[0].threshold <= value:
-                    entry = heappop(heap)
-                else:
-                    break
-                op = entry.op
-                if op is not None:
-                    reached.append(entry)
-                    checked.append(op)
-        if head == end:
-            run.clear()
-            head = 0
-        elif head > 64 and 2 * head > end:
-            del run[:head]
-            head = 0
-        self.head = head
-        self.live = len(reached)
-        return checked
-
-    def remove(self, threshold: Any) -> None:
-        """Count out a finished op (its entries' ``op`` already None), its threshold here."""
-        self.count = count = self.count - 1
-        mark = self.mark
-        if mark is not None and threshold <= mark:
-            self.live = live = self.live - 1
-            reached = self.reached
-            if len(reached) > 2 * live + 32:
-                self.reached = _unfinished(reached)
-            return
-        waiting = count - self.live
-        heap = self.heap
-        run = self.run
-        if not waiting:
-            heap.clear()
-            run.clear()
-            self.head = 0
-        elif len(heap) + len(run) - self.head > 2 * waiting + 32:
-            heap[:] = _unfinished(heap)
-            heapify(heap)
-            run[:] = _unfinished(run[self.head :])
-            self.head = 0
 
 
 class _PurgatoryCore(_Owner):
@@ -451,11 +155,11 @@ class _PurgatoryCore(_Owner):
     _loop: object
     # Plain watchers: key -> {id(op): op}, in watch order.
     _watchers: dict[Hashable, dict[int, Any]]
-    # Watchers with a threshold: key -> _Thresholds.
-    _thresholds: dict[Hashable, _Thresholds]
+    # Watchers with a threshold: key -> ThresholdIndex.
+    _thresholds: dict[Hashable, ThresholdIndex]
     # The watermark of each key advanced while it has watchers (of either kind).
     _watermarks: dict[Hashable, Any]
-    # The number of the last watch with thresholds (see _Thresholds).
+    # The number of the last watch with thresholds (see ThresholdIndex).
     _seq: int
     _advances: int
     _max_pending: int | None
@@ -519,19 +223,19 @@ class _PurgatoryCore(_Owner):
         if not isinstance(op, DelayedOperation):
             raise TypeError(f"op must be a DelayedOperation, got {type(op).__name__}")
         if type(keys) is list:
-            return self._watch(op, _keys_of(keys), None)
+            return self._watch(op, keys_of(keys), None)
         if type(keys) is dict:
             if len(keys) == 1:  # the common case, without _thresholds_of's tuples
                 for key, threshold in keys.items():
                     cls = type(threshold)
                     if cls is int or (cls is float and threshold == threshold):
                         return self._watch(op, (key,), (threshold,))
-            watched, thresholds = _thresholds_of(keys)
+            watched, thresholds = thresholds_of(keys)
             return self._watch(op, watched, thresholds)
         if isinstance(keys, Mapping):
-            watched, thresholds = _thresholds_of(keys)
+            watched, thresholds = thresholds_of(keys)
             return self._watch(op, watched, thresholds)
-        return self._watch(op, _keys_of(keys), None)
+        return self._watch(op, keys_of(keys), None)
 
     def _watch(
         self,
@@ -622,19 +326,16 @@ class _PurgatoryCore(_Owner):
             key = keys[0]
             watch = everything.get(key)
             if watch is None:
-                everything[key] = watch = _Thresholds()
-            op._entries = entry = _new_entry(thresholds[0], number, op)
-            watch.add(entry)
+                everything[key] = watch = ThresholdIndex()
+            op._entries = watch.add(op, thresholds[0], number)
             return
         entries = []
         for i in range(n):
             key = keys[i]
             watch = everything.get(key)
             if watch is None:
-                everything[key] = watch = _Thresholds()
-            entry = _new_entry(thresholds[i], number, op)
-            entries.append(entry)
-            watch.add(entry)
+                everything[key] = watch = ThresholdIndex()
+            entries.append(watch.add(op, thresholds[i], number))
         op._entries = tuple(entries)
 
     def check_and_complete(self, key: Hashable) -> int:
@@ -655,10 +356,7 @@ class _PurgatoryCore(_Owner):
         Raises:
             TypeError: ``key`` is unhashable.
         """
-        try:
-            ops = self._watchers.get(key)
-        except TypeError as exc:
-            raise _unhashable_key(key, exc) from None
+        ops = self._plain_watchers(key)
         watch = self._thresholds.get(key) if self._thresholds else None
         if watch is None:
             if not ops:
@@ -697,11 +395,8 @@ class _PurgatoryCore(_Owner):
             ValueError: ``value`` is NaN.
         """
         if (type(value) is not int and type(value) is not float) or value != value:
-            value = _number(value, "value")
-        try:
-            ops = self._watchers.get(key)
-        except TypeError as exc:
-            raise _unhashable_key(key, exc) from None
+            value = as_number(value, "value")
+        ops = self._plain_watchers(key)
         watch = self._thresholds.get(key) if self._thresholds else None
         if ops is None and watch is None:
             return 0
@@ -728,10 +423,8 @@ class _PurgatoryCore(_Owner):
         Raises:
             TypeError: ``key`` is unhashable.
         """
-        try:
-            return self._watermarks.get(key)
-        except TypeError as exc:
-            raise _unhashable_key(key, exc) from None
+        hashable_key(key)
+        return self._watermarks.get(key)
 
     def cancel_for_key(self, key: Hashable) -> list[Any]:
         """Cancel every pending operation watched under ``key`` and return them.
@@ -746,10 +439,7 @@ class _PurgatoryCore(_Owner):
         Raises:
             TypeError: ``key`` is unhashable.
         """
-        try:
-            ops = self._watchers.get(key)
-        except TypeError as exc:
-            raise _unhashable_key(key, exc) from None
+        ops = self._plain_watchers(key)
         watch = self._thresholds.get(key) if self._thresholds else None
         candidates = list(ops.values()) if ops else []
         if watch is not None:
@@ -757,6 +447,14 @@ class _PurgatoryCore(_Owner):
         return [op for op in candidates if op.cancel()]
 
     # -- internals -------------------------------------------------------------------------
+
+    def _plain_watchers(self, key: Hashable) -> dict[int, Any] | None:
+        """``key``'s watchers without thresholds, or None: the one lookup that refuses
+        an unhashable ``key`` (the threshold index is then looked up safely)."""
+        try:
+            return self._watchers.get(key)
+        except TypeError as exc:
+            raise unhashable_key(key, exc) from None
 
     def _record(self, op: DelayedOperation) -> None:
         recorder = self._recorder
@@ -987,7 +685,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         self._max_pending = max_pending
         self._loop: object = None
         self._watchers: dict[Hashable, dict[int, OpT]] = {}
-        self._thresholds: dict[Hashable, _Thresholds] = {}
+        self._thresholds: dict[Hashable, ThresholdIndex] = {}
         self._watermarks: dict[Hashable, Any] = {}
         self._advances = 0
         self._seq = 0
@@ -1178,10 +876,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             TypeError: ``key`` is unhashable.
             RuntimeError: the bound loop is closed (or the trio run has finished).
         """
-        try:
-            hash(key)
-        except TypeError as exc:
-            raise _unhashable_key(key, exc) from None
+        hashable_key(key)
         return self._threadsafe(self.check_and_complete, key)
 
     def advance_threadsafe(self, key: Hashable, value: float) -> concurrent.futures.Future[int]:
@@ -1199,11 +894,8 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             ValueError: ``value`` is NaN.
             RuntimeError: the bound loop is closed (or the trio run has finished).
         """
-        value = _number(value, "value")
-        try:
-            hash(key)
-        except TypeError as exc:
-            raise _unhashable_key(key, exc) from None
+        value = as_number(value, "value")
+        hashable_key(key)
         return self._threadsafe(self.advance, key, value)
 
     def _threadsafe(self, method: Callable[..., int], *args: Any) -> concurrent.futures.Future[int]:

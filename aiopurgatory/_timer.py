@@ -49,7 +49,8 @@ from time import monotonic as _monotonic
 from typing import TYPE_CHECKING, Any, Final, TypeVarTuple, Unpack
 
 from ._backends import Driver, current_owner, current_time, new_driver
-from ._errors import TimerClosedError, as_seconds
+from ._errors import TimerClosedError
+from ._validation import as_seconds
 from ._logging import LazyLogger
 from ._timeout import Timeout
 from ._wheel import Entry, TimingWheel

@@ -27,11 +27,21 @@ from unittest import mock
 import pytest
 
 import aiopurgatory as ap
-from aiopurgatory import _compiled, _histogram, _operation, _purgatory, _timer, _wheel, simulation
+from aiopurgatory import (
+    _compiled,
+    _histogram,
+    _operation,
+    _purgatory,
+    _thresholds,
+    _timer,
+    _validation,
+    _wheel,
+    simulation,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TRIO_BENCH_FILES = ("__init__.py", "timer.py", "purgatory.py", "py.typed")
-CORE = (_wheel, _timer, _operation, _purgatory, _histogram)
+CORE = (_validation, _wheel, _timer, _operation, _thresholds, _purgatory, _histogram)
 
 
 def _is_extension(module: object) -> bool:

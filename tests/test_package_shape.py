@@ -17,6 +17,7 @@ PACKAGE = Path(aiopurgatory.__file__).parent
 # to its right.
 CORE_ORDER = [
     "_purgatory",
+    "_thresholds",
     "_latency",
     "_operation",
     "_timer",
@@ -28,7 +29,7 @@ CORE_ORDER = [
     "_wheel",
     "_histogram",
 ]
-SHARED = {"_errors", "_logging"}
+SHARED = {"_errors", "_logging", "_validation"}
 
 
 def _package_imports(path: Path) -> set[str]:
