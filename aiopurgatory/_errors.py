@@ -1,4 +1,4 @@
-"""Exceptions raised by aiopurgatory (the argument checks are in :mod:`aiopurgatory._validation`)."""
+"""Exceptions raised by aiopurgatory (argument checks: :mod:`aiopurgatory._validation`)."""
 
 from __future__ import annotations
 

@@ -39,9 +39,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._backends import done_callback_scheduler, new_waiter, running_call_soon_threadsafe
-from ._validation import as_seconds
 from ._logging import LazyLogger
 from ._timer import _TimerEntry
+from ._validation import as_seconds
 
 # asyncio's Future.set_result, called on its futures without a lookup by name.
 _set_result = Future.set_result

@@ -34,8 +34,8 @@ from ._latency import Histogram, PurgatoryHistograms
 from ._logging import LazyLogger
 from ._operation import DelayedOperation, Outcome, _Owner
 from ._thresholds import ThresholdIndex
-from ._validation import as_number, hashable_key, keys_of, thresholds_of, unhashable_key
 from ._timer import Timer
+from ._validation import as_number, hashable_key, keys_of, thresholds_of, unhashable_key
 
 if sys.version_info >= (3, 13):
     from typing import TypeVar

@@ -42,23 +42,23 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from math import inf
 from time import monotonic as _monotonic
 from typing import TYPE_CHECKING, Any, Final, TypeVarTuple, Unpack
 
-from ._backends import Driver, current_owner, current_time, new_driver
+from ._backends import Driver, current_time, new_driver
 from ._errors import TimerClosedError
-from ._validation import as_seconds
 from ._logging import LazyLogger
+from ._ticks import MAX_TICKS, ceil_tick, floor_tick
 from ._timeout import Timeout
+from ._validation import as_seconds
 from ._wheel import Entry, TimingWheel
 
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["Timer", "TimerHandle", "shared_timer", "timeout", "timeout_at"]
+__all__ = ["Timer", "TimerHandle"]
 
 _Ts = TypeVarTuple("_Ts")
 
@@ -79,7 +79,6 @@ _LAG_LOG_INTERVAL: Final = 10.0
 # The tick of an entry that is staged (scheduled, not yet in the wheel). Any int
 # does: only "is None" (not pending) is ever tested before the real tick is set.
 _STAGED: Final = -1
-_MAX_TICKS: Final = 2**62
 # After two early wake-ups at the same clock reading (uvloop), the next one is
 # asked for no sooner than this.
 _EARLY_WAKE_RETRY: Final = 0.001
@@ -206,19 +205,15 @@ class Timer:
         "_tick",
         "_time",
         "_wheel",
-        "_wheel_size",
     )
 
     def __init__(self, *, tick: float = 0.001, wheel_size: int = 20) -> None:
         tick = as_seconds(tick, "tick")
         if tick <= 0:
             raise ValueError(f"tick must be positive, got {tick!r}")
-        if isinstance(wheel_size, bool) or not isinstance(wheel_size, int):
-            raise TypeError(f"wheel_size must be an int, got {type(wheel_size).__name__}")
-        if wheel_size < 2:
-            raise ValueError(f"wheel_size must be at least 2, got {wheel_size}")
+        # The wheel checks wheel_size; its clock starts once the timer is bound.
+        self._wheel = TimingWheel(wheel_size)
         self._tick = tick
-        self._wheel_size = wheel_size
         # Set on first use (_bind): the driver, and its clock.
         self._driver: Driver | None = None
         self._time: Callable[[], float] = _monotonic
@@ -226,12 +221,11 @@ class Timer:
         # the thread, and the loop's is_running (None if the driver has none).
         self._running_in = 0
         self._running_is: Callable[[], bool] | None = None
-        self._wheel = TimingWheel(int(wheel_size))
         # Tick the driver is armed for; inf when unarmed.
         self._armed: float = inf
         # Deadlines past this many ticks are refused: the tick would not fit a
         # float division (2**62 ms is about 146 million years).
-        self._max_when = _MAX_TICKS * tick
+        self._max_when = MAX_TICKS * tick
         self._due_now: list[_TimerEntry] = []
         self._count = 0
         # New entries wait here until the next loop iteration (see _schedule).
@@ -252,7 +246,7 @@ class Timer:
     @property
     def wheel_size(self) -> int:
         """Slots per wheel level."""
-        return self._wheel_size
+        return self._wheel.wheel_size  # type: ignore[no-any-return]
 
     @property
     def closed(self) -> bool:
@@ -295,7 +289,7 @@ class Timer:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"pending={self._count}"
-        return f"<Timer tick={self._tick} wheel_size={self._wheel_size} {state}>"
+        return f"<Timer tick={self._tick} wheel_size={self._wheel.wheel_size} {state}>"
 
     # -- scheduling --------------------------------------------------------------
 
@@ -465,7 +459,11 @@ class Timer:
                     when = entry._when
                     # Already reached by the clock: it runs at the next flush,
                     # now, not at its tick (see _compact).
-                    e = self._floor_tick(now) if when <= now else self._tick_of(when)
+                    e = (
+                        floor_tick(now, self._tick, self._max_when)
+                        if when <= now
+                        else ceil_tick(when, self._tick, self._max_when)
+                    )
                     if best is None or e < best:
                         best = e
         return None if best is None else best * tick
@@ -497,7 +495,7 @@ class Timer:
             here = driver.running_here
             if here is not None:
                 self._running_in, self._running_is = here
-            self._wheel = TimingWheel(int(self._wheel_size), self._floor_tick(driver.time()))
+            self._wheel.restart(floor_tick(driver.time(), self._tick, self._max_when))
         return driver.owner
 
     def _is_current(self) -> bool:
@@ -540,52 +538,6 @@ class Timer:
             f"{name}={value!r} is too far in the future: with tick={self._tick} s this "
             f"timer counts up to {self._max_when:.3g} s of loop time"
         )
-
-    def _floor_tick(self, now: float) -> int:
-        """The largest tick ``n`` with ``n * tick <= now``, in float arithmetic.
-
-        Both roundings use the same float product ``n * tick``: a deadline's tick
-        ``e`` satisfies ``e * tick >= when``, and the driver is armed at
-        ``e * tick``. Deciding "due" with that product (not with ``now / tick``,
-        which can land one below, e.g. ``2001 * 0.001 / 0.001``) means a wake-up at
-        exactly the armed time always finds its bucket due, and since float
-        multiplication by a positive number is monotonic, ``n >= e`` implies
-        ``now >= n * tick >= e * tick >= when``: never early.
-        """
-        tick = self._tick
-        limit = self._max_when
-        # Nothing can be scheduled beyond 2**62 ticks either way (see _too_far):
-        # clamped, the tick fits a C long long in the compiled core.
-        if now > limit:
-            now = limit
-        elif now < -limit:
-            now = -limit
-        q = now / tick
-        n = int(q)
-        if n > q:  # int() truncates toward zero: make it floor(q)
-            n -= 1
-        if n * tick > now:
-            n -= 1
-        elif (n + 1) * tick <= now:
-            n += 1
-        return n
-
-    def _tick_of(self, when: float) -> int:
-        """The least tick ``e`` with ``e * tick >= when`` (see :meth:`_floor_tick`)."""
-        tick = self._tick
-        limit = self._max_when
-        if when < -limit:  # long past: due now, whatever its exact tick
-            when = -limit
-        q = when / tick
-        e = int(q)
-        if e < q:  # int() truncates toward zero: make it ceil(q)
-            e += 1
-        # Correct the division's rounding with the product the driver compares against.
-        if e * tick < when:
-            e += 1
-        elif (e - 1) * tick >= when:
-            e -= 1
-        return e
 
     def _schedule(self, entry: _TimerEntry, when: float) -> None:
         """Schedule ``entry`` for loop time ``when`` (validated; the timer is bound).
@@ -647,7 +599,7 @@ class Timer:
 
     def _insert(self, entry: _TimerEntry) -> bool:
         """Give a staged entry its tick and put it in the wheel; False if already due."""
-        entry._tick = self._tick_of(entry._when)
+        entry._tick = ceil_tick(entry._when, self._tick, self._max_when)
         return self._wheel.add(entry)
 
     def _compact(self, now: float) -> None:
@@ -677,7 +629,7 @@ class Timer:
         wheel = self._wheel
         # The wheel's clock only moves here; moving it to now before inserting
         # means new entries land on the right level (no needless cascading).
-        due: list[Entry] = wheel.advance(self._floor_tick(now))
+        due: list[Entry] = wheel.advance(floor_tick(now, self._tick, self._max_when))
         # Woken before the armed instant, the timer re-arms for it. asyncio wakes
         # handles up to its clock resolution (~1 ns) early and then honours the
         # re-armed instant. uvloop's clock moves in whole milliseconds (and rounds
@@ -743,44 +695,3 @@ class Timer:
         finally:
             if not self._count:
                 self._disarm()
-
-
-# Keyed by id(loop) (or id of the trio run's token), values held weakly: a Timer
-# refers to its loop, so a WeakKeyDictionary would keep every loop that ever used
-# ap.timeout() alive. A Timer with pending work is kept alive by its loop (a
-# handle) or run; an idle one is cheap to make again.
-_shared: weakref.WeakValueDictionary[int, Timer] = weakref.WeakValueDictionary()
-
-
-def shared_timer() -> Timer:
-    """The running loop's (or trio run's) shared :class:`Timer`, created on demand.
-
-    ``ap.timeout()`` and ``ap.timeout_at()`` use it, and purgatories may
-    (``Purgatory(timer=ap.shared_timer())``). It cannot be closed
-    (``close()`` raises ``RuntimeError``): it goes away with its loop.
-
-    Raises:
-        RuntimeError: no running event loop.
-    """
-    owner = current_owner()
-    timer = _shared.get(id(owner))
-    if timer is None or timer._driver.owner is not owner:  # type: ignore[union-attr]
-        timer = _shared[id(owner)] = Timer()
-        timer._bind()
-        timer._shared = True
-    return timer
-
-
-def timeout(delay: float | None) -> Timeout:
-    """``asyncio.timeout(delay)`` on the running loop's shared :class:`Timer`.
-
-    Raises:
-        TypeError, ValueError: ``delay`` is not None and not a finite number.
-        RuntimeError: no running event loop.
-    """
-    return shared_timer().timeout(delay)
-
-
-def timeout_at(when: float | None) -> Timeout:
-    """``asyncio.timeout_at(when)`` on the running loop's shared :class:`Timer`."""
-    return shared_timer().timeout_at(when)

@@ -44,9 +44,7 @@ def as_number(value: Any, name: str, *, seconds: bool = False) -> Any:
         TypeError: ``value`` is not a number of that kind, or is a bool.
         ValueError: ``value`` is NaN (or, for seconds, infinite).
     """
-    if isinstance(value, bool) or not isinstance(
-        value, numbers.Real if seconds else int | float
-    ):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real if seconds else int | float):
         kind = "a number of seconds" if seconds else "an int or a float"
         raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
     if seconds:

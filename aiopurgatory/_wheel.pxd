@@ -37,6 +37,7 @@ cdef class TimingWheel:
     cdef public long long current
     cdef public long long wheel_size
 
+    cpdef restart(self, long long start)
     @cython.locals(e=cython.longlong, level=_Level, bucket=Bucket, entries=dict, seq=Py_ssize_t)
     cpdef bint add(self, Entry entry) except -1
     @cython.locals(levels=list, level=_Level)

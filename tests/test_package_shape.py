@@ -20,6 +20,7 @@ CORE_ORDER = [
     "_thresholds",
     "_latency",
     "_operation",
+    "_shared_timer",
     "_timer",
     "_timeout",
     "_backends",

@@ -44,9 +44,7 @@ class ThresholdMachine(RuleBasedStateMachine):
 
     def _unfinished(self, limit: float | None = None) -> list[str]:
         live = [
-            w
-            for w in self.watches
-            if not w.finished and (limit is None or w.threshold <= limit)
+            w for w in self.watches if not w.finished and (limit is None or w.threshold <= limit)
         ]
         live.sort(key=lambda w: (w.threshold, w.number))
         return [w.op for w in live]
