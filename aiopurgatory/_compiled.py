@@ -32,10 +32,12 @@ __all__ = ["COMPILED", "CORE_MODULES"]
 #: The modules that have a compiled form (setup.py builds the same list).
 CORE_MODULES = (
     "_validation",
+    "_ticks",
     "_wheel",
     "_timer",
     "_operation",
     "_thresholds",
+    "_purgatory_core",
     "_purgatory",
     "_histogram",
 )

@@ -32,7 +32,9 @@ from aiopurgatory import (
     _histogram,
     _operation,
     _purgatory,
+    _purgatory_core,
     _thresholds,
+    _ticks,
     _timer,
     _validation,
     _wheel,
@@ -41,7 +43,17 @@ from aiopurgatory import (
 
 ROOT = Path(__file__).resolve().parent.parent
 TRIO_BENCH_FILES = ("__init__.py", "timer.py", "purgatory.py", "py.typed")
-CORE = (_validation, _wheel, _timer, _operation, _thresholds, _purgatory, _histogram)
+CORE = (
+    _validation,
+    _ticks,
+    _wheel,
+    _timer,
+    _operation,
+    _thresholds,
+    _purgatory_core,
+    _purgatory,
+    _histogram,
+)
 
 
 def _is_extension(module: object) -> bool:

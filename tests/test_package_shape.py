@@ -17,6 +17,7 @@ PACKAGE = Path(aiopurgatory.__file__).parent
 # to its right.
 CORE_ORDER = [
     "_purgatory",
+    "_purgatory_core",
     "_thresholds",
     "_latency",
     "_operation",
@@ -27,6 +28,7 @@ CORE_ORDER = [
     "_trio_driver",
     "_asyncio_driver",
     "_detect",
+    "_ticks",
     "_wheel",
     "_histogram",
 ]
