@@ -146,16 +146,15 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         self._name = name
         self._timer = timer
         self._max_pending = max_pending
-        self._loop: object = None
+        self._owner: object = None
         self._watchers: dict[Hashable, dict[int, OpT]] = {}
-        self._thresholds: dict[Hashable, ThresholdIndex] = {}
+        self._threshold_watchers: dict[Hashable, ThresholdIndex] = {}
         self._watermarks: dict[Hashable, Any] = {}
         self._advances = 0
-        self._seq = 0
+        self._watch_number = 0
         self._closed = False
         self._pending = 0
         self._watched = 0
-        self._delayed = 0
         self._completed = 0
         self._expired = 0
         self._cancelled = 0
@@ -216,8 +215,12 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
 
     @property
     def delayed(self) -> int:
-        """Operations pending in the timer (Kafka ``NumDelayedOperations``)."""
-        return self._delayed
+        """Operations pending in the timer (Kafka ``NumDelayedOperations``).
+
+        Every pending operation is scheduled once it joins its watch lists, and
+        only then: the same count as :attr:`pending`.
+        """
+        return self._pending
 
     @property
     def pending(self) -> int:
@@ -229,8 +232,8 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         return PurgatoryStatistics(
             name=self._name,
             watched=self._watched,
-            delayed=self._delayed,
-            keys=self._key_count(),
+            delayed=self._pending,
+            keys=len(self.keys()),
             pending=self._pending,
             completed=self._completed,
             expired=self._expired,
@@ -238,13 +241,6 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             failed=self._failed,
             advances=self._advances,
         )
-
-    def _key_count(self) -> int:
-        thresholds = self._thresholds
-        if not thresholds:
-            return len(self._watchers)
-        watchers = self._watchers
-        return len(watchers) + sum(1 for key in thresholds if key not in watchers)
 
     def keys(self) -> list[Hashable]:
         """The keys with at least one pending watcher (of either kind), in no set order.
@@ -254,7 +250,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         """
         keys = list(self._watchers)
         watchers = self._watchers
-        keys += [key for key in self._thresholds if key not in watchers]
+        keys += [key for key in self._threshold_watchers if key not in watchers]
         return keys
 
     def histograms(self, *, reset: bool = False) -> PurgatoryHistograms:
@@ -363,7 +359,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
 
     def _threadsafe(self, method: Callable[..., int], *args: Any) -> concurrent.futures.Future[int]:
         result: concurrent.futures.Future[int] = concurrent.futures.Future()
-        if self._loop is None:
+        if self._owner is None:
             result.set_result(0)
             return result
 
@@ -398,7 +394,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         pending: dict[int, OpT] = {}
         for ops in list(self._watchers.values()):
             pending.update(ops)
-        for watch in list(self._thresholds.values()):
+        for watch in list(self._threshold_watchers.values()):
             for op in watch.pending():
                 pending[id(op)] = op
         for op in pending.values():

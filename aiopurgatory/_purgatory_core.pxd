@@ -30,17 +30,16 @@ cdef Py_ssize_t _check_ops(list ops) except -1
 cdef class _PurgatoryCore(_Owner):
     cdef object __weakref__
     cdef public Py_ssize_t _advances
-    cdef public Py_ssize_t _seq
-    cdef public dict _thresholds
+    cdef public Py_ssize_t _watch_number
+    cdef public dict _threshold_watchers
     cdef public dict _watermarks
     cdef public Py_ssize_t _cancelled
     cdef public bint _closed
     cdef public Py_ssize_t _completed
-    cdef public Py_ssize_t _delayed
     cdef public Py_ssize_t _expired
     cdef public Py_ssize_t _failed
     cdef public _Recorder _lateness
-    cdef public object _loop
+    cdef public object _owner
     cdef public object _max_pending
     cdef public Py_ssize_t _pending
     cdef public Timer _timer
@@ -61,7 +60,7 @@ cdef class _PurgatoryCore(_Owner):
     cpdef check_and_complete(self, key)
     @cython.locals(ops=dict, watch=ThresholdIndex, checked=list, watermarks=dict)
     cpdef advance(self, key, value)
-    @cython.locals(watchers=dict, ops=dict, keys=tuple, thresholds=tuple, now=double, due=double,
+    @cython.locals(watchers=dict, ops=dict, keys=tuple, thresholds=tuple, waits=_Recorder, now=double, due=double,
                    timeout=double, late=double, wait=double)
     cdef _detach(self, DelayedOperation op, outcome)
     @cython.locals(everything=dict, watch=ThresholdIndex, i=Py_ssize_t, entry=ThresholdEntry)

@@ -79,20 +79,19 @@ class _PurgatoryCore(_Owner):
         "_cancelled",
         "_closed",
         "_completed",
-        "_delayed",
         "_expired",
         "_failed",
         "_lateness",
-        "_loop",
         "_max_pending",
+        "_owner",
         "_pending",
-        "_seq",
-        "_thresholds",
+        "_threshold_watchers",
         "_timer",
         "_wait_cancelled",
         "_wait_completed",
         "_wait_expired",
         "_wait_failed",
+        "_watch_number",
         "_watched",
         "_watchers",
         "_watermarks",
@@ -100,21 +99,20 @@ class _PurgatoryCore(_Owner):
 
     _timer: Timer
     # The asyncio loop, or the trio run's token, this purgatory is bound to.
-    _loop: object
+    _owner: object
     # Plain watchers: key -> {id(op): op}, in watch order.
     _watchers: dict[Hashable, dict[int, Any]]
     # Watchers with a threshold: key -> ThresholdIndex.
-    _thresholds: dict[Hashable, ThresholdIndex]
+    _threshold_watchers: dict[Hashable, ThresholdIndex]
     # The watermark of each key advanced while it has watchers (of either kind).
     _watermarks: dict[Hashable, Any]
     # The number of the last watch with thresholds (see ThresholdIndex).
-    _seq: int
+    _watch_number: int
     _advances: int
     _max_pending: int | None
     _closed: bool
     _pending: int
     _watched: int
-    _delayed: int
     _completed: int
     _expired: int
     _cancelled: int
@@ -214,8 +212,7 @@ class _PurgatoryCore(_Owner):
                 f"purgatory {self._name!r} has max_pending={self._max_pending} pending operations"
             )
         timer = self._timer
-        loop = self._loop
-        if loop is None:
+        if self._owner is None:
             self._bind()
         elif not timer._is_current():
             raise RuntimeError(f"purgatory {self._name!r} is bound to another event loop")
@@ -223,7 +220,7 @@ class _PurgatoryCore(_Owner):
 
         op._purgatory = self
         # Set before the first check, so that try_complete() can read them; the
-        # op joins its watch lists (op._key set) only if that check says no.
+        # op joins its watch lists (op._joined) only if that check says no.
         op._keys = keys
         op._thresholds = thresholds
         # The one check, before any bookkeeping: most requests that can complete
@@ -242,6 +239,7 @@ class _PurgatoryCore(_Owner):
 
         # One int object for the op's key in every plain watch list and in the wheel.
         op._key = oid = id(op)
+        op._joined = True
         if thresholds is None:
             watchers = self._watchers
             for key in keys:
@@ -260,15 +258,14 @@ class _PurgatoryCore(_Owner):
             return False
 
         timer._schedule(op, deadline)
-        self._delayed += 1
         return False
 
     def _watch_thresholds(
         self, op: DelayedOperation, keys: tuple[Hashable, ...], thresholds: tuple[float, ...]
     ) -> None:
-        self._seq += 1
-        number = self._seq
-        everything = self._thresholds
+        self._watch_number += 1
+        number = self._watch_number
+        everything = self._threshold_watchers
         n = len(keys)
         if n == 1:  # the common case: the op keeps its one entry
             key = keys[0]
@@ -305,7 +302,7 @@ class _PurgatoryCore(_Owner):
             TypeError: ``key`` is unhashable.
         """
         ops = self._plain_watchers(key)
-        watch = self._thresholds.get(key) if self._thresholds else None
+        watch = self._threshold_watchers.get(key) if self._threshold_watchers else None
         if watch is None:
             if not ops:
                 return 0
@@ -345,7 +342,7 @@ class _PurgatoryCore(_Owner):
         if (type(value) is not int and type(value) is not float) or value != value:
             value = as_number(value, "value")
         ops = self._plain_watchers(key)
-        watch = self._thresholds.get(key) if self._thresholds else None
+        watch = self._threshold_watchers.get(key) if self._threshold_watchers else None
         if ops is None and watch is None:
             return 0
         watermarks = self._watermarks
@@ -388,7 +385,7 @@ class _PurgatoryCore(_Owner):
             TypeError: ``key`` is unhashable.
         """
         ops = self._plain_watchers(key)
-        watch = self._thresholds.get(key) if self._thresholds else None
+        watch = self._threshold_watchers.get(key) if self._threshold_watchers else None
         candidates = list(ops.values()) if ops else []
         if watch is not None:
             candidates += watch.pending()
@@ -421,7 +418,7 @@ class _PurgatoryCore(_Owner):
                 entry.op = None
         else:
             entries.op = None
-        everything = self._thresholds
+        everything = self._threshold_watchers
         for i in range(len(keys)):
             key = keys[i]
             watch = everything[key]
@@ -431,11 +428,11 @@ class _PurgatoryCore(_Owner):
                 if self._watermarks:
                     self._forget(key)
         if not everything:
-            self._thresholds = {}
+            self._threshold_watchers = {}
 
     def _forget(self, key: Hashable) -> None:
         """Drop ``key``'s watermark if nothing watches the key any more."""
-        if key not in self._watchers and key not in self._thresholds:
+        if key not in self._watchers and key not in self._threshold_watchers:
             watermarks = self._watermarks
             if watermarks.pop(key, None) is not None and not watermarks:
                 self._watermarks = {}
@@ -452,18 +449,23 @@ class _PurgatoryCore(_Owner):
         # TimerClosedError if the timer is closed; else the owner it is bound to.
         if self._timer._bind() is not owner:
             raise RuntimeError(f"the timer of purgatory {self._name!r} is bound to another loop")
-        self._loop = owner
+        self._owner = owner
 
     def _detach(self, op: DelayedOperation, outcome: Outcome) -> None:
         """Count a finishing ``op``'s outcome; take it out of its watch lists and the timer."""
+        # One branch on the outcome: its counter, and its histogram of waits.
         if outcome is COMPLETED:
             self._completed += 1
+            waits = self._wait_completed
         elif outcome is EXPIRED:
             self._expired += 1
+            waits = self._wait_expired
         elif outcome is CANCELLED:
             self._cancelled += 1
+            waits = self._wait_cancelled
         else:
             self._failed += 1
+            waits = self._wait_failed
         if HISTOGRAMS:
             # One clock read per finished operation that was scheduled; one
             # finished before it was scheduled (completed by its first check)
@@ -480,16 +482,9 @@ class _PurgatoryCore(_Owner):
                 wait = late + timeout
                 if outcome is EXPIRED and late >= 0.0:
                     self._lateness.record(late)
-            if outcome is COMPLETED:
-                self._wait_completed.record(wait)
-            elif outcome is EXPIRED:
-                self._wait_expired.record(wait)
-            elif outcome is CANCELLED:
-                self._wait_cancelled.record(wait)
-            else:
-                self._wait_failed.record(wait)
-        oid = op._key
-        if oid:  # it joined its watch lists (it was not finished by its first check)
+            waits.record(wait)
+        if op._joined:  # not finished by its first check
+            oid = op._key
             keys = op._keys
             thresholds = op._thresholds
             if thresholds is None:
@@ -509,10 +504,8 @@ class _PurgatoryCore(_Owner):
                 self._unwatch_thresholds(op._entries, keys, thresholds)
             self._watched -= len(keys)
             self._pending -= 1
-        if op._when is not None:
-            self._delayed -= 1
-            if op._tick is not None:
-                self._timer._unschedule(op)
+        if op._tick is not None:  # still in the timer: not an expiry
+            self._timer._unschedule(op)
 
 
 def _park(

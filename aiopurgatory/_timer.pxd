@@ -48,11 +48,13 @@ cdef class Timer:
     cdef public object _running_is
     cdef public bint _shared
     cdef public list _staged
-    cdef public double _tick
+    cdef public double _tick_width
     cdef public object _time
     cdef public TimingWheel _wheel
 
     cpdef bint _is_current(self) except -1
+    @cython.locals(handle=TimerHandle)
+    cdef TimerHandle _new_handle(self, when, callback, tuple args, context)
     cpdef _deadline(self, delay, name)
     @cython.locals(staged=list)
     cpdef _schedule(self, _TimerEntry entry, when)

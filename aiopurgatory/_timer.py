@@ -28,13 +28,12 @@ the timer up from the loop. The rules:
 * Callbacks run one after the other inside the driver's wake-up. An exception in
   one goes to the driver (the loop's exception handler) and the rest still run.
 
-A purgatory uses its timer through a small interface of named methods, and
-nothing else of it: ``_bind()`` (bind on first use; the owner bound to),
-``_is_current()`` (called on the bound loop?), ``_deadline(delay, name)`` (now +
-delay, refusing a closed timer or an instant the wheel cannot count),
-``_schedule(entry, when)`` / ``_unschedule(entry)``,
-``_call_soon_threadsafe(fn)`` and the public ``closed``. docs/architecture.md
-lists the invariant each keeps.
+A purgatory uses its timer through a small interface of named methods and
+nothing else of it (``_bind``, ``_is_current``, ``_deadline``, ``_schedule``,
+``_unschedule``, ``_call_soon_threadsafe``, ``_time``, ``closed``):
+docs/architecture.md lists the invariant each keeps. Seconds become ticks in
+:mod:`aiopurgatory._ticks`; the loop's shared timer is in
+:mod:`aiopurgatory._shared_timer`.
 """
 
 from __future__ import annotations
@@ -107,8 +106,8 @@ class TimerHandle(_TimerEntry):
 
     __slots__ = ("_args", "_callback", "_cancelled", "_context", "_timer")
 
-    # Handles are made by Timer.call_later/call_at, which set these slots directly
-    # (__new__ plus stores is markedly cheaper than an __init__ call).
+    # Handles are made by Timer._new_handle (for call_later and call_at), which
+    # sets these slots directly.
     _timer: Timer
     _callback: Callable[..., object] | None
     _args: tuple[Any, ...] | None
@@ -202,7 +201,7 @@ class Timer:
         "_running_is",
         "_shared",
         "_staged",
-        "_tick",
+        "_tick_width",
         "_time",
         "_wheel",
     )
@@ -213,7 +212,7 @@ class Timer:
             raise ValueError(f"tick must be positive, got {tick!r}")
         # The wheel checks wheel_size; its clock starts once the timer is bound.
         self._wheel = TimingWheel(wheel_size)
-        self._tick = tick
+        self._tick_width = tick
         # Set on first use (_bind): the driver, and its clock.
         self._driver: Driver | None = None
         self._time: Callable[[], float] = _monotonic
@@ -241,7 +240,7 @@ class Timer:
     @property
     def tick(self) -> float:
         """Width of the finest wheel slot, in seconds."""
-        return self._tick
+        return self._tick_width
 
     @property
     def wheel_size(self) -> int:
@@ -289,7 +288,7 @@ class Timer:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"pending={self._count}"
-        return f"<Timer tick={self._tick} wheel_size={self._wheel.wheel_size} {state}>"
+        return f"<Timer tick={self._tick_width} wheel_size={self._wheel.wheel_size} {state}>"
 
     # -- scheduling --------------------------------------------------------------
 
@@ -319,19 +318,10 @@ class Timer:
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
         if self._driver is None or self._closed:
             self._bind()
-        handle = TimerHandle.__new__(TimerHandle)
-        handle._timer = self
-        handle._callback = callback
-        handle._args = args
-        handle._context = _copy_context() if context is None else context
-        handle._cancelled = False
-        handle._bucket = None
-        handle._key = 0
         when = self._time() + delay
         if when > self._max_when:
             raise self._too_far("delay", delay)
-        self._schedule(handle, when)
-        return handle
+        return self._new_handle(when, callback, args, context)
 
     def call_at(
         self,
@@ -358,6 +348,17 @@ class Timer:
             self._bind()
         if when > self._max_when:
             raise self._too_far("when", when)
+        return self._new_handle(when, callback, args, context)
+
+    def _new_handle(
+        self,
+        when: float,
+        callback: Callable[..., object],
+        args: tuple[Any, ...],
+        context: contextvars.Context | None,
+    ) -> TimerHandle:
+        """The handle of ``callback(*args)`` at ``when`` (checked), scheduled."""
+        # __new__ plus stores: markedly cheaper than a call of __init__.
         handle = TimerHandle.__new__(TimerHandle)
         handle._timer = self
         handle._callback = callback
@@ -447,7 +448,7 @@ class Timer:
         """
         if not self._count:
             return None
-        tick = self._tick
+        tick = self._tick_width
         best = self._wheel.next_expiration()
         if self._due_now:
             best = self._wheel.current
@@ -460,9 +461,9 @@ class Timer:
                     # Already reached by the clock: it runs at the next flush,
                     # now, not at its tick (see _compact).
                     e = (
-                        floor_tick(now, self._tick, self._max_when)
+                        floor_tick(now, self._tick_width, self._max_when)
                         if when <= now
-                        else ceil_tick(when, self._tick, self._max_when)
+                        else ceil_tick(when, self._tick_width, self._max_when)
                     )
                     if best is None or e < best:
                         best = e
@@ -495,7 +496,7 @@ class Timer:
             here = driver.running_here
             if here is not None:
                 self._running_in, self._running_is = here
-            self._wheel.restart(floor_tick(driver.time(), self._tick, self._max_when))
+            self._wheel.restart(floor_tick(driver.time(), self._tick_width, self._max_when))
         return driver.owner
 
     def _is_current(self) -> bool:
@@ -535,7 +536,7 @@ class Timer:
 
     def _too_far(self, name: str, value: float) -> ValueError:
         return ValueError(
-            f"{name}={value!r} is too far in the future: with tick={self._tick} s this "
+            f"{name}={value!r} is too far in the future: with tick={self._tick_width} s this "
             f"timer counts up to {self._max_when:.3g} s of loop time"
         )
 
@@ -580,7 +581,7 @@ class Timer:
 
     def _arm(self, expiration: int, not_before: float = -inf) -> None:
         self._armed = expiration
-        when = expiration * self._tick
+        when = expiration * self._tick_width
         self._driver.arm(when if when >= not_before else not_before)  # type: ignore[union-attr]
 
     def _disarm(self) -> None:
@@ -599,7 +600,7 @@ class Timer:
 
     def _insert(self, entry: _TimerEntry) -> bool:
         """Give a staged entry its tick and put it in the wheel; False if already due."""
-        entry._tick = ceil_tick(entry._when, self._tick, self._max_when)
+        entry._tick = ceil_tick(entry._when, self._tick_width, self._max_when)
         return self._wheel.add(entry)
 
     def _compact(self, now: float) -> None:
@@ -629,7 +630,7 @@ class Timer:
         wheel = self._wheel
         # The wheel's clock only moves here; moving it to now before inserting
         # means new entries land on the right level (no needless cascading).
-        due: list[Entry] = wheel.advance(floor_tick(now, self._tick, self._max_when))
+        due: list[Entry] = wheel.advance(floor_tick(now, self._tick_width, self._max_when))
         # Woken before the armed instant, the timer re-arms for it. asyncio wakes
         # handles up to its clock resolution (~1 ns) early and then honours the
         # re-armed instant. uvloop's clock moves in whole milliseconds (and rounds
@@ -637,11 +638,11 @@ class Timer:
         # first one left it, re-arming for the same instant would only spin until
         # the millisecond ticks over, so ask for no sooner than a millisecond on.
         not_before = -inf
-        if armed is not None and now < armed * self._tick:
+        if armed is not None and now < armed * self._tick_width:
             if now == self._early_wake:
                 not_before = now + _EARLY_WAKE_RETRY
             self._early_wake = now
-        lag = now - armed * self._tick if armed is not None and due else 0.0
+        lag = now - armed * self._tick_width if armed is not None and due else 0.0
         # Staged entries into the wheel; those already due join the ones set
         # aside by earlier compactions, after the wheel's (scheduling order).
         if self._staged:

@@ -33,7 +33,7 @@ cdef long long _end(long long current, long long span)
 cdef class TimingWheel:
     cdef public list _levels
     cdef public list _queue
-    cdef public Py_ssize_t _seq
+    cdef public Py_ssize_t _pushes
     cdef public long long current
     cdef public long long wheel_size
 

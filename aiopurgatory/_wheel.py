@@ -130,7 +130,7 @@ class TimingWheel:
         start: the tick the wheel's clock starts at.
     """
 
-    __slots__ = ("_levels", "_queue", "_seq", "current", "wheel_size")
+    __slots__ = ("_levels", "_pushes", "_queue", "current", "wheel_size")
 
     def __init__(self, wheel_size: int = 20, start: int = 0) -> None:
         # The one check of a wheel size (a Timer's wheel_size comes here as given).
@@ -144,10 +144,10 @@ class TimingWheel:
         self.current = start
         self._levels: list[_Level] = [_Level(1, wheel_size, start)]
         # Heap of (first, sequence, bucket); an item whose key is no longer its
-        # bucket's ``first`` is stale. The sequence keeps the order of equal keys
+        # bucket's ``first`` is stale. The push count keeps the order of equal keys
         # deterministic and spares comparing Bucket objects.
         self._queue: list[tuple[int, int, Bucket]] = []
-        self._seq = 0
+        self._pushes = 0
 
     def restart(self, start: int) -> None:
         """Start an empty wheel's clock at ``start`` (a timer makes its wheel before
@@ -209,7 +209,7 @@ class TimingWheel:
         if e >= bucket.first:  # queued (by an earlier tick): nothing to push
             return True
         bucket.first = e
-        self._seq = seq = self._seq + 1
+        self._pushes = seq = self._pushes + 1
         heappush(self._queue, (e, seq, bucket))
         return True
 
