@@ -245,7 +245,7 @@ class Timer:
     @property
     def wheel_size(self) -> int:
         """Slots per wheel level."""
-        return self._wheel.wheel_size  # type: ignore[no-any-return]
+        return self._wheel.wheel_size
 
     @property
     def closed(self) -> bool:

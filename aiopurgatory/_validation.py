@@ -69,7 +69,7 @@ def as_seconds(value: Any, name: str) -> float:
         ValueError: ``value`` is NaN or infinite.
     """
     if type(value) is float and not value - value:
-        return value  # type: ignore[no-any-return]
+        return value
     return as_number(value, name, seconds=True)  # type: ignore[no-any-return]
 
 

@@ -255,7 +255,7 @@ def test_core_classes_are_the_same_kind_of_object_for_users() -> None:
     assert ap.DelayedOperation.__module__ == "aiopurgatory._operation"
     with pytest.raises(TypeError, match="created by Timer"):
         ap.TimerHandle()
-    assert issubclass(ap.Purgatory, _purgatory._PurgatoryCore)
+    assert issubclass(ap.Purgatory, _purgatory_core._PurgatoryCore)
     assert ap.Purgatory[Slotted] is not None  # still generic
 
 
