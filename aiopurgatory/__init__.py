@@ -19,7 +19,7 @@ from ._errors import (
     PurgatoryFullError,
     TimerClosedError,
 )
-from ._latency import Histogram, PurgatoryHistograms
+from ._histograms import Histogram, PurgatoryHistograms
 from ._namespace import public_dir as _public_dir
 from ._operation import DelayedOperation, Outcome
 from ._purgatory import Purgatory, PurgatoryStatistics, WatermarkOperation

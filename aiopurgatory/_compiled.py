@@ -39,7 +39,7 @@ CORE_MODULES = (
     "_thresholds",
     "_purgatory_core",
     "_purgatory",
-    "_histogram",
+    "_histogram_recorder",
 )
 
 _PACKAGE = __name__.rpartition(".")[0]

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Self
 
-from ._histogram import _Recorder
-from ._latency import Histogram, PurgatoryHistograms
+from ._histogram_recorder import _Recorder
+from ._histograms import Histogram, PurgatoryHistograms
 from ._logging import LazyLogger
 from ._operation import DelayedOperation, Outcome
 from ._purgatory_core import WatermarkOperation, _expire_now, _outcome, _park, _PurgatoryCore

@@ -3,7 +3,7 @@
 
 cimport cython
 
-from aiopurgatory._histogram cimport _Recorder
+from aiopurgatory._histogram_recorder cimport _Recorder
 from aiopurgatory._operation cimport DelayedOperation, _Owner
 from aiopurgatory._thresholds cimport ThresholdEntry, ThresholdIndex
 from aiopurgatory._validation cimport keys_of, thresholds_of
@@ -15,7 +15,7 @@ cdef extern from *:
     #define AIOPURGATORY_HISTOGRAMS 1
     #endif
     """
-    # As in _histogram.pxd: 0 only in a build that measures the histograms' cost.
+    # As in _histogram_recorder.pxd: 0 only in a build that measures the histograms' cost.
     const bint HISTOGRAMS "AIOPURGATORY_HISTOGRAMS"
 
 # Read per operation: C variables, never looked up by name.

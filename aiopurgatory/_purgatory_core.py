@@ -25,7 +25,7 @@ from typing import Any
 from ._backends import current_owner, new_waiter
 from ._detect import in_trio_task
 from ._errors import OperationStateError, PurgatoryClosedError, PurgatoryFullError
-from ._histogram import _Recorder
+from ._histogram_recorder import _Recorder
 from ._operation import DelayedOperation, Outcome, _Owner
 from ._thresholds import ThresholdIndex
 from ._timer import Timer
@@ -39,7 +39,7 @@ CANCELLED = Outcome.CANCELLED
 _modules = sys.modules
 
 # Whether finished operations are recorded in the histograms: always, except in
-# a compiled core built to measure their cost (see aiopurgatory._histogram).
+# a compiled core built to measure their cost (see aiopurgatory._histogram_recorder).
 HISTOGRAMS = True
 
 
@@ -118,7 +118,7 @@ class _PurgatoryCore(_Owner):
     _cancelled: int
     _failed: int
     # Always-on histograms: the wait of finished operations by outcome, and how
-    # late each expiry fired (aiopurgatory._histogram; snapshots: histograms()).
+    # late each expiry fired (aiopurgatory._histogram_recorder; snapshots: histograms()).
     _wait_completed: _Recorder
     _wait_expired: _Recorder
     _wait_cancelled: _Recorder

@@ -29,7 +29,7 @@ import pytest
 import aiopurgatory as ap
 from aiopurgatory import (
     _compiled,
-    _histogram,
+    _histogram_recorder,
     _operation,
     _purgatory,
     _purgatory_core,
@@ -52,7 +52,7 @@ CORE = (
     _thresholds,
     _purgatory_core,
     _purgatory,
-    _histogram,
+    _histogram_recorder,
 )
 
 

@@ -111,7 +111,7 @@ def test_every_core_module_is_covered() -> None:
         "_operation",
         "_thresholds",
         "_purgatory",
-        "_histogram",
+        "_histogram_recorder",
         "_validation",
         "_ticks",
         "_purgatory_core",

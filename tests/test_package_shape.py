@@ -19,7 +19,7 @@ CORE_ORDER = [
     "_purgatory",
     "_purgatory_core",
     "_thresholds",
-    "_latency",
+    "_histograms",
     "_operation",
     "_shared_timer",
     "_timer",
@@ -30,7 +30,7 @@ CORE_ORDER = [
     "_detect",
     "_ticks",
     "_wheel",
-    "_histogram",
+    "_histogram_recorder",
 ]
 SHARED = {"_errors", "_logging", "_validation"}
 

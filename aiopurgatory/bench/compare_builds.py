@@ -55,17 +55,26 @@ from .realistic import DEFAULTS, IMPLS
 __all__ = ["main"]
 
 
+# The histogram recorder of either build (named _histogram before issue 41's renames).
+_IMPORT_RECORDER = """\
+try:
+    import aiopurgatory._histogram_recorder as h
+except ImportError:
+    import aiopurgatory._histogram as h"""
+
 _REALISTIC = """
-import json, sys, aiopurgatory._histogram as h
+import json, sys
+{IMPORT_RECORDER}
 from aiopurgatory.bench.realistic import run_realistic
 spec = json.loads(sys.argv[1])
 r = run_realistic(spec['impl'], spec['loop'], **spec['params'])
 r['histograms'] = h.compiled_in()
 print(json.dumps(r))
-"""
+""".replace("{IMPORT_RECORDER}", _IMPORT_RECORDER)
 
 _MICRO = """
-import asyncio, json, sys, time, aiopurgatory as ap, aiopurgatory._histogram as h
+import asyncio, json, sys, time, aiopurgatory as ap
+{IMPORT_RECORDER}
 num = json.loads(sys.argv[1])['params']['num']
 async def main():
     p = ap.Purgatory('micro')
@@ -81,11 +90,12 @@ async def main():
     return time.process_time() - t0
 cpu = asyncio.run(main())
 print(json.dumps({'cpu_s': cpu, 'cpu_us_per_op': cpu / num * 1e6, 'histograms': h.compiled_in()}))
-"""
+""".replace("{IMPORT_RECORDER}", _IMPORT_RECORDER)
 
 # The bench suites' own ap implementations, as `aiopurgatory bench all` runs them.
 _SUITE = """
-import json, sys, aiopurgatory as ap, aiopurgatory._histogram as h
+import json, sys, aiopurgatory as ap
+{IMPORT_RECORDER}
 from aiopurgatory.bench._common import quiet_logging
 from aiopurgatory.bench.acks import run_acks
 from aiopurgatory.bench.purgatory import run_purgatory
@@ -96,7 +106,7 @@ run = {'timer': run_timer, 'purgatory': run_purgatory, 'acks': run_acks}[spec['w
 r = run('ap', spec['loop'], **spec['params'])
 r.update(histograms=h.compiled_in(), package=ap.__file__, compiled=ap.COMPILED)
 print(json.dumps(r))
-"""
+""".replace("{IMPORT_RECORDER}", _IMPORT_RECORDER)
 
 #: ``--scenario`` of ``--workload purgatory``: the cases of ``bench all``.
 PURGATORY_CASES = ("low-timeout", "high-timeout", "check", "clock")
