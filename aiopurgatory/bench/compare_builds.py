@@ -23,7 +23,7 @@ operation of both builds and their difference.
 ``ap`` implementation of ``bench timer``, ``bench purgatory`` and its acks=all
 workload (each build's own :func:`.timer.run_timer`, :func:`.purgatory.run_purgatory`
 and :func:`.acks.run_acks`; acks at its defaults, 1,000 requests pending per
-partition, CPU per trigger) with the parameters ``aiopurgatory bench
+partition, CPU per trigger; ``--acks-impl``, default ``advance``) with the parameters ``aiopurgatory bench
 all`` gives them, one cell per invocation: ``--loop`` and, for the purgatory,
 ``--scenario`` (``low-timeout`` and ``high-timeout``: 200,000 requests completed
 with ``force_complete``; ``check`` and ``clock``: 100,000 at 20,000 req/s
@@ -103,7 +103,7 @@ from aiopurgatory.bench.timer import run_timer
 quiet_logging()
 spec = json.loads(sys.argv[1])
 run = {'timer': run_timer, 'purgatory': run_purgatory, 'acks': run_acks}[spec['workload']]
-r = run('ap', spec['loop'], **spec['params'])
+r = run(spec.get('impl', 'ap'), spec['loop'], **spec['params'])
 r.update(histograms=h.compiled_in(), package=ap.__file__, compiled=ap.COMPILED)
 print(json.dumps(r))
 """.replace("{IMPORT_RECORDER}", _IMPORT_RECORDER)
@@ -179,6 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the case of --workload purgatory",
     )
     p.add_argument("--seed", type=int, default=1, help="of --workload timer and purgatory")
+    p.add_argument(
+        "--acks-impl",
+        choices=tuple(acks_bench.IMPLS),
+        default="advance",
+        help="the implementation --workload acks runs (default: advance, try_complete)",
+    )
     p.add_argument("--json", help="also write every run's result to this file")
     args = p.parse_args(argv)
     spec: dict[str, Any]
@@ -188,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "loop": args.loop,
             "params": _suite_params(args.workload, args.scenario, args.seed),
         }
+        if args.workload == "acks":
+            spec["impl"] = args.acks_impl
     else:
         spec = {
             "impl": "micro" if args.workload == "micro" else args.impl,
