@@ -19,16 +19,16 @@ completed with ``force_complete()`` (every one scheduled, so every one reads the
 clock when it finishes), no tasks, on the asyncio loop; it reports the CPU per
 operation of both builds and their difference.
 
-``--workload timer``, ``--workload purgatory`` and ``--workload acks`` run the
-``ap`` implementation of ``bench timer``, ``bench purgatory`` and its acks=all
-workload (each build's own :func:`.timer.run_timer`, :func:`.purgatory.run_purgatory`
-and :func:`.acks.run_acks`; acks at its defaults, 1,000 requests pending per
-partition, CPU per trigger; ``--acks-impl``, default ``advance``) with the parameters ``aiopurgatory bench
-all`` gives them, one cell per invocation: ``--loop`` and, for the purgatory,
-``--scenario`` (``low-timeout`` and ``high-timeout``: 200,000 requests completed
-with ``force_complete``; ``check`` and ``clock``: 100,000 at 20,000 req/s
-completed through ``check_and_complete``). How a build's core compares with
-another's on the figures ``make bench`` reports for aiopurgatory itself::
+``--workload timer``, ``--workload purgatory`` and ``--workload acks`` run the ``ap``
+implementation of ``bench timer``, ``bench purgatory`` and its acks=all workload (each
+build's own :func:`.timer.run_timer`, :func:`.purgatory.run_purgatory` and
+:func:`.acks.run_acks`; acks at its defaults, 1,000 requests pending per partition, CPU
+per trigger; ``--acks-impl``, default ``advance``) with the parameters ``aiopurgatory
+bench all`` gives them, one cell per invocation: ``--loop`` and, for the purgatory,
+``--scenario`` (``low-timeout`` and ``high-timeout``: 200,000 requests completed with
+``force_complete``; ``check`` and ``clock``: 100,000 at 20,000 req/s completed through
+``check_and_complete``). How a build's core compares with another's on the figures
+``make bench`` reports for aiopurgatory itself::
 
     python -m aiopurgatory.bench.compare_builds --other /tmp/before --workload timer --loop uvloop
 
