@@ -19,12 +19,13 @@ from ._errors import (
     PurgatoryFullError,
     TimerClosedError,
 )
-from ._latency import Histogram, PurgatoryHistograms
+from ._histograms import Histogram, PurgatoryHistograms
 from ._namespace import public_dir as _public_dir
 from ._operation import DelayedOperation, Outcome
 from ._purgatory import Purgatory, PurgatoryStatistics, WatermarkOperation
+from ._shared_timer import shared_timer, timeout, timeout_at
 from ._timeout import Timeout
-from ._timer import Timer, TimerHandle, shared_timer, timeout, timeout_at
+from ._timer import Timer, TimerHandle
 
 if TYPE_CHECKING:
     from . import simulation as simulation

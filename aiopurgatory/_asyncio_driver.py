@@ -2,41 +2,12 @@
 
 A :class:`~aiopurgatory.Timer` keeps its entries in a sans-IO wheel
 (:mod:`aiopurgatory._wheel`) and decides, in loop-time seconds, when it next has
-work to do. A *driver* is the little that depends on the event loop; it gives the
-timer:
-
-* ``time()``: the loop's clock, in seconds;
-* ``arm(when)`` / ``disarm()``: one wake-up at loop time ``when`` (re-arming
-  replaces the previous one), which calls the timer's ``on_wake()``;
-* ``request_flush()``: a call of the timer's ``on_flush()`` on a later loop
-  iteration, never inside the calling one (the timer asks at most once per
-  iteration);
-* ``report(exc, entry)``: where an exception from a callback goes;
-* ``close()``: drop the wake-up and the flush;
-* ``owner`` (the loop, or trio's run token) and ``is_current()``: whether the
-  calling code runs on it; ``running_here``: ``(thread, is_running)`` if the
-  calling code runs on the loop when it runs in that thread and ``is_running()``
-  is true (what ``is_current()`` tests first, for the timer to test without a
-  call into the driver), else None;
-* ``call_soon_threadsafe(fn)``: run ``fn()`` on the loop, from any thread;
-* ``waiter()``: a new waiter, as ``new_waiter()`` below, on this driver's loop
-  (no lookup of the running loop: ``watch()`` makes one per operation).
-
-and, as static methods for the running loop (no driver needed):
-
-* ``running_owner()`` and ``running_time()``: the running loop and its clock;
-* ``new_waiter()``: something ``watch()`` and ``await op`` park the calling
-  task on (``set_result(None)`` wakes it);
-* ``running_call_soon_threadsafe()``: the running loop's
-  ``call_soon_threadsafe`` (to log a failure nobody received, from a finalizer);
-* ``done_callback_scheduler()``: ``schedule(fn, op, context)``, which runs
-  ``fn(op)`` soon on the running loop (an operation's done callbacks);
-* ``deadline_scope()``: the block a :class:`~aiopurgatory.Timeout` may
-  interrupt. Its ``enter()`` and ``exit(...)`` bracket the block (``exit``
-  returns True when the block ended because of the scope's ``cancel()``, so the
-  timeout raises ``TimeoutError``); ``cancel()`` interrupts it from a timer
-  callback; ``run_due(callback)`` runs the callback of a deadline already due
-  when set, as soon as the block can be interrupted; ``time()`` is the clock.
+work to do. A *driver* is the little that depends on the event loop. What each
+member must do, who calls it and on which thread is declared in
+:mod:`aiopurgatory._backends`: ``Driver`` (per timer: the clock, one wake-up,
+a flush per iteration, the way in from other threads), ``RunningLoop`` (the
+static methods: questions about the running loop) and ``DeadlineScope`` (the
+block a ``Timeout`` may interrupt).
 
 This one is for asyncio (and uvloop, and any ``asyncio.AbstractEventLoop``):
 one ``loop.call_at`` handle and one ``loop.call_soon`` per iteration with new

@@ -3,10 +3,14 @@
 The core is the same on every backend; what differs is gathered in a *driver*
 (:mod:`aiopurgatory._asyncio_driver`, :mod:`aiopurgatory._trio_driver`): the
 clock, the wake-ups, the waiters that ``watch()`` and ``await op`` park on, the
-cancel scope of a ``Timeout`` and the way in from other threads. This module
-only dispatches: it asks :mod:`aiopurgatory._detect` which library is running
-and hands the question to that library's driver class. It holds no backend
-code; the trio driver is imported only once a trio run asks for something.
+cancel scope of a ``Timeout`` and the way in from other threads. The contract is
+declared here, member by member: :class:`Driver` (one per timer, made when the
+timer binds), :class:`RunningLoop` (static questions about the running loop, no
+timer needed) and :class:`DeadlineScope` (a ``Timeout``'s block); a driver class
+is both (:class:`DriverClass`). This module otherwise only dispatches: it asks
+:mod:`aiopurgatory._detect` which library is running and hands the question to
+that library's driver class. It holds no backend code; the trio driver is
+imported only once a trio run asks for something.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DeadlineScope",
     "Driver",
+    "DriverClass",
+    "RunningLoop",
     "current_owner",
     "current_time",
     "deadline_scope",
@@ -41,75 +47,170 @@ class Cancellable(Protocol):
 class DeadlineScope(Protocol):
     """The backend's part of a :class:`~aiopurgatory.Timeout`: the block it may interrupt.
 
-    Made by ``Driver.deadline_scope()`` in the task that enters the block; see
-    :mod:`aiopurgatory._asyncio_driver` for the meaning of each member.
+    Made by :meth:`RunningLoop.deadline_scope` in the task that enters the block,
+    and used by that ``Timeout`` only, on the loop's thread.
     """
 
-    def time(self) -> float: ...
-    def enter(self) -> None: ...
-    def cancel(self) -> None: ...
-    def run_due(self, callback: Callable[[], None], /) -> Cancellable | None: ...
+    def time(self) -> float:
+        """The clock the deadline is on (the loop's), in seconds."""
+
+    def enter(self) -> None:
+        """The block starts (``Timeout.__aenter__``), in the task that runs it."""
+
+    def cancel(self) -> None:
+        """Interrupt the block: called from a timer callback at the deadline."""
+
+    def run_due(self, callback: Callable[[], None], /) -> Cancellable | None:
+        """Run ``callback`` (the deadline's, already due when set) as soon as the
+        block can be interrupted; what is returned cancels that."""
+
     def exit(
         self,
         exc_type: type[BaseException] | None,
         exc_val: BaseException | None,
         exc_tb: TracebackType | None,
-    ) -> bool: ...
+    ) -> bool:
+        """The block ends (``Timeout.__aexit__``): True iff it ended because of
+        :meth:`cancel` (the ``Timeout`` then raises ``TimeoutError``)."""
 
 
 class Driver(Protocol):
-    """What a :class:`~aiopurgatory.Timer` and a purgatory need of a backend.
+    """One timer's link to its event loop: the clock and the wake-ups (one per Timer).
 
-    See :mod:`aiopurgatory._asyncio_driver` for the meaning of each member. The
-    static methods work on the running loop (or trio run) without a driver.
+    A :class:`~aiopurgatory.Timer` makes its driver when it binds, on first use,
+    in a task of the running loop (``new_driver``), and is its only caller (a
+    purgatory asks through its timer). Everything below is called on the loop's
+    thread, by the loop's own code (a task or a callback), unless it says
+    otherwise; nothing here is thread-safe but :meth:`call_soon_threadsafe`. A
+    driver may assume the loop it was made on runs until the timer is closed or
+    the loop is; it holds no entries and knows nothing of the wheel.
     """
 
-    def __init__(self, on_wake: Callable[[], None], on_flush: Callable[[], None]) -> None: ...
+    def __init__(self, on_wake: Callable[[], None], on_flush: Callable[[], None]) -> None:
+        """Bind to the running loop; ``on_wake`` is the timer's wake-up (from
+        :meth:`arm`), ``on_flush`` its per-iteration flush (from :meth:`request_flush`).
+
+        Raises:
+            RuntimeError: no running loop of this backend.
+        """
 
     @property
     def backend(self) -> str:
-        """``"asyncio"`` or ``"trio"``."""
+        """``"asyncio"`` (uvloop included) or ``"trio"``: ``Timer.backend``, and how
+        ``watch()`` tells a trio task in guest mode from its asyncio host."""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
-        """The asyncio loop, or None on trio."""
+        """The asyncio loop (``Timer.loop``), or None on trio."""
 
     @property
     def owner(self) -> object:
-        """What the timer is bound to: the asyncio loop, or the trio run's token."""
+        """What the timer is bound to, for identity checks only: the asyncio loop,
+        or the trio run's token. It never changes."""
 
     @property
     def time(self) -> Callable[[], float]:
-        """The backend's clock, in seconds."""
-
-    def arm(self, when: float) -> None: ...
-    def disarm(self) -> None: ...
-    def request_flush(self) -> None: ...
-    def close(self) -> None: ...
-    def report(self, exc: BaseException, entry: object) -> None: ...
-    def is_current(self) -> bool: ...
-    def call_soon_threadsafe(self, fn: Callable[[], object], /) -> object: ...
-    def waiter(self) -> Any: ...
+        """The loop's clock in seconds (``loop.time`` or ``trio.current_time``),
+        read by the timer once per schedule and per wake-up; the same clock
+        :meth:`arm` counts in. Taken once, at bind: it must stay valid."""
 
     @property
     def running_here(self) -> tuple[int, Callable[[], bool]] | None:
-        """``(thread, is_running)``: on the loop if in ``thread`` and ``is_running()``."""
+        """``(thread, is_running)``: the calling code runs on this loop if it runs
+        in ``thread`` while ``is_running()`` holds; None where :meth:`is_current`
+        must be asked. Read once, at bind: the timer tests it itself (once per
+        watched operation), without a call into the driver."""
+
+    def arm(self, when: float) -> None:
+        """Call ``on_wake()`` once, at loop time ``when`` or after (never before,
+        except by the loop's own rounding: the timer re-arms when woken early).
+        Replaces the wake-up armed before; the timer arms only for an instant
+        earlier than the armed one, or after a wake-up."""
+
+    def disarm(self) -> None:
+        """Drop the armed wake-up (the timer has nothing pending). Idempotent."""
+
+    def request_flush(self) -> None:
+        """Call ``on_flush()`` on a later loop iteration, never inside the calling
+        one. The timer asks at most once until that call (it counts on it to move
+        new entries into the wheel).
+
+        Raises:
+            RuntimeError: the loop is closed (the timer has changed nothing yet).
+        """
+
+    def close(self) -> None:
+        """Drop the wake-up and the flush for good (``Timer.close()``). Idempotent."""
+
+    def report(self, exc: BaseException, entry: object) -> None:
+        """Hand an exception a timer callback raised to the loop (its exception
+        handler, or trio's crash of the run); called from inside ``on_wake()`` or
+        ``on_flush()``, and the timer runs the rest of its batch after it."""
+
+    def is_current(self) -> bool:
+        """Whether the calling code runs on this loop (the slow test, when
+        :attr:`running_here` is None or says no). Called from any thread; must
+        not raise."""
+
+    def call_soon_threadsafe(self, fn: Callable[[], object], /) -> object:
+        """Run ``fn()`` soon on the loop. The one member called from any thread
+        (``*_threadsafe`` triggers of a purgatory).
+
+        Raises:
+            RuntimeError: the loop is closed or the trio run has finished.
+        """
+
+    def waiter(self) -> Any:
+        """A new waiter on this loop, as :meth:`RunningLoop.new_waiter` (one per
+        watched operation: no lookup of the running loop)."""
+
+
+class RunningLoop(Protocol):
+    """Questions about the running loop that need no timer (static methods of a
+    driver class, which ``_driver_type()`` picks by the running library).
+
+    Called in code running on the loop (a task or a callback), on its thread; each
+    raises ``RuntimeError`` outside a running loop of its backend (the functions
+    of this module below ask the right class, so they hold for any backend).
+    """
 
     @staticmethod
-    def running_owner() -> object: ...
+    def running_owner() -> object:
+        """The running asyncio loop, or the trio run's token (a timer's ``owner``)."""
+
     @staticmethod
-    def running_time() -> float: ...
+    def running_time() -> float:
+        """The running loop's clock, in seconds (``Timeout`` deadlines)."""
+
     @staticmethod
-    def new_waiter() -> Any: ...
+    def new_waiter() -> Any:
+        """Something the current task can park on: ``await`` it; ``set_result(None)``
+        wakes it, ``done()`` tells whether it was. ``await op`` and ``watch()``."""
+
     @staticmethod
-    def deadline_scope() -> DeadlineScope: ...
+    def deadline_scope() -> DeadlineScope:
+        """The current task's :class:`DeadlineScope`, for a ``Timeout`` it enters
+        (asyncio: the task, cancelled then uncancelled; trio: a cancel scope)."""
+
     @staticmethod
-    def running_call_soon_threadsafe() -> Callable[..., object]: ...
+    def running_call_soon_threadsafe() -> Callable[..., object]:
+        """``fn(*args)`` soon on the running loop, callable from any thread later:
+        how a failure nobody received is logged when its operation is collected."""
+
     @staticmethod
-    def done_callback_scheduler() -> Callable[[Callable[[Any], object], Any, Any], object]: ...
+    def done_callback_scheduler() -> Callable[[Callable[[Any], object], Any, Any], object]:
+        """``schedule(fn, op, context)``: ``fn(op)`` in ``context``, soon on the
+        running loop, never inside the caller (an operation's done callbacks)."""
 
 
-def _driver_type() -> type[Driver]:
+class DriverClass(RunningLoop, Protocol):
+    """A backend's driver class: makes a :class:`Driver` per timer, and answers
+    :class:`RunningLoop`'s questions."""
+
+    def __call__(self, on_wake: Callable[[], None], on_flush: Callable[[], None]) -> Driver: ...
+
+
+def _driver_type() -> DriverClass:
     """The driver class of the running backend.
 
     Raises:

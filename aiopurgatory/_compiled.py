@@ -30,7 +30,17 @@ from types import ModuleType
 __all__ = ["COMPILED", "CORE_MODULES"]
 
 #: The modules that have a compiled form (setup.py builds the same list).
-CORE_MODULES = ("_wheel", "_timer", "_operation", "_purgatory", "_histogram")
+CORE_MODULES = (
+    "_validation",
+    "_ticks",
+    "_wheel",
+    "_timer",
+    "_operation",
+    "_thresholds",
+    "_purgatory_core",
+    "_purgatory",
+    "_histogram_recorder",
+)
 
 _PACKAGE = __name__.rpartition(".")[0]
 _HERE = Path(__file__).resolve().parent

@@ -1,9 +1,6 @@
-"""Exceptions raised by aiopurgatory, and argument checks shared by its modules."""
+"""Exceptions raised by aiopurgatory (argument checks: :mod:`aiopurgatory._validation`)."""
 
 from __future__ import annotations
-
-import numbers
-from typing import Any
 
 __all__ = [
     "OperationStateError",
@@ -49,21 +46,6 @@ class OperationStateError(PurgatoryError):
     __module__ = "aiopurgatory"
 
 
-def as_seconds(value: Any, name: str) -> float:
-    """Return ``value`` as a finite float number of seconds, or raise naming ``name``.
-
-    Raises:
-        TypeError: ``value`` is not a real number, or is a bool.
-        ValueError: ``value`` is NaN or infinite.
-    """
-    if type(value) is not float:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-        try:
-            value = float(value)
-        except OverflowError:
-            raise ValueError(f"{name} must be finite, got {value!r}") from None
-    seconds: float = value
-    if seconds - seconds:  # NaN and +-inf, and only they, make this non-zero (NaN is truthy)
-        raise ValueError(f"{name} must be finite, got {seconds!r}")
-    return seconds
+# Still importable from here, where it lived before issue 41 (other branches may import it
+# from here); its home is aiopurgatory._validation.
+from ._validation import as_seconds as as_seconds  # noqa: E402

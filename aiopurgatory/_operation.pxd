@@ -22,6 +22,7 @@ cdef class _Owner:
 
 cdef class DelayedOperation(_TimerEntry):
     cdef public object _exception
+    cdef public bint _joined
     cdef public tuple _keys
     cdef public object _entries
     cdef public object _outcome
@@ -40,7 +41,7 @@ cdef class DelayedOperation(_TimerEntry):
     cdef _result(self)
     cdef _finished(self)
     cdef _fire(self)
-    cdef _expire(self)
+    cdef bint _finish(self, outcome, failure=*, bint raised=*) except -1
     cdef _timer_closed(self)
     cdef _try_complete_failed(self, exc, bint raised=*)
     cdef _try_complete_raised(self, exc)

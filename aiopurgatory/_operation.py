@@ -1,7 +1,11 @@
 """Delayed operations: the life cycle of one waiting request.
 
 An operation is *new* until a purgatory takes it, *pending* while watched, and
-*finished* exactly once, as one of :class:`Outcome`. The rules:
+*finished* exactly once, as one of :class:`Outcome`. Its stage is read off one
+field each: ``_purgatory`` (None while new; set when taken, before its first
+check), ``_joined`` (set once it joins its watch lists, i.e. its first check did
+not finish it; it stays set, so a finished op tells whether it was watched) and
+``_outcome`` (None until finished). The rules:
 
 * Completion (``force_complete``) and expiry (the timer) race; the first wins and
   is the only one to run callbacks. ``on_complete`` runs for both; ``on_expiration``
@@ -39,9 +43,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._backends import done_callback_scheduler, new_waiter, running_call_soon_threadsafe
-from ._errors import as_seconds
 from ._logging import LazyLogger
 from ._timer import _TimerEntry
+from ._validation import as_seconds
 
 # asyncio's Future.set_result, called on its futures without a lookup by name.
 _set_result = Future.set_result
@@ -228,6 +232,7 @@ class DelayedOperation(_TimerEntry):
     __slots__ = (
         "_entries",
         "_exception",
+        "_joined",
         "_keys",
         "_outcome",
         "_purgatory",
@@ -261,6 +266,7 @@ class DelayedOperation(_TimerEntry):
         self._when: float | None = None  # type: ignore[assignment]
         self._timeout = timeout
         self._purgatory: _Owner | None = None
+        self._joined = False  # in its watch lists (see the module documentation)
         self._keys: tuple[Hashable, ...] = ()
         # The threshold on each of ``_keys`` (same order) for a watch with
         # thresholds (``watch(op, {key: threshold})``), else None.
@@ -300,9 +306,8 @@ class DelayedOperation(_TimerEntry):
         Empty until it joins its watch lists, and for good if its first check
         (in ``try_complete_else_watch``) finished it: it was never watched.
         """
-        # ``_keys`` is set before that first check (WatermarkOperation reads it
-        # there); ``_key`` only once the operation joins its watch lists.
-        return self._keys if self._key else ()
+        # ``_keys`` is set before that first check (WatermarkOperation reads it there).
+        return self._keys if self._joined else ()
 
     @property
     def is_completed(self) -> bool:
@@ -434,24 +439,7 @@ class DelayedOperation(_TimerEntry):
         Returns:
             True iff this call finished the operation.
         """
-        if self._outcome is not None:
-            return False
-        self._outcome = COMPLETED
-        purgatory = self._purgatory
-        if purgatory is not None:
-            purgatory._detach(self, COMPLETED)
-        try:
-            try:
-                self.on_complete()
-            except Exception as exc:
-                self._callback_failed(exc, "on_complete")
-        finally:
-            # Most completed operations have no awaiter and no recorder.
-            if self._waiters is not None or (
-                purgatory is not None and purgatory._recorder is not None
-            ):
-                self._finished()
-        return True
+        return self._finish(COMPLETED)
 
     def cancel(self) -> bool:
         """Withdraw the operation if it has not finished: ``Outcome.CANCELLED``.
@@ -463,14 +451,7 @@ class DelayedOperation(_TimerEntry):
         Returns:
             True iff this call withdrew the operation.
         """
-        if self._outcome is not None:
-            return False
-        self._outcome = CANCELLED
-        purgatory = self._purgatory
-        if purgatory is not None:
-            purgatory._detach(self, CANCELLED)
-        self._finished()
-        return True
+        return self._finish(CANCELLED)
 
     def __await__(self) -> Generator[Any, None, Outcome]:
         """Wait until the operation finishes; return its :class:`Outcome`.
@@ -531,27 +512,47 @@ class DelayedOperation(_TimerEntry):
 
     def _fire(self) -> None:
         # The timer's expiry; the driver has already taken us out of the wheel.
-        self._expire()
+        self._finish(EXPIRED)
 
-    def _expire(self) -> None:
+    def _finish(
+        self, outcome: Outcome, failure: Exception | None = None, raised: bool = False
+    ) -> bool:
+        """Finish as ``outcome`` unless already finished; True iff this call finished it.
+
+        The one path of every outcome: out of the timer and every watch list (the
+        purgatory's ``_detach``), then what the outcome runs: ``on_complete`` for
+        COMPLETED and EXPIRED, then ``on_expiration`` for EXPIRED (not after a
+        failed ``on_complete``), nothing for CANCELLED, and for FAILED the
+        ``failure`` of ``try_complete`` kept (``raised``: the caller raises it on);
+        then awaiters and done callbacks are woken and the recorder is called.
+        """
         if self._outcome is not None:
-            return
-        self._outcome = EXPIRED
+            return False
+        self._outcome = outcome
         purgatory = self._purgatory
         if purgatory is not None:
-            purgatory._detach(self, EXPIRED)
+            purgatory._detach(self, outcome)
         try:
-            try:
-                self.on_complete()
-            except Exception as exc:
-                self._callback_failed(exc, "on_complete")
-            else:
+            if outcome is COMPLETED or outcome is EXPIRED:
                 try:
-                    self.on_expiration()
+                    self.on_complete()
                 except Exception as exc:
-                    self._callback_failed(exc, "on_expiration")
+                    self._callback_failed(exc, "on_complete")
+                else:
+                    if outcome is EXPIRED:
+                        try:
+                            self.on_expiration()
+                        except Exception as exc:
+                            self._callback_failed(exc, "on_expiration")
+            elif failure is not None:
+                self._callback_failed(failure, "try_complete", raised)
         finally:
-            self._finished()
+            # Most completed operations have no awaiter and no recorder.
+            if self._waiters is not None or (
+                purgatory is not None and purgatory._recorder is not None
+            ):
+                self._finished()
+        return True
 
     def _timer_closed(self) -> None:
         self.cancel()
@@ -562,14 +563,7 @@ class DelayedOperation(_TimerEntry):
         ``raised``: the caller raises ``exc`` on (``try_complete_else_watch``), so
         someone receives it and it is not logged.
         """
-        if self._outcome is None:
-            self._outcome = FAILED
-            purgatory = self._purgatory
-            if purgatory is not None:
-                purgatory._detach(self, FAILED)
-            self._callback_failed(exc, "try_complete", raised)
-            self._finished()
-        else:
+        if not self._finish(FAILED, exc, raised):
             self._callback_failed(exc, "try_complete", raised)
 
     def _try_complete_raised(self, exc: Exception) -> None:

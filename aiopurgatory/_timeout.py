@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Protocol
 
 from ._backends import Cancellable, DeadlineScope, deadline_scope
-from ._errors import as_seconds
+from ._validation import as_seconds
 
 __all__ = ["Timeout"]
 

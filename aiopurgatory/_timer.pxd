@@ -3,6 +3,7 @@
 
 cimport cython
 
+from aiopurgatory._ticks cimport ceil_tick, floor_tick
 from aiopurgatory._wheel cimport Entry, TimingWheel
 
 cdef object _copy_context
@@ -47,17 +48,14 @@ cdef class Timer:
     cdef public object _running_is
     cdef public bint _shared
     cdef public list _staged
-    cdef public double _tick
+    cdef public double _tick_width
     cdef public object _time
     cdef public TimingWheel _wheel
-    cdef public object _wheel_size
 
     cpdef bint _is_current(self) except -1
+    @cython.locals(handle=TimerHandle)
+    cdef TimerHandle _new_handle(self, when, callback, tuple args, context)
     cpdef _deadline(self, delay, name)
-    @cython.locals(tick=double, limit=double, q=double, n=cython.longlong)
-    cpdef _floor_tick(self, double now)
-    @cython.locals(tick=double, limit=double, q=double, e=cython.longlong)
-    cpdef _tick_of(self, double when)
     @cython.locals(staged=list)
     cpdef _schedule(self, _TimerEntry entry, when)
     cpdef _request_flush(self)

@@ -28,13 +28,12 @@ the timer up from the loop. The rules:
 * Callbacks run one after the other inside the driver's wake-up. An exception in
   one goes to the driver (the loop's exception handler) and the rest still run.
 
-A purgatory uses its timer through a small interface of named methods, and
-nothing else of it: ``_bind()`` (bind on first use; the owner bound to),
-``_is_current()`` (called on the bound loop?), ``_deadline(delay, name)`` (now +
-delay, refusing a closed timer or an instant the wheel cannot count),
-``_schedule(entry, when)`` / ``_unschedule(entry)``,
-``_call_soon_threadsafe(fn)`` and the public ``closed``. docs/architecture.md
-lists the invariant each keeps.
+A purgatory uses its timer through a small interface of named methods and
+nothing else of it (``_bind``, ``_is_current``, ``_deadline``, ``_schedule``,
+``_unschedule``, ``_call_soon_threadsafe``, ``_time``, ``closed``):
+docs/architecture.md lists the invariant each keeps. Seconds become ticks in
+:mod:`aiopurgatory._ticks`; the loop's shared timer is in
+:mod:`aiopurgatory._shared_timer`.
 """
 
 from __future__ import annotations
@@ -42,22 +41,23 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from math import inf
 from time import monotonic as _monotonic
 from typing import TYPE_CHECKING, Any, Final, TypeVarTuple, Unpack
 
-from ._backends import Driver, current_owner, current_time, new_driver
-from ._errors import TimerClosedError, as_seconds
+from ._backends import Driver, current_time, new_driver
+from ._errors import TimerClosedError
 from ._logging import LazyLogger
+from ._ticks import MAX_TICKS, ceil_tick, floor_tick
 from ._timeout import Timeout
+from ._validation import as_seconds
 from ._wheel import Entry, TimingWheel
 
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["Timer", "TimerHandle", "shared_timer", "timeout", "timeout_at"]
+__all__ = ["Timer", "TimerHandle"]
 
 _Ts = TypeVarTuple("_Ts")
 
@@ -78,7 +78,6 @@ _LAG_LOG_INTERVAL: Final = 10.0
 # The tick of an entry that is staged (scheduled, not yet in the wheel). Any int
 # does: only "is None" (not pending) is ever tested before the real tick is set.
 _STAGED: Final = -1
-_MAX_TICKS: Final = 2**62
 # After two early wake-ups at the same clock reading (uvloop), the next one is
 # asked for no sooner than this.
 _EARLY_WAKE_RETRY: Final = 0.001
@@ -107,8 +106,8 @@ class TimerHandle(_TimerEntry):
 
     __slots__ = ("_args", "_callback", "_cancelled", "_context", "_timer")
 
-    # Handles are made by Timer.call_later/call_at, which set these slots directly
-    # (__new__ plus stores is markedly cheaper than an __init__ call).
+    # Handles are made by Timer._new_handle (for call_later and call_at), which
+    # sets these slots directly.
     _timer: Timer
     _callback: Callable[..., object] | None
     _args: tuple[Any, ...] | None
@@ -202,22 +201,18 @@ class Timer:
         "_running_is",
         "_shared",
         "_staged",
-        "_tick",
+        "_tick_width",
         "_time",
         "_wheel",
-        "_wheel_size",
     )
 
     def __init__(self, *, tick: float = 0.001, wheel_size: int = 20) -> None:
         tick = as_seconds(tick, "tick")
         if tick <= 0:
             raise ValueError(f"tick must be positive, got {tick!r}")
-        if isinstance(wheel_size, bool) or not isinstance(wheel_size, int):
-            raise TypeError(f"wheel_size must be an int, got {type(wheel_size).__name__}")
-        if wheel_size < 2:
-            raise ValueError(f"wheel_size must be at least 2, got {wheel_size}")
-        self._tick = tick
-        self._wheel_size = wheel_size
+        # The wheel checks wheel_size; its clock starts once the timer is bound.
+        self._wheel = TimingWheel(wheel_size)
+        self._tick_width = tick
         # Set on first use (_bind): the driver, and its clock.
         self._driver: Driver | None = None
         self._time: Callable[[], float] = _monotonic
@@ -225,12 +220,11 @@ class Timer:
         # the thread, and the loop's is_running (None if the driver has none).
         self._running_in = 0
         self._running_is: Callable[[], bool] | None = None
-        self._wheel = TimingWheel(int(wheel_size))
         # Tick the driver is armed for; inf when unarmed.
         self._armed: float = inf
         # Deadlines past this many ticks are refused: the tick would not fit a
         # float division (2**62 ms is about 146 million years).
-        self._max_when = _MAX_TICKS * tick
+        self._max_when = MAX_TICKS * tick
         self._due_now: list[_TimerEntry] = []
         self._count = 0
         # New entries wait here until the next loop iteration (see _schedule).
@@ -246,12 +240,12 @@ class Timer:
     @property
     def tick(self) -> float:
         """Width of the finest wheel slot, in seconds."""
-        return self._tick
+        return self._tick_width
 
     @property
     def wheel_size(self) -> int:
         """Slots per wheel level."""
-        return self._wheel_size
+        return self._wheel.wheel_size
 
     @property
     def closed(self) -> bool:
@@ -294,7 +288,7 @@ class Timer:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"pending={self._count}"
-        return f"<Timer tick={self._tick} wheel_size={self._wheel_size} {state}>"
+        return f"<Timer tick={self._tick_width} wheel_size={self._wheel.wheel_size} {state}>"
 
     # -- scheduling --------------------------------------------------------------
 
@@ -324,19 +318,10 @@ class Timer:
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
         if self._driver is None or self._closed:
             self._bind()
-        handle = TimerHandle.__new__(TimerHandle)
-        handle._timer = self
-        handle._callback = callback
-        handle._args = args
-        handle._context = _copy_context() if context is None else context
-        handle._cancelled = False
-        handle._bucket = None
-        handle._key = 0
         when = self._time() + delay
         if when > self._max_when:
             raise self._too_far("delay", delay)
-        self._schedule(handle, when)
-        return handle
+        return self._new_handle(when, callback, args, context)
 
     def call_at(
         self,
@@ -363,6 +348,17 @@ class Timer:
             self._bind()
         if when > self._max_when:
             raise self._too_far("when", when)
+        return self._new_handle(when, callback, args, context)
+
+    def _new_handle(
+        self,
+        when: float,
+        callback: Callable[..., object],
+        args: tuple[Any, ...],
+        context: contextvars.Context | None,
+    ) -> TimerHandle:
+        """The handle of ``callback(*args)`` at ``when`` (checked), scheduled."""
+        # __new__ plus stores: markedly cheaper than a call of __init__.
         handle = TimerHandle.__new__(TimerHandle)
         handle._timer = self
         handle._callback = callback
@@ -452,7 +448,7 @@ class Timer:
         """
         if not self._count:
             return None
-        tick = self._tick
+        tick = self._tick_width
         best = self._wheel.next_expiration()
         if self._due_now:
             best = self._wheel.current
@@ -464,7 +460,11 @@ class Timer:
                     when = entry._when
                     # Already reached by the clock: it runs at the next flush,
                     # now, not at its tick (see _compact).
-                    e = self._floor_tick(now) if when <= now else self._tick_of(when)
+                    e = (
+                        floor_tick(now, self._tick_width, self._max_when)
+                        if when <= now
+                        else ceil_tick(when, self._tick_width, self._max_when)
+                    )
                     if best is None or e < best:
                         best = e
         return None if best is None else best * tick
@@ -496,7 +496,7 @@ class Timer:
             here = driver.running_here
             if here is not None:
                 self._running_in, self._running_is = here
-            self._wheel = TimingWheel(int(self._wheel_size), self._floor_tick(driver.time()))
+            self._wheel.restart(floor_tick(driver.time(), self._tick_width, self._max_when))
         return driver.owner
 
     def _is_current(self) -> bool:
@@ -536,55 +536,9 @@ class Timer:
 
     def _too_far(self, name: str, value: float) -> ValueError:
         return ValueError(
-            f"{name}={value!r} is too far in the future: with tick={self._tick} s this "
+            f"{name}={value!r} is too far in the future: with tick={self._tick_width} s this "
             f"timer counts up to {self._max_when:.3g} s of loop time"
         )
-
-    def _floor_tick(self, now: float) -> int:
-        """The largest tick ``n`` with ``n * tick <= now``, in float arithmetic.
-
-        Both roundings use the same float product ``n * tick``: a deadline's tick
-        ``e`` satisfies ``e * tick >= when``, and the driver is armed at
-        ``e * tick``. Deciding "due" with that product (not with ``now / tick``,
-        which can land one below, e.g. ``2001 * 0.001 / 0.001``) means a wake-up at
-        exactly the armed time always finds its bucket due, and since float
-        multiplication by a positive number is monotonic, ``n >= e`` implies
-        ``now >= n * tick >= e * tick >= when``: never early.
-        """
-        tick = self._tick
-        limit = self._max_when
-        # Nothing can be scheduled beyond 2**62 ticks either way (see _too_far):
-        # clamped, the tick fits a C long long in the compiled core.
-        if now > limit:
-            now = limit
-        elif now < -limit:
-            now = -limit
-        q = now / tick
-        n = int(q)
-        if n > q:  # int() truncates toward zero: make it floor(q)
-            n -= 1
-        if n * tick > now:
-            n -= 1
-        elif (n + 1) * tick <= now:
-            n += 1
-        return n
-
-    def _tick_of(self, when: float) -> int:
-        """The least tick ``e`` with ``e * tick >= when`` (see :meth:`_floor_tick`)."""
-        tick = self._tick
-        limit = self._max_when
-        if when < -limit:  # long past: due now, whatever its exact tick
-            when = -limit
-        q = when / tick
-        e = int(q)
-        if e < q:  # int() truncates toward zero: make it ceil(q)
-            e += 1
-        # Correct the division's rounding with the product the driver compares against.
-        if e * tick < when:
-            e += 1
-        elif (e - 1) * tick >= when:
-            e -= 1
-        return e
 
     def _schedule(self, entry: _TimerEntry, when: float) -> None:
         """Schedule ``entry`` for loop time ``when`` (validated; the timer is bound).
@@ -627,7 +581,7 @@ class Timer:
 
     def _arm(self, expiration: int, not_before: float = -inf) -> None:
         self._armed = expiration
-        when = expiration * self._tick
+        when = expiration * self._tick_width
         self._driver.arm(when if when >= not_before else not_before)  # type: ignore[union-attr]
 
     def _disarm(self) -> None:
@@ -646,7 +600,7 @@ class Timer:
 
     def _insert(self, entry: _TimerEntry) -> bool:
         """Give a staged entry its tick and put it in the wheel; False if already due."""
-        entry._tick = self._tick_of(entry._when)
+        entry._tick = ceil_tick(entry._when, self._tick_width, self._max_when)
         return self._wheel.add(entry)
 
     def _compact(self, now: float) -> None:
@@ -676,7 +630,7 @@ class Timer:
         wheel = self._wheel
         # The wheel's clock only moves here; moving it to now before inserting
         # means new entries land on the right level (no needless cascading).
-        due: list[Entry] = wheel.advance(self._floor_tick(now))
+        due: list[Entry] = wheel.advance(floor_tick(now, self._tick_width, self._max_when))
         # Woken before the armed instant, the timer re-arms for it. asyncio wakes
         # handles up to its clock resolution (~1 ns) early and then honours the
         # re-armed instant. uvloop's clock moves in whole milliseconds (and rounds
@@ -684,11 +638,11 @@ class Timer:
         # first one left it, re-arming for the same instant would only spin until
         # the millisecond ticks over, so ask for no sooner than a millisecond on.
         not_before = -inf
-        if armed is not None and now < armed * self._tick:
+        if armed is not None and now < armed * self._tick_width:
             if now == self._early_wake:
                 not_before = now + _EARLY_WAKE_RETRY
             self._early_wake = now
-        lag = now - armed * self._tick if armed is not None and due else 0.0
+        lag = now - armed * self._tick_width if armed is not None and due else 0.0
         # Staged entries into the wheel; those already due join the ones set
         # aside by earlier compactions, after the wheel's (scheduling order).
         if self._staged:
@@ -742,44 +696,3 @@ class Timer:
         finally:
             if not self._count:
                 self._disarm()
-
-
-# Keyed by id(loop) (or id of the trio run's token), values held weakly: a Timer
-# refers to its loop, so a WeakKeyDictionary would keep every loop that ever used
-# ap.timeout() alive. A Timer with pending work is kept alive by its loop (a
-# handle) or run; an idle one is cheap to make again.
-_shared: weakref.WeakValueDictionary[int, Timer] = weakref.WeakValueDictionary()
-
-
-def shared_timer() -> Timer:
-    """The running loop's (or trio run's) shared :class:`Timer`, created on demand.
-
-    ``ap.timeout()`` and ``ap.timeout_at()`` use it, and purgatories may
-    (``Purgatory(timer=ap.shared_timer())``). It cannot be closed
-    (``close()`` raises ``RuntimeError``): it goes away with its loop.
-
-    Raises:
-        RuntimeError: no running event loop.
-    """
-    owner = current_owner()
-    timer = _shared.get(id(owner))
-    if timer is None or timer._driver.owner is not owner:  # type: ignore[union-attr]
-        timer = _shared[id(owner)] = Timer()
-        timer._bind()
-        timer._shared = True
-    return timer
-
-
-def timeout(delay: float | None) -> Timeout:
-    """``asyncio.timeout(delay)`` on the running loop's shared :class:`Timer`.
-
-    Raises:
-        TypeError, ValueError: ``delay`` is not None and not a finite number.
-        RuntimeError: no running event loop.
-    """
-    return shared_timer().timeout(delay)
-
-
-def timeout_at(when: float | None) -> Timeout:
-    """``asyncio.timeout_at(when)`` on the running loop's shared :class:`Timer`."""
-    return shared_timer().timeout_at(when)

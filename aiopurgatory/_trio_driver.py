@@ -1,7 +1,7 @@
 """The trio driver of a :class:`~aiopurgatory.Timer`, trio's waiter and deadline scope.
 
-The same interface as :class:`~aiopurgatory._asyncio_driver.AsyncioDriver` (see
-there), on trio: one *system task* per timer sleeps in a cancel scope whose
+The contract of :mod:`aiopurgatory._backends` (``Driver``, ``RunningLoop``,
+``DeadlineScope``), on trio: one *system task* per timer sleeps in a cancel scope whose
 deadline is the armed instant, so trio's own deadline machinery wakes it (never
 early by ``trio.current_time()``, and a mock clock jumps straight to it). A
 flush request reschedules the sleeping task; it then runs on a later scheduler

@@ -33,10 +33,11 @@ cdef long long _end(long long current, long long span)
 cdef class TimingWheel:
     cdef public list _levels
     cdef public list _queue
-    cdef public Py_ssize_t _seq
+    cdef public Py_ssize_t _pushes
     cdef public long long current
     cdef public long long wheel_size
 
+    cpdef restart(self, long long start)
     @cython.locals(e=cython.longlong, level=_Level, bucket=Bucket, entries=dict, seq=Py_ssize_t)
     cpdef bint add(self, Entry entry) except -1
     @cython.locals(levels=list, level=_Level)

@@ -130,22 +130,37 @@ class TimingWheel:
         start: the tick the wheel's clock starts at.
     """
 
-    __slots__ = ("_levels", "_queue", "_seq", "current", "wheel_size")
+    __slots__ = ("_levels", "_pushes", "_queue", "current", "wheel_size")
 
     def __init__(self, wheel_size: int = 20, start: int = 0) -> None:
-        if type(wheel_size) is not int:
+        # The one check of a wheel size (a Timer's wheel_size comes here as given).
+        if isinstance(wheel_size, bool) or not isinstance(wheel_size, int):
             raise TypeError(f"wheel_size must be an int, got {type(wheel_size).__name__}")
         if wheel_size < 2:
             raise ValueError(f"wheel_size must be at least 2, got {wheel_size}")
+        wheel_size = int(wheel_size)
         self.wheel_size = wheel_size
         #: Level 0's clock: entries with a deadline at or before it are due.
         self.current = start
         self._levels: list[_Level] = [_Level(1, wheel_size, start)]
         # Heap of (first, sequence, bucket); an item whose key is no longer its
-        # bucket's ``first`` is stale. The sequence keeps the order of equal keys
+        # bucket's ``first`` is stale. The push count keeps the order of equal keys
         # deterministic and spares comparing Bucket objects.
         self._queue: list[tuple[int, int, Bucket]] = []
-        self._seq = 0
+        self._pushes = 0
+
+    def restart(self, start: int) -> None:
+        """Start an empty wheel's clock at ``start`` (a timer makes its wheel before
+        it knows its loop's clock).
+
+        Raises:
+            ValueError: the wheel holds entries.
+        """
+        if len(self):
+            raise ValueError("only an empty wheel can be restarted")
+        self.current = start
+        self._levels = [_Level(1, self.wheel_size, start)]
+        self._queue = []
 
     @property
     def levels(self) -> int:
@@ -194,7 +209,7 @@ class TimingWheel:
         if e >= bucket.first:  # queued (by an earlier tick): nothing to push
             return True
         bucket.first = e
-        self._seq = seq = self._seq + 1
+        self._pushes = seq = self._pushes + 1
         heappush(self._queue, (e, seq, bucket))
         return True
 

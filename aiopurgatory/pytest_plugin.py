@@ -80,7 +80,7 @@ def _start_of(item: pytest.Item) -> float:
             f"got args={marker.args!r} kwargs={marker.kwargs!r}"
         )
     start = marker.args[0] if marker.args else marker.kwargs.get("start", 0.0)
-    from ._errors import as_seconds
+    from ._validation import as_seconds
 
     try:
         return as_seconds(start, "start")

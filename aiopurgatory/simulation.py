@@ -55,7 +55,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeAlias, TypeVar, TypeVarTuple, Unpack
 
-from ._errors import as_seconds
+from ._validation import as_seconds
 
 __all__ = ["VirtualTimeLoop", "new_event_loop", "run", "run_trio"]
 

@@ -19,14 +19,16 @@ completed with ``force_complete()`` (every one scheduled, so every one reads the
 clock when it finishes), no tasks, on the asyncio loop; it reports the CPU per
 operation of both builds and their difference.
 
-``--workload timer`` and ``--workload purgatory`` run the ``ap`` implementation of
-``bench timer`` and ``bench purgatory`` (each build's own :func:`.timer.run_timer`
-and :func:`.purgatory.run_purgatory`) with the parameters ``aiopurgatory bench
-all`` gives them, one cell per invocation: ``--loop`` and, for the purgatory,
-``--scenario`` (``low-timeout`` and ``high-timeout``: 200,000 requests completed
-with ``force_complete``; ``check`` and ``clock``: 100,000 at 20,000 req/s
-completed through ``check_and_complete``). How a build's core compares with
-another's on the figures ``make bench`` reports for aiopurgatory itself::
+``--workload timer``, ``--workload purgatory`` and ``--workload acks`` run the ``ap``
+implementation of ``bench timer``, ``bench purgatory`` and its acks=all workload (each
+build's own :func:`.timer.run_timer`, :func:`.purgatory.run_purgatory` and
+:func:`.acks.run_acks`; acks at its defaults, 1,000 requests pending per partition, CPU
+per trigger; ``--acks-impl``, default ``advance``) with the parameters ``aiopurgatory
+bench all`` gives them, one cell per invocation: ``--loop`` and, for the purgatory,
+``--scenario`` (``low-timeout`` and ``high-timeout``: 200,000 requests completed with
+``force_complete``; ``check`` and ``clock``: 100,000 at 20,000 req/s completed through
+``check_and_complete``). How a build's core compares with another's on the figures
+``make bench`` reports for aiopurgatory itself::
 
     python -m aiopurgatory.bench.compare_builds --other /tmp/before --workload timer --loop uvloop
 
@@ -45,6 +47,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from . import acks as acks_bench
 from . import purgatory as purgatory_bench
 from . import timer as timer_bench
 from .realistic import DEFAULTS, IMPLS
@@ -52,17 +55,26 @@ from .realistic import DEFAULTS, IMPLS
 __all__ = ["main"]
 
 
+# The histogram recorder of either build (named _histogram before issue 41's renames).
+_IMPORT_RECORDER = """\
+try:
+    import aiopurgatory._histogram_recorder as h
+except ImportError:
+    import aiopurgatory._histogram as h"""
+
 _REALISTIC = """
-import json, sys, aiopurgatory._histogram as h
+import json, sys
+{IMPORT_RECORDER}
 from aiopurgatory.bench.realistic import run_realistic
 spec = json.loads(sys.argv[1])
 r = run_realistic(spec['impl'], spec['loop'], **spec['params'])
 r['histograms'] = h.compiled_in()
 print(json.dumps(r))
-"""
+""".replace("{IMPORT_RECORDER}", _IMPORT_RECORDER)
 
 _MICRO = """
-import asyncio, json, sys, time, aiopurgatory as ap, aiopurgatory._histogram as h
+import asyncio, json, sys, time, aiopurgatory as ap
+{IMPORT_RECORDER}
 num = json.loads(sys.argv[1])['params']['num']
 async def main():
     p = ap.Purgatory('micro')
@@ -78,21 +90,23 @@ async def main():
     return time.process_time() - t0
 cpu = asyncio.run(main())
 print(json.dumps({'cpu_s': cpu, 'cpu_us_per_op': cpu / num * 1e6, 'histograms': h.compiled_in()}))
-"""
+""".replace("{IMPORT_RECORDER}", _IMPORT_RECORDER)
 
 # The bench suites' own ap implementations, as `aiopurgatory bench all` runs them.
 _SUITE = """
-import json, sys, aiopurgatory as ap, aiopurgatory._histogram as h
+import json, sys, aiopurgatory as ap
+{IMPORT_RECORDER}
 from aiopurgatory.bench._common import quiet_logging
+from aiopurgatory.bench.acks import run_acks
 from aiopurgatory.bench.purgatory import run_purgatory
 from aiopurgatory.bench.timer import run_timer
 quiet_logging()
 spec = json.loads(sys.argv[1])
-run = run_timer if spec['workload'] == 'timer' else run_purgatory
-r = run('ap', spec['loop'], **spec['params'])
+run = {'timer': run_timer, 'purgatory': run_purgatory, 'acks': run_acks}[spec['workload']]
+r = run(spec.get('impl', 'ap'), spec['loop'], **spec['params'])
 r.update(histograms=h.compiled_in(), package=ap.__file__, compiled=ap.COMPILED)
 print(json.dumps(r))
-"""
+""".replace("{IMPORT_RECORDER}", _IMPORT_RECORDER)
 
 #: ``--scenario`` of ``--workload purgatory``: the cases of ``bench all``.
 PURGATORY_CASES = ("low-timeout", "high-timeout", "check", "clock")
@@ -102,6 +116,8 @@ def _suite_params(workload: str, scenario: str, seed: int) -> dict[str, Any]:
     """The params ``aiopurgatory bench all`` runs the timer or purgatory ``ap`` cell with."""
     if workload == "timer":
         return dict(timer_bench.DEFAULTS, seed=seed)
+    if workload == "acks":
+        return dict(acks_bench.DEFAULTS)
     base = dict(purgatory_bench.DEFAULTS, seed=seed)
     if scenario in purgatory_bench.SCENARIOS:
         pct75, pct50 = purgatory_bench.SCENARIOS[scenario]
@@ -117,6 +133,8 @@ def _per_op_us(workload: str, result: dict[str, Any], num: int) -> float:
         return float(result["cpu_s"]) / int(result["n"]) * 1e6
     if workload == "purgatory":
         return float(result["cpu_us_per_request"])
+    if workload == "acks":
+        return float(result["cpu_us_per_trigger"])
     return float(result["cpu_s"]) / num * 1e6
 
 
@@ -124,7 +142,7 @@ def _run(pythonpath: str | None, spec: dict[str, Any]) -> dict[str, Any]:
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
-    if spec.get("workload") in ("timer", "purgatory"):
+    if spec.get("workload") in ("timer", "purgatory", "acks"):
         code = _SUITE
     else:
         code = _MICRO if spec["impl"] == "micro" else _REALISTIC
@@ -150,7 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--num", type=int, default=DEFAULTS["num"])
     p.add_argument("--completion", default="check")
     p.add_argument(
-        "--workload", choices=("realistic", "micro", "timer", "purgatory"), default="realistic"
+        "--workload",
+        choices=("realistic", "micro", "timer", "purgatory", "acks"),
+        default="realistic",
     )
     p.add_argument(
         "--scenario",
@@ -159,15 +179,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the case of --workload purgatory",
     )
     p.add_argument("--seed", type=int, default=1, help="of --workload timer and purgatory")
+    p.add_argument(
+        "--acks-impl",
+        choices=tuple(acks_bench.IMPLS),
+        default="advance",
+        help="the implementation --workload acks runs (default: advance, try_complete)",
+    )
     p.add_argument("--json", help="also write every run's result to this file")
     args = p.parse_args(argv)
     spec: dict[str, Any]
-    if args.workload in ("timer", "purgatory"):
+    if args.workload in ("timer", "purgatory", "acks"):
         spec = {
             "workload": args.workload,
             "loop": args.loop,
             "params": _suite_params(args.workload, args.scenario, args.seed),
         }
+        if args.workload == "acks":
+            spec["impl"] = args.acks_impl
     else:
         spec = {
             "impl": "micro" if args.workload == "micro" else args.impl,

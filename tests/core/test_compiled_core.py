@@ -27,11 +27,33 @@ from unittest import mock
 import pytest
 
 import aiopurgatory as ap
-from aiopurgatory import _compiled, _histogram, _operation, _purgatory, _timer, _wheel, simulation
+from aiopurgatory import (
+    _compiled,
+    _histogram_recorder,
+    _operation,
+    _purgatory,
+    _purgatory_core,
+    _thresholds,
+    _ticks,
+    _timer,
+    _validation,
+    _wheel,
+    simulation,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TRIO_BENCH_FILES = ("__init__.py", "timer.py", "purgatory.py", "py.typed")
-CORE = (_wheel, _timer, _operation, _purgatory, _histogram)
+CORE = (
+    _validation,
+    _ticks,
+    _wheel,
+    _timer,
+    _operation,
+    _thresholds,
+    _purgatory_core,
+    _purgatory,
+    _histogram_recorder,
+)
 
 
 def _is_extension(module: object) -> bool:
@@ -233,7 +255,7 @@ def test_core_classes_are_the_same_kind_of_object_for_users() -> None:
     assert ap.DelayedOperation.__module__ == "aiopurgatory._operation"
     with pytest.raises(TypeError, match="created by Timer"):
         ap.TimerHandle()
-    assert issubclass(ap.Purgatory, _purgatory._PurgatoryCore)
+    assert issubclass(ap.Purgatory, _purgatory_core._PurgatoryCore)
     assert ap.Purgatory[Slotted] is not None  # still generic
 
 

@@ -18,7 +18,7 @@ import pytest
 import structlog
 
 import aiopurgatory as ap
-from aiopurgatory import _timer, simulation
+from aiopurgatory import _shared_timer, simulation
 from aiopurgatory.events import EventRecorder
 
 
@@ -320,7 +320,7 @@ def test_argument_errors_name_the_argument_and_change_nothing() -> None:
 
 
 def test_shared_timer_module_state_is_weak() -> None:
-    assert isinstance(_timer._shared, weakref.WeakValueDictionary)
+    assert isinstance(_shared_timer._shared, weakref.WeakValueDictionary)
 
 
 # -- extreme instants: ticks stay in range (they are C integers in the compiled core) ------

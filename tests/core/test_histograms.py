@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import aiopurgatory as ap
-from aiopurgatory import _histogram
-from aiopurgatory._latency import BOUNDS
+from aiopurgatory import _histogram_recorder
+from aiopurgatory._histograms import BOUNDS
 from aiopurgatory.metrics.prometheus import HISTOGRAM_EDGES, PurgatoryCollector
 from tests.metrics.test_metrics import (
     Op as Flag,  # completes once ready; fail=True: its check raises
@@ -32,7 +32,7 @@ EXPIRED = ap.Outcome.EXPIRED
 CANCELLED = ap.Outcome.CANCELLED
 FAILED = ap.Outcome.FAILED
 
-UPPER = _histogram.upper_bounds()
+UPPER = _histogram_recorder.upper_bounds()
 
 
 async def close(purgatory: ap.Purgatory[Any], *, expire_pending: bool = False) -> None:
@@ -52,7 +52,7 @@ def bucket_of(seconds: float) -> int:
 
 
 def test_layout_covers_1us_to_a_day_at_most_5_percent_wide() -> None:
-    assert len(UPPER) == _histogram.BUCKETS == len(BOUNDS)
+    assert len(UPPER) == _histogram_recorder.BUCKETS == len(BOUNDS)
     assert UPPER[0] == 1_000
     assert UPPER[-1] == -1
     assert BOUNDS[-1] == math.inf
@@ -70,8 +70,8 @@ def test_layout_covers_1us_to_a_day_at_most_5_percent_wide() -> None:
 
 @given(st.integers(min_value=0, max_value=2 * 10**14))
 def test_bucket_index_agrees_with_the_edges(ns: int) -> None:
-    i = _histogram.bucket_index(ns)
-    assert 0 <= i < _histogram.BUCKETS
+    i = _histogram_recorder.bucket_index(ns)
+    assert 0 <= i < _histogram_recorder.BUCKETS
     lower = UPPER[i - 1] if i else -1
     upper = UPPER[i] if UPPER[i] >= 0 else math.inf
     assert lower < ns <= upper  # closed above, like Prometheus's le
@@ -79,15 +79,15 @@ def test_bucket_index_agrees_with_the_edges(ns: int) -> None:
 
 def test_edges_fall_in_the_bucket_they_end() -> None:
     for i, upper in enumerate(UPPER[:-1]):
-        assert _histogram.bucket_index(upper) == i
-        assert _histogram.bucket_index(upper + 1) == i + 1
+        assert _histogram_recorder.bucket_index(upper) == i
+        assert _histogram_recorder.bucket_index(upper + 1) == i + 1
 
 
 # -- snapshots ------------------------------------------------------------------------
 
 
 def snapshot_of(values: list[float]) -> ap.Histogram:
-    counts = [0] * _histogram.BUCKETS
+    counts = [0] * _histogram_recorder.BUCKETS
     for value in values:
         counts[bucket_of(value)] += 1
     return ap.Histogram(len(values), sum(values), max(values, default=0.0), tuple(counts))
@@ -142,7 +142,7 @@ def test_cumulative_counts_at_edges_are_exact() -> None:
 
 
 def test_recorder_records_and_resets() -> None:
-    recorder = _histogram._Recorder()
+    recorder = _histogram_recorder._Recorder()
     for value in (0.0, -1.0, 1e-9, 0.25, 0.25, 1e9):
         recorder.record(value)
     count, total, largest, counts = recorder.counts()
@@ -153,11 +153,11 @@ def test_recorder_records_and_resets() -> None:
     assert counts[bucket_of(0.25)] == 2
     assert counts[-1] == 1
     recorder.reset()
-    assert recorder.counts() == (0, 0.0, 0.0, [0] * _histogram.BUCKETS)
+    assert recorder.counts() == (0, 0.0, 0.0, [0] * _histogram_recorder.BUCKETS)
 
 
 def test_histograms_are_compiled_in() -> None:
-    assert _histogram.compiled_in()
+    assert _histogram_recorder.compiled_in()
 
 
 # -- purgatories on virtual time ---------------------------------------------------------

@@ -163,7 +163,7 @@ async def test_the_watermark_is_kept_only_while_the_key_is_watched() -> None:
     assert p.watermark("k") is None
     assert p.keys() == []
     assert p._watermarks == {}
-    assert p._thresholds == {}
+    assert p._threshold_watchers == {}
 
 
 @each_backend(virtual=True)
@@ -492,7 +492,7 @@ def test_finished_threshold_watchers_do_not_accumulate() -> None:
                 p.try_complete_else_watch(op, {"k": 10**7 + (j if round_ % 2 else -j)})
             for op in batch:
                 op.cancel()
-            heap = [*p._thresholds["k"].heap, *p._thresholds["k"].run]
+            heap = [*p._threshold_watchers["k"].heap, *p._threshold_watchers["k"].run]
             assert len(heap) <= 2 * 10 + 32 + 1, (round_, len(heap))
         # Ops the watermark reached that said no, then expire or are cancelled
         # with no advance in between: the reached entries stay bounded too.
@@ -503,12 +503,12 @@ def test_finished_threshold_watchers_do_not_accumulate() -> None:
             assert p.advance("k", 10**5 + round_) == 0
             for op in batch:
                 op.cancel()
-            reached = p._thresholds["k"].reached
+            reached = p._threshold_watchers["k"].reached
             assert len(reached) <= 2 * 10 + 32 + 1, (round_, len(reached))
         assert p.watched == 10
         for op in keep:
             op.cancel()
-        assert p._thresholds == {}
+        assert p._threshold_watchers == {}
 
     ap.simulation.run(main())
 
@@ -563,7 +563,7 @@ def test_many_watchers_checked_as_the_naive_model_says() -> None:
                 for n in expected:
                     if ops[n].ready:
                         del ops[n]
-            watch = p._thresholds.get("k")
+            watch = p._threshold_watchers.get("k")
             if ops:
                 assert watch is not None
                 assert sorted(map(id, watch.pending())) == sorted(map(id, ops.values()))

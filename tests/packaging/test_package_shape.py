@@ -17,18 +17,22 @@ PACKAGE = Path(aiopurgatory.__file__).parent
 # to its right.
 CORE_ORDER = [
     "_purgatory",
-    "_latency",
+    "_purgatory_core",
+    "_thresholds",
+    "_histograms",
     "_operation",
+    "_shared_timer",
     "_timer",
     "_timeout",
     "_backends",
     "_trio_driver",
     "_asyncio_driver",
     "_detect",
+    "_ticks",
     "_wheel",
-    "_histogram",
+    "_histogram_recorder",
 ]
-SHARED = {"_errors", "_logging"}
+SHARED = {"_errors", "_logging", "_validation"}
 
 
 def _package_imports(path: Path) -> set[str]:

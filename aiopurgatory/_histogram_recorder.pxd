@@ -1,4 +1,4 @@
-# Declarations that compile _histogram.py into a C extension (see setup.py); the
+# Declarations that compile _histogram_recorder.py into a C extension (see setup.py); the
 # .py stays the pure-Python build and the one source of the logic.
 
 cimport cython
