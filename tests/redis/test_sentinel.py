@@ -10,9 +10,9 @@ from redis.asyncio.sentinel import Sentinel
 
 import aiopurgatory as ap
 from aiopurgatory.redis import RedisTriggers
+from tests.redis.test_redis import eventually
 from tests.support.redis import Worker, encode_key
 from tests.support.redis_cluster import SentinelServers, redis_sentinel  # noqa: F401
-from tests.redis.test_redis import eventually
 
 pytestmark = pytest.mark.realtime
 
