@@ -6,7 +6,7 @@ PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: install install-redis build test test-fast test-3.11 test-3.11-compiled test-3.11-spark test-3.11-pure check-pythons lint demo bench docs pipeline cluster-up cluster-down clean
+.PHONY: install install-redis build test test-fast test-3.11 test-compiled-3.11 test-spark-3.11 test-pure-3.11 test-other-pythons check-pythons lint demo bench docs pipeline cluster-up cluster-down clean
 
 # Everything, with the compiled core built in place (see build).
 install: $(STAMP) install-redis
@@ -55,18 +55,19 @@ build: install
 # The test passes (which tests each pass selects, and why: docs/pythons.md and
 # docs/testing.md):
 # - 3.11, compiled core: the whole suite (library, examples, broker, docs,
-#   packaging), the Spark tests in a pass of their own (test-3.11-spark);
+#   packaging), the Spark tests in a pass of their own (test-spark-3.11);
 # - every Python in PYTHONS, each in its own venv .venv-X.Y: the library's tests
 #   (`--library-only`), the packaging test among them, on the compiled core;
 # - every Python, 3.11 too: the tests of what differs between the cores
 #   (PURE_TESTS) on the pure-Python core.
 # A Python of PYTHONS that is missing stops `make test` with a message saying how to
 # get it (.ci/find-python); leave one out explicitly with `make test PYTHONS=3.12`.
-# `make test` runs JOBS passes at once (and the venvs' installs beside them): a pass
-# leaves a core idle much of the time (tests that wait on servers, subprocesses and
-# the wall clock), and the longest pass alone is most of the run. Each pass runs on
-# XDIST pytest-xdist workers, but the Spark one; XDIST=0 runs in one process,
-# JOBS=1 one pass at a time, PYTEST_ADDOPTS adds options.
+# `make test` runs two lanes at once: 3.11's passes, one after another, beside the
+# other Pythons' (their venvs made while 3.11's is). A pass leaves a core idle much
+# of the time (tests that wait on servers, subprocesses and the wall clock), and
+# 3.11's lane alone is about half of the run. JOBS=1 runs the lanes one after the
+# other. Each pass runs on XDIST pytest-xdist workers, but the Spark one; XDIST=0
+# runs in one process, PYTEST_ADDOPTS adds options.
 PYTHONS ?= 3.12 3.13
 XDIST ?= 2
 JOBS ?= 2
@@ -81,29 +82,35 @@ PYTEST_COMPILED := AIOPURGATORY_EXPECT=compiled
 PYTEST_PURE := AIOPURGATORY_NO_EXTENSIONS=1 AIOPURGATORY_EXPECT=python
 # No cache: passes running at once would write .pytest_cache together.
 PYTEST_ARGS := -q -n $(XDIST) -p no:cacheprovider
-PASSES := test-3.11-compiled test-3.11-spark test-3.11-pure \
-	$(foreach v,$(PYTHONS),test-$(v)-compiled test-$(v)-pure)
 
-# Each pass's output is printed whole when it ends (--output-sync).
-test: check-pythons
-	$(MAKE) --no-print-directory -j $(JOBS) --output-sync=target $(PASSES)
+# Each lane's output is printed whole when it ends (--output-sync).
+test: check-pythons install-redis $(UV)
+	$(MAKE) --no-print-directory -j $(JOBS) --output-sync=target \
+		test-3.11 $(if $(PYTHONS),test-other-pythons)
 
 # Before minutes of tests: every Python of PYTHONS is there (or say which not).
 check-pythons:
 	@for v in $(PYTHONS); do .ci/find-python $$v >/dev/null || exit 1; done
 
-test-3.11: test-3.11-compiled test-3.11-spark test-3.11-pure
+# A lane: its passes one after another.
+test-3.11:
+	$(MAKE) --no-print-directory test-compiled-3.11
+	$(MAKE) --no-print-directory test-spark-3.11
+	$(MAKE) --no-print-directory test-pure-3.11
 
-test-3.11-compiled: build
+test-other-pythons:
+	$(foreach v,$(PYTHONS),$(MAKE) --no-print-directory test-$(v) &&) :
+
+test-compiled-3.11: build
 	$(PYTEST_COMPILED) $(PY) -m pytest $(PYTEST_ARGS) -m 'not spark'
 
 # The Spark tests in one process: they share one Spark session and one local
 # cluster (session fixtures), which xdist workers would each start, and Spark's
 # local[2] uses both cores itself.
-test-3.11-spark: build
+test-spark-3.11: build
 	$(PYTEST_COMPILED) $(PY) -m pytest -q -p no:cacheprovider -m spark
 
-test-3.11-pure: build
+test-pure-3.11: build
 	$(PYTEST_PURE) $(PY) -m pytest $(PYTEST_ARGS) --library-only $(PURE_TESTS)
 
 # The edit-and-rerun loop: 3.11, compiled core, neither slow nor packaging tests.
@@ -112,14 +119,15 @@ test-fast: build
 
 # One other Python alone, e.g. `make test-3.13`: its venv (made and kept up to date
 # here), its compiled core built in place, then both cores.
-test-3.%: test-3.%-compiled test-3.%-pure
-	@:
+test-3.%:
+	$(MAKE) --no-print-directory test-compiled-3.$*
+	$(MAKE) --no-print-directory test-pure-3.$*
 
-test-3.%-compiled: .venv-3.%/.installed
+test-compiled-3.%: .venv-3.%/.installed
 	$(BUILD_EXT) .venv-3.$*/bin/python setup.py --quiet build_ext --inplace -j 2
 	$(PYTEST_COMPILED) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) --library-only
 
-test-3.%-pure: .venv-3.%/.installed
+test-pure-3.%: .venv-3.%/.installed
 	$(PYTEST_PURE) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) --library-only $(PURE_TESTS)
 
 # uv from .venv makes these venvs too (--seed: with pip, which the packaging test's
