@@ -113,9 +113,10 @@ test-spark-3.11: build
 test-pure-3.11: build
 	$(PYTEST_PURE) $(PY) -m pytest $(PYTEST_ARGS) --library-only $(PURE_TESTS)
 
-# The edit-and-rerun loop: 3.11, compiled core, neither slow nor packaging tests.
+# The edit-and-rerun loop: 3.11, compiled core, neither slow nor packaging tests
+# (with pytest's cache: PYTEST_ADDOPTS=--lf reruns the last failures).
 test-fast: build
-	$(PYTEST_COMPILED) $(PY) -m pytest $(PYTEST_ARGS) -m 'not slow and not packaging'
+	$(PYTEST_COMPILED) $(PY) -m pytest -q -n $(XDIST) -m 'not slow and not packaging'
 
 # One other Python alone, e.g. `make test-3.13`: its venv (made and kept up to date
 # here), its compiled core built in place, then both cores.
