@@ -6,17 +6,31 @@ PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: install install-redis build test test-fast test-3.11 check-pythons lint demo bench docs pipeline cluster-up cluster-down clean
+.PHONY: install install-redis build test test-fast test-3.11 test-compiled-3.11 test-spark-3.11 test-pure-3.11 test-other-pythons check-pythons lint demo bench docs pipeline cluster-up cluster-down clean
 
 # Everything, with the compiled core built in place (see build).
 install: $(STAMP) install-redis
-	$(PY) setup.py --quiet build_ext --inplace
+	$(BUILD_EXT) $(PY) setup.py --quiet build_ext --inplace -j 2
 
-$(STAMP): pyproject.toml setup.py
+# The packages are installed by uv (pip-installed into .venv first, so that the
+# project's own files bring it): it resolves and downloads in parallel and installs
+# in seconds where pip took minutes (docs/testing.md). The editable install itself is
+# pure Python (AIOPURGATORY_NO_EXTENSIONS=1); the compiled core is built once after
+# it, in place, both cores' modules at once (build_ext -j).
+UV := $(BIN)/uv
+$(UV):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[all,dev,docs]'
+	$(PY) -m pip install --quiet uv
+
+$(STAMP): pyproject.toml setup.py | $(UV)
+	AIOPURGATORY_NO_EXTENSIONS=1 $(UV) pip install --quiet --python $(PY) -e '.[all,dev,docs]'
 	touch $(STAMP)
+
+# Every Python's build of the compiled core writes the same generated C files
+# (aiopurgatory/*.c, Cython's output) before compiling them: one build at a time
+# (flock on setup.py), so that passes of two Pythons running at once never compile
+# a half-written file.
+BUILD_EXT := flock setup.py
 
 # Debian's redis-server, which the tests of aiopurgatory.redis start themselves (they
 # fail, saying how to install it, when it is missing): installed when missing and the
@@ -38,56 +52,93 @@ install-redis:
 # Python. Kept as the name the test targets and the docs use.
 build: install
 
-# The test passes (which tests each pass selects, and why: docs/pythons.md):
-# - 3.11, compiled core: the whole suite (library, examples, broker, Spark, docs,
-#   packaging);
-# - 3.11, pure-Python core: the library's tests (`--library-only`), the tests whose
-#   outcome can depend on which core runs;
+# The test passes (which tests each pass selects, and why: docs/pythons.md and
+# docs/testing.md):
+# - 3.11, compiled core: the whole suite (library, examples, broker, docs,
+#   packaging), the Spark tests in a pass of their own (test-spark-3.11);
 # - every Python in PYTHONS, each in its own venv .venv-X.Y: the library's tests
-#   and the packaging test on the compiled core, the library's tests on the pure one.
+#   (`--library-only`), the packaging test among them, on the compiled core;
+# - every Python, 3.11 too: the tests of what differs between the cores
+#   (PURE_TESTS) on the pure-Python core.
 # A Python of PYTHONS that is missing stops `make test` with a message saying how to
 # get it (.ci/find-python); leave one out explicitly with `make test PYTHONS=3.12`.
-# pytest-xdist runs each pass on XDIST workers, but the Spark tests' (see test-3.11);
-# XDIST=0 runs in this process, PYTEST_ADDOPTS adds options.
+# `make test` runs two lanes at once: 3.11's passes, one after another, beside the
+# other Pythons' (their venvs made while 3.11's is). A pass leaves a core idle much
+# of the time (tests that wait on servers, subprocesses and the wall clock), and
+# 3.11's lane alone is about half of the run. JOBS=1 runs the lanes one after the
+# other. Each pass runs on XDIST pytest-xdist workers, but the Spark one; XDIST=0
+# runs in one process, PYTEST_ADDOPTS adds options.
 PYTHONS ?= 3.12 3.13
 XDIST ?= 2
+JOBS ?= 2
 # The extras the library's tests need on the other Pythons (no Spark, no examples).
 LIB_EXTRAS := uvloop,trio,redis,prometheus,otel,bench,test
+# What differs between the cores is the core itself (the wheel, the timer, operations,
+# the purgatory, the histograms: the modules with a .pxd): its tests, and those
+# driving it from outside the loop's own calls: Redis's triggers, the metrics that
+# read its histograms, the ASGI middleware that withdraws its operations.
+PURE_TESTS := tests/core tests/redis tests/metrics tests/asgi
 PYTEST_COMPILED := AIOPURGATORY_EXPECT=compiled
 PYTEST_PURE := AIOPURGATORY_NO_EXTENSIONS=1 AIOPURGATORY_EXPECT=python
-PYTEST_ARGS := -q -n $(XDIST)
+# No cache: passes running at once would write .pytest_cache together.
+PYTEST_ARGS := -q -n $(XDIST) -p no:cacheprovider
 
-test: check-pythons test-3.11 $(addprefix test-,$(PYTHONS))
+# Each lane's output is printed whole when it ends (--output-sync).
+test: check-pythons install-redis $(UV)
+	$(MAKE) --no-print-directory -j $(JOBS) --output-sync=target \
+		test-3.11 $(if $(PYTHONS),test-other-pythons)
 
-# Before minutes of 3.11 tests: every Python of PYTHONS is there (or say which not).
+# Before minutes of tests: every Python of PYTHONS is there (or say which not).
 check-pythons:
 	@for v in $(PYTHONS); do .ci/find-python $$v >/dev/null || exit 1; done
 
-# The Spark tests in a pass of their own, in one process: they share one Spark
-# session and one local cluster (session fixtures), which xdist workers would each
-# start, and Spark's local[2] uses both cores itself.
-test-3.11: build
-	$(PYTEST_COMPILED) $(PY) -m pytest $(PYTEST_ARGS) -m 'not spark'
-	$(PYTEST_COMPILED) $(PY) -m pytest -q -m spark
-	$(PYTEST_PURE) $(PY) -m pytest $(PYTEST_ARGS) --library-only
+# A lane: its passes one after another.
+test-3.11:
+	$(MAKE) --no-print-directory test-compiled-3.11
+	$(MAKE) --no-print-directory test-spark-3.11
+	$(MAKE) --no-print-directory test-pure-3.11
 
-# The edit-and-rerun loop: 3.11, compiled core, neither slow nor packaging tests.
+test-other-pythons:
+	$(foreach v,$(PYTHONS),$(MAKE) --no-print-directory test-$(v) &&) :
+
+test-compiled-3.11: build
+	$(PYTEST_COMPILED) $(PY) -m pytest $(PYTEST_ARGS) -m 'not spark'
+
+# The Spark tests in one process: they share one Spark session and one local
+# cluster (session fixtures), which xdist workers would each start, and Spark's
+# local[2] uses both cores itself.
+test-spark-3.11: build
+	$(PYTEST_COMPILED) $(PY) -m pytest -q -p no:cacheprovider -m spark
+
+test-pure-3.11: build
+	$(PYTEST_PURE) $(PY) -m pytest $(PYTEST_ARGS) --library-only $(PURE_TESTS)
+
+# The edit-and-rerun loop: 3.11, compiled core, neither slow nor packaging tests
+# (with pytest's cache: PYTEST_ADDOPTS=--lf reruns the last failures).
 test-fast: build
-	$(PYTEST_COMPILED) $(PY) -m pytest $(PYTEST_ARGS) -m 'not slow and not packaging'
+	$(PYTEST_COMPILED) $(PY) -m pytest -q -n $(XDIST) -m 'not slow and not packaging'
 
 # One other Python alone, e.g. `make test-3.13`: its venv (made and kept up to date
 # here), its compiled core built in place, then both cores.
-test-3.%: .venv-3.%/.installed
-	.venv-3.$*/bin/python setup.py --quiet build_ext --inplace
-	$(PYTEST_COMPILED) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) --library-only
-	$(PYTEST_PURE) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) --library-only
+test-3.%:
+	$(MAKE) --no-print-directory test-compiled-3.$*
+	$(MAKE) --no-print-directory test-pure-3.$*
 
+test-compiled-3.%: .venv-3.%/.installed
+	$(BUILD_EXT) .venv-3.$*/bin/python setup.py --quiet build_ext --inplace -j 2
+	$(PYTEST_COMPILED) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) --library-only
+
+test-pure-3.%: .venv-3.%/.installed
+	$(PYTEST_PURE) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) --library-only $(PURE_TESTS)
+
+# uv from .venv makes these venvs too (--seed: with pip, which the packaging test's
+# `python -m build` and venvs use).
 .PRECIOUS: .venv-3.%/.installed
-.venv-3.%/.installed: pyproject.toml setup.py
+.venv-3.%/.installed: pyproject.toml setup.py | $(UV)
 	@python=$$(.ci/find-python 3.$*) && echo "CPython 3.$*: $$python" && \
-		{ test -x .venv-3.$*/bin/python || "$$python" -m venv .venv-3.$*; }
-	.venv-3.$*/bin/python -m pip install --quiet --upgrade pip
-	.venv-3.$*/bin/python -m pip install --quiet -e '.[$(LIB_EXTRAS)]'
+		{ test -x .venv-3.$*/bin/python || $(UV) venv --quiet --seed --python "$$python" .venv-3.$*; }
+	AIOPURGATORY_NO_EXTENSIONS=1 $(UV) pip install --quiet --python .venv-3.$*/bin/python \
+		-e '.[$(LIB_EXTRAS)]'
 	touch $@
 
 lint: install

@@ -42,19 +42,18 @@ def _structlog_isolation() -> Iterator[None]:
 # -- which tests each pass of `make test` runs (docs/pythons.md) ------------------------
 #
 # `library`: the tests of the library itself, what a user's install runs. They run on
-# every Python of the matrix and on both cores: the core is everything the
-# library does (the timer, the wheel, operations, the purgatory, watermarks, virtual
-# time, the Redis triggers all run on it), so their outcome can depend on which core
-# is in use and on the interpreter. Every test is one, unless its module is listed
-# here as exercising something built on the library (and needing that something's
-# extras, which the other Pythons' venvs do not install):
+# every Python of the matrix, on the compiled core (the pure-Python passes run the
+# folders of them that test what differs between the cores: the Makefile's
+# PURE_TESTS). Every test is one, unless its module is listed here as exercising
+# something built on the library (and needing that something's extras, which the
+# other Pythons' venvs do not install):
 NOT_LIBRARY = (
     "tests/pipeline/",  # the Spark pipeline (pyspark, Java): the spark extra
     "tests/examples/",  # the examples: the Kafka broker (Kafka clients), the long-poll
     # feed under real servers (web servers), the others, and how they are installed
 )
 # They run once, on 3.11 and the compiled core: the library they use is checked on
-# both cores by the library's tests. A module of their kind, named otherwise, says so
+# both cores by the core's tests. A module of their kind, named otherwise, says so
 # with `pytestmark = pytest.mark.not_library`. `--library-only` (the Makefile's
 # library passes) does not even collect the modules above, whose imports need those
 # extras.
