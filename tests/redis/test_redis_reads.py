@@ -115,7 +115,12 @@ async def test_a_thousand_watches_right_after_redis_was_killed_and_restarted(
         outcomes = await watch_all(sub, keys, op_timeout=10)
         elapsed = loop.time() - started
         assert outcomes == [ap.Outcome.COMPLETED] * N
-        assert elapsed < 1.0, f"{N} watches took {elapsed:.2f} s"
+        # A watch subscribes its keys' partitions before it reads (interest routing),
+        # so the subscriber's reconnect delay (0.5 s here) is on this path: about
+        # 0.5 s alone, up to 1.2 s seen on a loaded 2-core machine. A watch that
+        # waited for a failed read's retry (backoff) or a round trip per watch would
+        # take far longer.
+        assert elapsed < 2.0, f"{N} watches took {elapsed:.2f} s"
         # The dead connections were replaced, not failed on: no read, publish or
         # fetch fails after Redis is back.
         assert await sub.fetch_watermark(keys[-1]) == 1
