@@ -44,8 +44,3 @@ class OperationStateError(PurgatoryError):
     """An operation was already watched, is finished, or belongs to another purgatory."""
 
     __module__ = "aiopurgatory"
-
-
-# Still importable from here, where it lived before issue 41 (other branches may import it
-# from here); its home is aiopurgatory._validation.
-from ._validation import as_seconds as as_seconds  # noqa: E402

@@ -49,6 +49,7 @@ from .._errors import PurgatoryError
 from .._logging import LazyLogger
 from .._operation import Outcome
 from .._purgatory import Purgatory
+from .._validation import as_seconds
 from ._link import CONNECTION_ERRORS, CONNECTION_LOST, Link, closed_transport
 from ._partitions import DEFAULT_PARTITIONS, Partitions, check_partitions
 from ._publisher import MAX_MESSAGE_TRIGGERS, Sender
@@ -156,11 +157,14 @@ class RedisTriggersStatistics:
 
 
 def _positive(value: object, argument: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{argument} must be a number of seconds, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
+    """:func:`as_seconds`, above zero: the timeouts and intervals of this package."""
+    try:
+        seconds = as_seconds(value, argument)
+    except ValueError:
+        seconds = math.nan  # NaN or infinite: the one message below
+    if not seconds > 0:
         raise ValueError(f"{argument} must be positive and finite, got {value!r}")
-    return float(value)
+    return seconds
 
 
 def _cause(exc: BaseException) -> str:
