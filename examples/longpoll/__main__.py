@@ -205,10 +205,11 @@ def _gc_threshold(text: str) -> tuple[int, int, int] | None:
 
 def _configure_logging(level: str) -> None:
     # The application configures structlog; the library never does.
+    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            stamp,
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
@@ -216,6 +217,23 @@ def _configure_logging(level: str) -> None:
         ),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
     )
+    # What logs through the standard library (uvicorn: a lifespan that failed, with
+    # its traceback) as JSON lines too, warnings and errors only: without a handler,
+    # Python would print them raw on stderr, lines no log reader can parse.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_log_level, stamp],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                structlog.processors.JSONRenderer(),
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(max(logging.WARNING, logging.getLevelNamesMapping()[level.upper()]))
 
 
 def loop_factory(choice: str) -> tuple[str, Callable[[], asyncio.AbstractEventLoop]]:
@@ -400,7 +418,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             check_redis(redis_url)
         except RedisUnavailable as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            if args.supervisor is None:
+                print(f"error: {exc}", file=sys.stderr)
+            else:
+                # A worker (re)started while Redis is away: its supervisor reads JSON
+                # lines, and starts it again after a pause.
+                from .workers import emit
+
+                emit("longpoll.redis_unavailable", level="error", error=str(exc))
             return 1
     if args.workers > 1:
         from .workers import supervise

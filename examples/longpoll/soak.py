@@ -163,9 +163,9 @@ class _Server:
         """Its stderr lines as JSON objects, and the lines that are not.
 
         A worker's own line that the supervisor passed on wrapped as JSON
-        (``longpoll.worker_output``) counts as not JSON, unless it is a worker's
-        one-line refusal to start (``error: ...``: Redis unreachable while it
-        restarted), which is by design.
+        (``longpoll.worker_output``) counts as not JSON: a worker logs everything,
+        its refusal to start while Redis is away and what uvicorn logs included, as
+        JSON lines of its own.
         """
         records, other = [], []
         for line in self.lines:
@@ -177,8 +177,7 @@ class _Server:
             if not isinstance(record, dict):
                 other.append(line)
             elif record.get("event") == "longpoll.worker_output":
-                if not str(record.get("line")).startswith("error: "):
-                    other.append(str(record.get("line")))
+                other.append(str(record.get("line")))
             else:
                 records.append(record)
         return records, other
@@ -614,7 +613,7 @@ async def run(soak: Soak) -> dict[str, Any]:
         "problems": ledger.problems,
         "late": ledger.late[:10],
         "early": ledger.early[:10],
-        "non_json": {name: lines[:5] for name, lines in logs.items() if lines},
+        "non_json": {name: lines[:80] for name, lines in logs.items() if lines},
     }
 
 

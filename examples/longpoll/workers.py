@@ -152,9 +152,8 @@ class _Worker:
                     record["event"] = "longpoll.worker_listening"
                 record["worker"] = self.index
             else:
-                # A line the worker wrote without its logger (its one-line refusal to
-                # start, say, while Redis is away): passed on as JSON, so that the
-                # supervisor's log stays JSON lines.
+                # A line the worker wrote without its logger (Python's own, at a
+                # crash): passed on as JSON, so that the supervisor's log stays JSON lines.
                 record = {
                     "line": line,
                     "event": "longpoll.worker_output",

@@ -839,3 +839,75 @@ async def test_a_shared_read_whose_every_caller_hung_up_leaves_no_unretrieved_er
     gc.collect()
     await asyncio.sleep(0)
     assert reported == []
+
+
+def _children(pid: int) -> set[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return {int(word) for word in f.read().split()}
+
+
+def test_a_worker_restarted_while_redis_is_down_says_so_in_json_and_comes_back(
+    redis_server: RedisServer, program: Callable[..., Program]
+) -> None:
+    # A worker that dies during a Redis outage is started again by its supervisor,
+    # finds Redis away, and exits: its one line about it is JSON like every other
+    # (the soak's "only JSON lines" check), and once Redis is back a later start
+    # takes its place.
+    server = program("--redis", redis_server.url, "--workers", "2")
+    pids = server.first["pids"]
+    supervisor = server.proc.pid
+    redis_server.kill()
+    os.kill(pids[0], signal.SIGKILL)
+    seen: set[int] = set()
+
+    def a_restart_came_and_went() -> bool:
+        now = _children(supervisor)
+        seen.update(now - set(pids))
+        return bool(seen - now)
+
+    wait_until(a_restart_came_and_went, "a worker started while Redis is down to exit", 30)
+    redis_server.start()
+
+    def replaced() -> bool:
+        answered = set()
+        for _ in range(40):
+            try:
+                _, body = call(server.port, "GET", "/healthz", timeout=5)
+            except OSError:
+                continue
+            answered.add(body["pid"])
+        return pids[0] not in answered and len(answered) == 2
+
+    wait_until(replaced, "a worker in place of the killed one", 60)
+    assert post(server.port, "back", "x") == (200, {"offset": 0})
+    status, lines = server.stop()  # parses every line: one that is not JSON fails here
+    assert status == 0
+    events = [line["event"] for line in lines]
+    # Every line of every worker from its own logger: none the supervisor had to wrap.
+    assert "longpoll.worker_output" not in events
+    unavailable = [line for line in lines if line["event"] == "longpoll.redis_unavailable"]
+    assert unavailable
+    assert "unreachable" in unavailable[0]["error"]
+
+
+def test_what_uvicorn_logs_with_a_traceback_is_one_json_line() -> None:
+    # A lifespan that fails (Redis gone between the start-up check and the triggers'
+    # start) is logged by uvicorn through the standard library, traceback and all.
+    script = (
+        "import logging\n"
+        "from examples.longpoll.__main__ import _configure_logging\n"
+        "_configure_logging('info')\n"
+        "logging.getLogger('uvicorn.error').info('not shown: below warnings')\n"
+        "try:\n"
+        "    raise ConnectionError('redis went away')\n"
+        "except ConnectionError:\n"
+        "    logging.getLogger('uvicorn.error').exception('Traceback (most recent call last):')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    [line] = done.stderr.splitlines()
+    record = json.loads(line)
+    assert record["level"] == "error"
+    assert "ConnectionError: redis went away" in record["exception"]
