@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
@@ -36,14 +37,26 @@ def _no_extensions() -> bool:
 
 
 class OptionalBuildExt(build_ext):
-    """Build the extensions if possible; otherwise say so and install pure Python."""
+    """Build the extensions if possible; otherwise say so and install pure Python.
+
+    Cython runs here, when the extensions are built, not when setup.py is read:
+    making an sdist, reading metadata or installing without a working C compiler
+    costs no Cython time (``CC=false pip install aiopurgatory-*.tar.gz`` installs
+    the pure core at once). The modules are translated and compiled in parallel,
+    on every core (``-j N`` still chooses).
+    """
 
     failure: Exception | None = None
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = True  # distutils: as many jobs as cores
 
     def run(self) -> None:
         try:
             super().run()
-        except Exception as exc:  # no compiler, missing headers, ...
+        except Exception as exc:  # no compiler, no Cython, missing headers, ...
             self.failure = exc
         if self.failure is not None:
             # Leave no partial set behind: the compiled modules cimport each other.
@@ -56,6 +69,25 @@ class OptionalBuildExt(build_ext):
                 f"({self.failure}); installing the pure-Python implementation.",
                 file=sys.stderr,
             )
+
+    def build_extensions(self) -> None:
+        if self.extensions:
+            self._check_compiler()
+            # The C sources into the extensions setuptools has prepared (it keeps
+            # state of its own on them): Cython's copies carry only the sources.
+            translated = {ext.name: ext.sources for ext in _cythonize(self.extensions)}
+            for ext in self.extensions:
+                ext.sources = translated[ext.name]
+        super().build_extensions()
+
+    def _check_compiler(self) -> None:
+        # One line of C first: without a working compiler, translating the modules
+        # (most of a build's Python time) would be for nothing.
+        with tempfile.TemporaryDirectory() as tmp:
+            source = os.path.join(tmp, "check.c")
+            with open(source, "w") as f:
+                f.write("int main(void) { return 0; }\n")
+            self.compiler.compile([source], output_dir=tmp)
 
     def build_extension(self, ext: Extension) -> None:
         if self.failure is not None:
@@ -95,12 +127,8 @@ def _extensions() -> list[Extension]:
     if _no_extensions():
         print("AIOPURGATORY_NO_EXTENSIONS is set: pure-Python build.", file=sys.stderr)
         return []
-    try:
-        from Cython.Build import cythonize
-    except ImportError:
-        print("WARNING: Cython is not installed: pure-Python build.", file=sys.stderr)
-        return []
-    modules = [
+    # From the .py sources: OptionalBuildExt translates them with Cython.
+    return [
         Extension(
             f"aiopurgatory.{name}",
             [f"aiopurgatory/{name}.py"],
@@ -111,6 +139,13 @@ def _extensions() -> list[Extension]:
         )
         for name in CORE
     ]
+
+
+def _cythonize(modules: list[Extension]) -> list[Extension]:
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        raise RuntimeError("Cython is not installed") from None
     extensions: list[Extension] = cythonize(
         modules,
         compiler_directives={
@@ -121,6 +156,7 @@ def _extensions() -> list[Extension]:
             "annotation_typing": False,
             "embedsignature": True,
         },
+        nthreads=os.cpu_count() or 1,
         quiet=True,
     )
     return extensions
