@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import math
 import time
-import tracemalloc
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -49,8 +48,16 @@ from typing import Any
 import trio
 import trio.testing
 
-from aiopurgatory.bench._common import Result, latency_summary, peak_rss_mib, rss_mib
-from aiopurgatory.bench.workload import OwnTimer, WatchLists, generate, purgatory_inputs
+from aiopurgatory.bench._common import Result, peak_rss_mib, rss_mib
+from aiopurgatory.bench.workload import (
+    OwnTimer,
+    WatchLists,
+    ap_ops,
+    generate,
+    memory_per_pending,
+    purgatory_inputs,
+    purgatory_result,
+)
 
 __all__ = ["workload"]
 
@@ -73,23 +80,11 @@ class _ApImpl(OwnTimer):
     ) -> None:
         import aiopurgatory as ap
 
-        class FlagOp(ap.DelayedOperation):
-            __slots__ = ("ready", "ready_at", "started")
+        class StartedOp(ap.DelayedOperation):
+            # Set in watch(), before the request's task is started.
+            __slots__ = ("started",)
 
-            def __init__(self, timeout: float) -> None:
-                super().__init__(timeout)
-                self.ready = False
-                self.ready_at = math.inf
-                self.started = False
-
-            def try_complete(self) -> bool:
-                return self.ready and self.force_complete()
-
-        class ClockOp(FlagOp):
-            __slots__ = ()
-
-            def try_complete(self) -> bool:
-                return clock() >= self.ready_at and self.force_complete()
+        FlagOp, ClockOp = ap_ops(clock, StartedOp)
 
         self.make: Callable[[float], Any] = ClockOp if completion == "clock" else FlagOp
         self.purgatory: ap.Purgatory[Any] = ap.Purgatory("bench")
@@ -104,6 +99,7 @@ class _ApImpl(OwnTimer):
         self.expired = 0
 
     def watch(self, op: Any, keys: Sequence[Hashable]) -> None:
+        op.started = False
         self.count += 1
         self._start_soon(self._request, op, keys)
 
@@ -338,26 +334,21 @@ async def workload(
         )
     cpu = time.process_time() - cpu0
     end = clock()
-    completed, expired = impl.outcomes()
-    arrivals_s = last - first
     peak = peak_rss_mib()
-
     memory = await _memory_per_pending(impl_name, memory_ops, timeout_s, keysets)
-    return {
-        "num": num,
-        "target_rate": rate,
-        "achieved_rate": num / arrivals_s if arrivals_s > 0 else math.inf,
-        "cpu_s": cpu,
-        "requests_per_cpu_s": num / cpu if cpu > 0 else math.inf,
-        "cpu_us_per_request": cpu / num * 1e6 if num else 0.0,
-        "wall_s": end - first,
-        "completed": completed,
-        "expired": expired,
-        "expiry_lateness": latency_summary(late),
-        "rss_before_mib": rss_before,
-        "peak_rss_mib": peak,
-        "memory_per_pending_op_bytes": memory,
-    }
+    return purgatory_result(
+        impl,
+        num=num,
+        rate=rate,
+        cpu=cpu,
+        first=first,
+        last=last,
+        end=end,
+        late=late,
+        rss_before=rss_before,
+        peak=peak,
+        memory=memory,
+    )
 
 
 async def _memory_per_pending(
@@ -368,27 +359,11 @@ async def _memory_per_pending(
     The requests get a long timeout and are left waiting until every task is
     blocked; then they are all cancelled.
     """
-    if count <= 0 or not keysets:
-        return math.nan
     clock: Callable[[], float] = trio.lowlevel.current_clock().current_time
-    keysets = [keysets[i % len(keysets)] for i in range(count)]
-    long_timeout = max(timeout_s, 3600.0)
     async with trio.open_nursery() as nursery:
         impl = _IMPL_CLASSES[impl_name](nursery, [], clock, "force")
-        make, watch = impl.make, impl.watch
-        # Warm up: the first request binds the purgatory and starts its timer's driver.
-        watch(make(long_timeout), keysets[0])
-        await trio.testing.wait_all_tasks_blocked()
-        ops: list[Any] = [None] * count
-        tracemalloc.start()
-        try:
-            before = tracemalloc.get_traced_memory()[0]
-            for i in range(count):
-                op = ops[i] = make(long_timeout)
-                watch(op, keysets[i])
-            await trio.testing.wait_all_tasks_blocked()
-            after = tracemalloc.get_traced_memory()[0]
-        finally:
-            tracemalloc.stop()
+        memory = await memory_per_pending(
+            impl, count, timeout_s, keysets, trio.testing.wait_all_tasks_blocked
+        )
         nursery.cancel_scope.cancel()
-    return (after - before) / count
+    return memory

@@ -47,7 +47,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-import tracemalloc
 from collections import deque
 from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any
@@ -56,7 +55,6 @@ from ._common import (
     TRIO_LOOPS,
     Result,
     Spec,
-    latency_summary,
     peak_rss_mib,
     rss_mib,
     run_on,
@@ -64,7 +62,15 @@ from ._common import (
 )
 from ._registry import register
 from .hand import HandImpl
-from .workload import OwnTimer, WatchLists, ap_ops, generate, purgatory_inputs
+from .workload import (
+    OwnTimer,
+    WatchLists,
+    ap_ops,
+    generate,
+    memory_per_pending,
+    purgatory_inputs,
+    purgatory_result,
+)
 
 __all__ = [
     "COMPLETIONS",
@@ -293,58 +299,23 @@ async def _workload(
     )
     cpu = time.process_time() - cpu0
     end = clock()
-    completed, expired = impl.outcomes()
-    arrivals_s = last - first
     peak = peak_rss_mib()
-
-    memory = await _memory_per_pending(impl_name, memory_ops, timeout_s, keysets)
-    return {
-        "num": num,
-        "target_rate": rate,
-        "achieved_rate": num / arrivals_s if arrivals_s > 0 else math.inf,
-        "cpu_s": cpu,
-        # CPU-bound capacity: what one core could sustain, immune to stolen time.
-        "requests_per_cpu_s": num / cpu if cpu > 0 else math.inf,
-        "cpu_us_per_request": cpu / num * 1e6 if num else 0.0,
-        "wall_s": end - first,
-        "completed": completed,
-        "expired": expired,
-        "expiry_lateness": latency_summary(late),
-        "rss_before_mib": rss_before,
-        "peak_rss_mib": peak,
-        "memory_per_pending_op_bytes": memory,
-    }
-
-
-async def _memory_per_pending(
-    impl_name: str, count: int, timeout_s: float, keysets: list[list[int]]
-) -> float:
-    """Bytes traced per pending op, ``count`` ops pending on a fresh implementation.
-
-    The ops get a long timeout so that none expires while we look; key tuples are
-    shared inputs, allocated before tracing starts.
-    """
-    if count <= 0 or not keysets:
-        return math.nan
-    clock = asyncio.get_running_loop().time
-    impl = _IMPL_CLASSES[impl_name]([], clock, "force")
-    keysets = [keysets[i % len(keysets)] for i in range(count)]
-    long_timeout = max(timeout_s, 3600.0)
-    make, watch = impl.make, impl.watch
-    # Warm up: the first op binds the purgatory to the loop and its timer creates its wheel.
-    watch(make(long_timeout), keysets[0])
-    ops: list[Any] = [None] * count
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for i in range(count):
-            op = ops[i] = make(long_timeout)
-            watch(op, keysets[i])
-        after = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    # The op list was allocated before tracing; what was traced is per-op state.
-    return (after - before) / count
+    memory = await memory_per_pending(
+        _IMPL_CLASSES[impl_name]([], clock, "force"), memory_ops, timeout_s, keysets
+    )
+    return purgatory_result(
+        impl,
+        num=num,
+        rate=rate,
+        cpu=cpu,
+        first=first,
+        last=last,
+        end=end,
+        late=late,
+        rss_before=rss_before,
+        peak=peak,
+        memory=memory,
+    )
 
 
 def run_purgatory(

@@ -5,7 +5,9 @@
   latencies and watch keys (Kafka's ``TestPurgatoryPerformance`` distributions);
 * :func:`generate`: the open-loop request generator every purgatory
   implementation is driven by, on every loop;
-* :class:`WatchLists`: the watch-list bookkeeping of the hand-written purgatories.
+* :class:`WatchLists`: the watch-list bookkeeping of the hand-written purgatories;
+* :func:`timer_recorder`, :func:`timer_result`, :func:`memory_per_pending` and
+  :func:`purgatory_result`: what a run measures, read and reported alike on every loop.
 
 Benchmark modules import from here (and from :mod:`._common`), never from each
 other: imports go one way.
@@ -16,8 +18,11 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import tracemalloc
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
+
+from ._common import Result, latency_summary, peak_rss_mib
 
 __all__ = [
     "KeyedOp",
@@ -25,8 +30,12 @@ __all__ = [
     "WatchLists",
     "ap_ops",
     "generate",
+    "memory_per_pending",
     "purgatory_inputs",
+    "purgatory_result",
     "timer_inputs",
+    "timer_recorder",
+    "timer_result",
 ]
 
 
@@ -42,6 +51,53 @@ def timer_inputs(
     delays = [rng.random() * max_delay for _ in range(n)]
     keep = [rng.random() >= cancel_fraction for _ in range(n)]
     return delays, keep
+
+
+def timer_recorder(
+    clock: Callable[[], float], kept_total: int, all_fired: Callable[[], object]
+) -> tuple[list[float], list[int], Callable[[int], None]]:
+    """The callback of the timers that fire, and what it records.
+
+    Returns ``(fired_at, remaining, fired)``: ``fired(j)`` stores ``clock()`` as
+    ``fired_at[j]`` and counts ``remaining[0]`` down, calling ``all_fired()``
+    once the last of ``kept_total`` timers has fired.
+    """
+    fired_at = [0.0] * kept_total
+    remaining = [kept_total]
+
+    def fired(j: int) -> None:
+        fired_at[j] = clock()
+        remaining[0] -= 1
+        if not remaining[0]:
+            all_fired()
+
+    return fired_at, remaining, fired
+
+
+def timer_result(
+    *,
+    cpu: float,
+    wall: float,
+    add_cpu: float,
+    n: int,
+    kept_total: int,
+    remaining: int,
+    lateness: list[float],
+    rss_before: float,
+) -> Result:
+    """A timer run's measurements; ``lateness`` is each fired timer's, early ones below zero."""
+    return {
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "add_cancel_ns_per_op": add_cpu / n * 1e9 if n else 0.0,
+        "n": n,
+        "cancelled": n - kept_total,
+        "fired": kept_total - remaining,
+        "early": sum(1 for late in lateness if late < 0),
+        "lateness": latency_summary(lateness),
+        "rss_before_mib": rss_before,
+        "peak_rss_mib": peak_rss_mib(),
+    }
 
 
 def purgatory_inputs(
@@ -157,6 +213,81 @@ async def generate(
             delay = min_sleep
         await sleep(delay if delay > 0 else 0)
     return first, last
+
+
+def purgatory_result(
+    impl: Any,
+    *,
+    num: int,
+    rate: float,
+    cpu: float,
+    first: float,
+    last: float,
+    end: float,
+    late: list[float],
+    rss_before: float,
+    peak: float,
+    memory: float,
+) -> Result:
+    """A purgatory run's measurements: ``first``/``last`` from :func:`generate`,
+    ``end`` the clock once every op finished, outcomes from ``impl.outcomes()``."""
+    completed, expired = impl.outcomes()
+    arrivals_s = last - first
+    return {
+        "num": num,
+        "target_rate": rate,
+        "achieved_rate": num / arrivals_s if arrivals_s > 0 else math.inf,
+        "cpu_s": cpu,
+        # CPU-bound capacity: what one core could sustain, immune to stolen time.
+        "requests_per_cpu_s": num / cpu if cpu > 0 else math.inf,
+        "cpu_us_per_request": cpu / num * 1e6 if num else 0.0,
+        "wall_s": end - first,
+        "completed": completed,
+        "expired": expired,
+        "expiry_lateness": latency_summary(late),
+        "rss_before_mib": rss_before,
+        "peak_rss_mib": peak,
+        "memory_per_pending_op_bytes": memory,
+    }
+
+
+async def memory_per_pending(
+    impl: Any,
+    count: int,
+    timeout_s: float,
+    keysets: list[list[int]],
+    settle: Callable[[], Awaitable[object]] | None = None,
+) -> float:
+    """Bytes traced per pending op, ``count`` ops watched on a fresh ``impl`` (NaN: none).
+
+    The ops get a long timeout so that none expires while we look; key tuples are
+    shared inputs, allocated before tracing starts. ``settle`` (trio: until every
+    request's task is blocked) is awaited after the warm-up op and after the
+    traced ones, so that what their tasks allocate when they start is counted.
+    """
+    if count <= 0 or not keysets:
+        return math.nan
+    keysets = [keysets[i % len(keysets)] for i in range(count)]
+    long_timeout = max(timeout_s, 3600.0)
+    make, watch = impl.make, impl.watch
+    # Warm up: the first op binds the purgatory to the loop and its timer creates its wheel.
+    watch(make(long_timeout), keysets[0])
+    if settle is not None:
+        await settle()
+    ops: list[Any] = [None] * count
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(count):
+            op = ops[i] = make(long_timeout)
+            watch(op, keysets[i])
+        if settle is not None:
+            await settle()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    # The op list was allocated before tracing; what was traced is per-op state.
+    return (after - before) / count
 
 
 class KeyedOp(Protocol):
