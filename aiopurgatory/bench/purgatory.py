@@ -63,6 +63,7 @@ from ._common import (
 from ._registry import register
 from .hand import HandImpl
 from .workload import (
+    Flagged,
     OwnTimer,
     WatchLists,
     ap_ops,
@@ -171,13 +172,8 @@ class _FloorOp:
         return False
 
 
-class _FloorFlagOp(_FloorOp):
+class _FloorFlagOp(Flagged, _FloorOp):
     __slots__ = ("ready", "ready_at")
-
-    def __init__(self, timeout: float) -> None:
-        super().__init__(timeout)
-        self.ready = False
-        self.ready_at = math.inf
 
     def try_complete(self) -> bool:
         return self.ready and not self.done

@@ -25,6 +25,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from ._common import Result, latency_summary, peak_rss_mib
 
 __all__ = [
+    "Flagged",
     "KeyedOp",
     "OwnTimer",
     "WatchLists",
@@ -347,6 +348,25 @@ class WatchLists(Generic[_OpT]):
         return self.completed, self.expired
 
 
+class Flagged:
+    """The condition of an op completed by ``check`` or ``clock``, mixed in before its base.
+
+    ``ready`` is the flag the generator sets, ``ready_at`` the clock reading from
+    which the condition holds; the class that mixes this in declares both slots
+    (so that this ``__init__`` stands in for its own: no extra call per op).
+    """
+
+    __slots__ = ()
+    ready: bool
+    ready_at: float
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(timeout)  # type: ignore[call-arg]
+        # The slots are the mixing class's (two slotted bases could not be combined).
+        self.ready = False  # type: ignore[misc]
+        self.ready_at = math.inf  # type: ignore[misc]
+
+
 def ap_ops(
     clock: Callable[[], float], base: type[Any] | None = None
 ) -> tuple[type[Any], type[Any]]:
@@ -360,13 +380,8 @@ def ap_ops(
 
     parent: type[Any] = ap.DelayedOperation if base is None else base
 
-    class FlagOp(parent):  # type: ignore[misc]
+    class FlagOp(Flagged, parent):  # type: ignore[misc]
         __slots__ = ("ready", "ready_at")
-
-        def __init__(self, timeout: float) -> None:
-            super().__init__(timeout)
-            self.ready = False
-            self.ready_at = math.inf
 
         def try_complete(self) -> bool:
             return self.ready and self.force_complete()
