@@ -53,6 +53,7 @@ from aiopurgatory.bench.workload import (
     OwnTimer,
     WatchLists,
     ap_ops,
+    done_clock_op,
     generate,
     memory_per_pending,
     purgatory_inputs,
@@ -152,16 +153,6 @@ class _TrioOp:
         return self.ready and not self.done
 
 
-def _clock_op(clock: Callable[[], float]) -> type[_TrioOp]:
-    class _ClockOp(_TrioOp):
-        __slots__ = ()
-
-        def try_complete(self) -> bool:
-            return clock() >= self.ready_at and not self.done
-
-    return _ClockOp
-
-
 class _TaskWatchLists(WatchLists[_TrioOp]):
     """Watch lists that each request's task joins when it starts and leaves when it ends.
 
@@ -178,7 +169,7 @@ class _TaskWatchLists(WatchLists[_TrioOp]):
     ) -> None:
         super().__init__(late, clock)
         self.make: Callable[[float], _TrioOp] = (
-            _clock_op(clock) if completion == "clock" else _TrioOp
+            done_clock_op(clock, _TrioOp) if completion == "clock" else _TrioOp
         )
         self._start_soon = nursery.start_soon
 

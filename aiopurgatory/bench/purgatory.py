@@ -67,6 +67,7 @@ from .workload import (
     OwnTimer,
     WatchLists,
     ap_ops,
+    done_clock_op,
     generate,
     memory_per_pending,
     purgatory_inputs,
@@ -179,16 +180,6 @@ class _FloorFlagOp(Flagged, _FloorOp):
         return self.ready and not self.done
 
 
-def _floor_clock_op(clock: Callable[[], float]) -> type[_FloorFlagOp]:
-    class _FloorClockOp(_FloorFlagOp):
-        __slots__ = ()
-
-        def try_complete(self) -> bool:
-            return clock() >= self.ready_at and not self.done
-
-    return _FloorClockOp
-
-
 class _FloorImpl(WatchLists[_FloorOp]):
     """The hand-written bookkeeping minus any timer: expiry from a FIFO."""
 
@@ -197,7 +188,7 @@ class _FloorImpl(WatchLists[_FloorOp]):
         makers: dict[str, Callable[[float], _FloorOp]] = {
             "force": _FloorOp,
             "check": _FloorFlagOp,
-            "clock": _floor_clock_op(clock),
+            "clock": done_clock_op(clock, _FloorFlagOp),
         }
         self.make = makers[completion]
         self.fifo: deque[_FloorOp] = deque()

@@ -30,6 +30,7 @@ __all__ = [
     "OwnTimer",
     "WatchLists",
     "ap_ops",
+    "done_clock_op",
     "generate",
     "memory_per_pending",
     "purgatory_inputs",
@@ -393,6 +394,24 @@ def ap_ops(
             return clock() >= self.ready_at and self.force_complete()
 
     return FlagOp, ClockOp
+
+
+_DoneT = TypeVar("_DoneT")
+
+
+def done_clock_op(clock: Callable[[], float], base: type[_DoneT]) -> type[_DoneT]:
+    """``base``'s ops (with ``ready_at`` and a ``done`` flag) under completion ``clock``:
+    ready once ``clock()`` reaches ``ready_at``, never once done (the floor's, trio's)."""
+
+    class ClockOp(base):  # type: ignore[valid-type,misc]
+        __slots__ = ()
+        ready_at: float
+        done: bool
+
+        def try_complete(self) -> bool:
+            return clock() >= self.ready_at and not self.done
+
+    return ClockOp
 
 
 class OwnTimer:
