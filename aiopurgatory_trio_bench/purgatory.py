@@ -39,25 +39,25 @@ same in every implementation).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-import time
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Hashable, Sequence
 from typing import Any
 
 import trio
 import trio.testing
 
-from aiopurgatory.bench._common import Result, peak_rss_mib, rss_mib
+from aiopurgatory.bench._common import Result
 from aiopurgatory.bench.workload import (
+    LoopParts,
     OwnTimer,
     WatchLists,
     ap_ops,
     done_clock_op,
-    generate,
+    measure_purgatory,
     memory_per_pending,
-    purgatory_inputs,
-    purgatory_result,
 )
 
 __all__ = ["workload"]
@@ -282,63 +282,29 @@ _IMPL_CLASSES: dict[str, Callable[[trio.Nursery, list[float], Callable[[], float
 # -- the workload ------------------------------------------------------------------
 
 
-async def workload(
-    impl_name: str,
-    *,
-    num: int,
-    rate: float,
-    timeout: float,  # noqa: ASYNC109 - the ops' timeout in ms, not a deadline for this call
-    pct75: float,
-    pct50: float,
-    keys: int,
-    key_space_size: int,
-    batch: int,
-    memory_ops: int,
-    seed: int,
-    completion: str,
-) -> Result:
+def workload(impl_name: str, **params: Any) -> Coroutine[Any, Any, Result]:
     """One run of ``impl_name`` in the running trio run (see the module documentation)."""
-    clock: Callable[[], float] = trio.lowlevel.current_clock().current_time
-    offsets, latencies, keysets = purgatory_inputs(
-        num, rate, pct75, pct50, keys, key_space_size, seed
-    )
-    timeout_s = timeout / 1000.0
-    late: list[float] = []
-    rss_before = rss_mib()
+    return measure_purgatory(functools.partial(_trio_parts, impl_name), **params)
 
-    cpu0 = time.process_time()
-    async with trio.open_nursery() as nursery:
-        impl = _IMPL_CLASSES[impl_name](nursery, late, clock, completion)
+
+def _trio_parts(impl_name: str) -> LoopParts:
+    clock: Callable[[], float] = trio.lowlevel.current_clock().current_time
+    make = _IMPL_CLASSES[impl_name]
+
+    @contextlib.asynccontextmanager
+    async def requests(late: list[float], completion: str) -> AsyncIterator[Any]:
+        # Leaving waits for every request's task to end.
+        async with trio.open_nursery() as nursery:
+            yield make(nursery, late, clock, completion)
+
+    return LoopParts(
+        clock=clock,
         # trio's sleeps are exact floats, and epoll rounds its timeout up to a
         # millisecond: no minimum sleep needed against spinning.
-        first, last = await generate(
-            impl,
-            offsets,
-            latencies,
-            keysets,
-            timeout_s=timeout_s,
-            batch=batch,
-            completion=completion,
-            clock=clock,
-            sleep=trio.sleep,
-            deferred=True,
-        )
-    cpu = time.process_time() - cpu0
-    end = clock()
-    peak = peak_rss_mib()
-    memory = await _memory_per_pending(impl_name, memory_ops, timeout_s, keysets)
-    return purgatory_result(
-        impl,
-        num=num,
-        rate=rate,
-        cpu=cpu,
-        first=first,
-        last=last,
-        end=end,
-        late=late,
-        rss_before=rss_before,
-        peak=peak,
-        memory=memory,
+        sleep=trio.sleep,
+        impl_scope=requests,
+        memory=functools.partial(_memory_per_pending, impl_name),
+        deferred=True,
     )
 
 

@@ -45,8 +45,8 @@ so that the library imports trio only where it must).
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
-import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any
@@ -55,8 +55,6 @@ from ._common import (
     TRIO_LOOPS,
     Result,
     Spec,
-    peak_rss_mib,
-    rss_mib,
     run_on,
     trio_baselines,
 )
@@ -64,14 +62,13 @@ from ._registry import register
 from .hand import HandImpl
 from .workload import (
     Flagged,
+    LoopParts,
     OwnTimer,
     WatchLists,
     ap_ops,
     done_clock_op,
-    generate,
+    measure_purgatory,
     memory_per_pending,
-    purgatory_inputs,
-    purgatory_result,
 )
 
 __all__ = [
@@ -241,67 +238,42 @@ _IMPL_CLASSES: dict[str, Callable[[list[float], Callable[[], float], str], Any]]
 # -- the workload ------------------------------------------------------------------
 
 
-async def _workload(
-    impl_name: str,
-    *,
-    num: int,
-    rate: float,
-    timeout: float,  # noqa: ASYNC109 - the ops' timeout in ms, not a deadline for this call
-    pct75: float,
-    pct50: float,
-    keys: int,
-    key_space_size: int,
-    batch: int,
-    memory_ops: int,
-    seed: int,
-    completion: str,
-) -> Result:
+class _Made:
+    """The asyncio implementation as :func:`.workload.measure_purgatory` takes it:
+    nothing left running at the end of the run."""
+
+    def __init__(self, impl: Any) -> None:
+        self.impl = impl
+
+    async def __aenter__(self) -> Any:
+        return self.impl
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        pass
+
+
+def _workload(impl_name: str, **params: Any) -> Coroutine[Any, Any, Result]:
+    return measure_purgatory(functools.partial(_asyncio_parts, impl_name), **params)
+
+
+def _asyncio_parts(impl_name: str) -> LoopParts:
     loop = asyncio.get_running_loop()
     clock = loop.time
-    offsets, latencies, keysets = purgatory_inputs(
-        num, rate, pct75, pct50, keys, key_space_size, seed
-    )
-    timeout_s = timeout / 1000.0
-    late: list[float] = []
-    impl = _IMPL_CLASSES[impl_name](late, clock, completion)
-    rss_before = rss_mib()
+    make = _IMPL_CLASSES[impl_name]
 
-    # uvloop rounds timers to whole milliseconds, down: a shorter sleep returns at
-    # once, and an open-loop generator would spin until its next arrival, burning
-    # CPU that counts against every implementation alike. Sleep a millisecond at
-    # least there (asyncio's selector rounds its timeout up to one anyway).
-    min_sleep = 0.001 if type(loop).__module__.startswith("uvloop") else 0.0
-    cpu0 = time.process_time()
-    first, last = await generate(
-        impl,
-        offsets,
-        latencies,
-        keysets,
-        timeout_s=timeout_s,
-        batch=batch,
-        completion=completion,
+    async def memory(count: int, timeout_s: float, keysets: list[list[int]]) -> float:
+        return await memory_per_pending(make([], clock, "force"), count, timeout_s, keysets)
+
+    return LoopParts(
         clock=clock,
         sleep=asyncio.sleep,
-        min_sleep=min_sleep,
-    )
-    cpu = time.process_time() - cpu0
-    end = clock()
-    peak = peak_rss_mib()
-    memory = await memory_per_pending(
-        _IMPL_CLASSES[impl_name]([], clock, "force"), memory_ops, timeout_s, keysets
-    )
-    return purgatory_result(
-        impl,
-        num=num,
-        rate=rate,
-        cpu=cpu,
-        first=first,
-        last=last,
-        end=end,
-        late=late,
-        rss_before=rss_before,
-        peak=peak,
+        impl_scope=lambda late, completion: _Made(make(late, clock, completion)),
         memory=memory,
+        # uvloop rounds timers to whole milliseconds, down: a shorter sleep returns at
+        # once, and an open-loop generator would spin until its next arrival, burning
+        # CPU that counts against every implementation alike. Sleep a millisecond at
+        # least there (asyncio's selector rounds its timeout up to one anyway).
+        min_sleep=0.001 if type(loop).__module__.startswith("uvloop") else 0.0,
     )
 
 

@@ -6,8 +6,8 @@
 * :func:`generate`: the open-loop request generator every purgatory
   implementation is driven by, on every loop;
 * :class:`WatchLists`: the watch-list bookkeeping of the hand-written purgatories;
-* :func:`timer_recorder`, :func:`timer_result`, :func:`memory_per_pending` and
-  :func:`purgatory_result`: what a run measures, read and reported alike on every loop.
+* :func:`timer_recorder`, :func:`timer_result`, :func:`measure_purgatory` and
+  :func:`memory_per_pending`: what a run measures, read and reported alike on every loop.
 
 Benchmark modules import from here (and from :mod:`._common`), never from each
 other: imports go one way.
@@ -18,23 +18,26 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import time
 import tracemalloc
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
-from ._common import Result, latency_summary, peak_rss_mib
+from ._common import Result, latency_summary, peak_rss_mib, rss_mib
 
 __all__ = [
     "Flagged",
     "KeyedOp",
+    "LoopParts",
     "OwnTimer",
     "WatchLists",
     "ap_ops",
     "done_clock_op",
     "generate",
+    "measure_purgatory",
     "memory_per_pending",
     "purgatory_inputs",
-    "purgatory_result",
     "timer_inputs",
     "timer_recorder",
     "timer_result",
@@ -217,24 +220,74 @@ async def generate(
     return first, last
 
 
-def purgatory_result(
-    impl: Any,
+class LoopParts(NamedTuple):
+    """What :func:`measure_purgatory` takes from the loop it runs on.
+
+    ``impl_scope(late, completion)`` gives the implementation for the run (its
+    expiry lateness goes to ``late``); leaving it waits for whatever the
+    implementation still runs (trio: the requests' tasks), inside the CPU
+    measurement. ``memory(memory_ops, timeout_s, keysets)`` measures the memory
+    per pending op on a fresh implementation, after the timed part. ``clock``,
+    ``sleep``, ``min_sleep`` and ``deferred`` go to :func:`generate`.
+    """
+
+    clock: Callable[[], float]
+    sleep: Callable[[float], Awaitable[object]]
+    impl_scope: Callable[[list[float], str], AbstractAsyncContextManager[Any]]
+    memory: Callable[[int, float, list[list[int]]], Awaitable[float]]
+    min_sleep: float = 0.0
+    deferred: bool = False
+
+
+async def measure_purgatory(
+    loop_parts: Callable[[], LoopParts],
     *,
     num: int,
     rate: float,
-    cpu: float,
-    first: float,
-    last: float,
-    end: float,
-    late: list[float],
-    rss_before: float,
-    peak: float,
-    memory: float,
+    timeout: float,  # noqa: ASYNC109 - the ops' timeout in ms, not a deadline for this call
+    pct75: float,
+    pct50: float,
+    keys: int,
+    key_space_size: int,
+    batch: int,
+    memory_ops: int,
+    seed: int,
+    completion: str,
 ) -> Result:
-    """A purgatory run's measurements: ``first``/``last`` from :func:`generate`,
-    ``end`` the clock once every op finished, outcomes from ``impl.outcomes()``."""
+    """One run of the purgatory workload, on any loop, and its measurements.
+
+    ``loop_parts()`` is called once the run is on its loop. The asyncio and trio
+    workloads return this coroutine itself rather than await it, so that the
+    generator's every wake-up resumes as many frames as it did before.
+    """
+    clock, sleep, impl_scope, memory, min_sleep, deferred = loop_parts()
+    offsets, latencies, keysets = purgatory_inputs(
+        num, rate, pct75, pct50, keys, key_space_size, seed
+    )
+    timeout_s = timeout / 1000.0
+    late: list[float] = []
+    async with impl_scope(late, completion) as impl:
+        rss_before = rss_mib()
+        cpu0 = time.process_time()
+        first, last = await generate(
+            impl,
+            offsets,
+            latencies,
+            keysets,
+            timeout_s=timeout_s,
+            batch=batch,
+            completion=completion,
+            clock=clock,
+            sleep=sleep,
+            min_sleep=min_sleep,
+            deferred=deferred,
+        )
+    cpu = time.process_time() - cpu0
+    end = clock()
     completed, expired = impl.outcomes()
     arrivals_s = last - first
+    peak = peak_rss_mib()
+    bytes_per_op = await memory(memory_ops, timeout_s, keysets)
     return {
         "num": num,
         "target_rate": rate,
@@ -249,7 +302,7 @@ def purgatory_result(
         "expiry_lateness": latency_summary(late),
         "rss_before_mib": rss_before,
         "peak_rss_mib": peak,
-        "memory_per_pending_op_bytes": memory,
+        "memory_per_pending_op_bytes": bytes_per_op,
     }
 
 
