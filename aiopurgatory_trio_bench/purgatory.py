@@ -39,18 +39,26 @@ same in every implementation).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-import time
-import tracemalloc
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Hashable, Sequence
 from typing import Any
 
 import trio
 import trio.testing
 
-from aiopurgatory.bench._common import Result, latency_summary, peak_rss_mib, rss_mib
-from aiopurgatory.bench.workload import OwnTimer, WatchLists, generate, purgatory_inputs
+from aiopurgatory.bench._common import Result
+from aiopurgatory.bench.workload import (
+    LoopParts,
+    OwnTimer,
+    WatchLists,
+    ap_ops,
+    done_clock_op,
+    measure_purgatory,
+    memory_per_pending,
+)
 
 __all__ = ["workload"]
 
@@ -73,23 +81,11 @@ class _ApImpl(OwnTimer):
     ) -> None:
         import aiopurgatory as ap
 
-        class FlagOp(ap.DelayedOperation):
-            __slots__ = ("ready", "ready_at", "started")
+        class StartedOp(ap.DelayedOperation):
+            # Set in watch(), before the request's task is started.
+            __slots__ = ("started",)
 
-            def __init__(self, timeout: float) -> None:
-                super().__init__(timeout)
-                self.ready = False
-                self.ready_at = math.inf
-                self.started = False
-
-            def try_complete(self) -> bool:
-                return self.ready and self.force_complete()
-
-        class ClockOp(FlagOp):
-            __slots__ = ()
-
-            def try_complete(self) -> bool:
-                return clock() >= self.ready_at and self.force_complete()
+        FlagOp, ClockOp = ap_ops(clock, StartedOp)
 
         self.make: Callable[[float], Any] = ClockOp if completion == "clock" else FlagOp
         self.purgatory: ap.Purgatory[Any] = ap.Purgatory("bench")
@@ -104,6 +100,7 @@ class _ApImpl(OwnTimer):
         self.expired = 0
 
     def watch(self, op: Any, keys: Sequence[Hashable]) -> None:
+        op.started = False
         self.count += 1
         self._start_soon(self._request, op, keys)
 
@@ -156,16 +153,6 @@ class _TrioOp:
         return self.ready and not self.done
 
 
-def _clock_op(clock: Callable[[], float]) -> type[_TrioOp]:
-    class _ClockOp(_TrioOp):
-        __slots__ = ()
-
-        def try_complete(self) -> bool:
-            return clock() >= self.ready_at and not self.done
-
-    return _ClockOp
-
-
 class _TaskWatchLists(WatchLists[_TrioOp]):
     """Watch lists that each request's task joins when it starts and leaves when it ends.
 
@@ -182,7 +169,7 @@ class _TaskWatchLists(WatchLists[_TrioOp]):
     ) -> None:
         super().__init__(late, clock)
         self.make: Callable[[float], _TrioOp] = (
-            _clock_op(clock) if completion == "clock" else _TrioOp
+            done_clock_op(clock, _TrioOp) if completion == "clock" else _TrioOp
         )
         self._start_soon = nursery.start_soon
 
@@ -295,69 +282,30 @@ _IMPL_CLASSES: dict[str, Callable[[trio.Nursery, list[float], Callable[[], float
 # -- the workload ------------------------------------------------------------------
 
 
-async def workload(
-    impl_name: str,
-    *,
-    num: int,
-    rate: float,
-    timeout: float,  # noqa: ASYNC109 - the ops' timeout in ms, not a deadline for this call
-    pct75: float,
-    pct50: float,
-    keys: int,
-    key_space_size: int,
-    batch: int,
-    memory_ops: int,
-    seed: int,
-    completion: str,
-) -> Result:
+def workload(impl_name: str, **params: Any) -> Coroutine[Any, Any, Result]:
     """One run of ``impl_name`` in the running trio run (see the module documentation)."""
-    clock: Callable[[], float] = trio.lowlevel.current_clock().current_time
-    offsets, latencies, keysets = purgatory_inputs(
-        num, rate, pct75, pct50, keys, key_space_size, seed
-    )
-    timeout_s = timeout / 1000.0
-    late: list[float] = []
-    rss_before = rss_mib()
+    return measure_purgatory(functools.partial(_trio_parts, impl_name), **params)
 
-    cpu0 = time.process_time()
-    async with trio.open_nursery() as nursery:
-        impl = _IMPL_CLASSES[impl_name](nursery, late, clock, completion)
+
+def _trio_parts(impl_name: str) -> LoopParts:
+    clock: Callable[[], float] = trio.lowlevel.current_clock().current_time
+    make = _IMPL_CLASSES[impl_name]
+
+    @contextlib.asynccontextmanager
+    async def requests(late: list[float], completion: str) -> AsyncIterator[Any]:
+        # Leaving waits for every request's task to end.
+        async with trio.open_nursery() as nursery:
+            yield make(nursery, late, clock, completion)
+
+    return LoopParts(
+        clock=clock,
         # trio's sleeps are exact floats, and epoll rounds its timeout up to a
         # millisecond: no minimum sleep needed against spinning.
-        first, last = await generate(
-            impl,
-            offsets,
-            latencies,
-            keysets,
-            timeout_s=timeout_s,
-            batch=batch,
-            completion=completion,
-            clock=clock,
-            sleep=trio.sleep,
-            deferred=True,
-        )
-    cpu = time.process_time() - cpu0
-    end = clock()
-    completed, expired = impl.outcomes()
-    arrivals_s = last - first
-    peak = peak_rss_mib()
-
-    memory = await _memory_per_pending(impl_name, memory_ops, timeout_s, keysets)
-    return {
-        "num": num,
-        "target_rate": rate,
-        "achieved_rate": num / arrivals_s if arrivals_s > 0 else math.inf,
-        "cpu_s": cpu,
-        "requests_per_cpu_s": num / cpu if cpu > 0 else math.inf,
-        "cpu_us_per_request": cpu / num * 1e6 if num else 0.0,
-        "wall_s": end - first,
-        "completed": completed,
-        "expired": expired,
-        "expiry_lateness": latency_summary(late),
-        "rss_before_mib": rss_before,
-        "peak_rss_mib": peak,
-        "memory_per_pending_op_bytes": memory,
-    }
+        sleep=trio.sleep,
+        impl_scope=requests,
+        memory=functools.partial(_memory_per_pending, impl_name),
+        deferred=True,
+    )
 
 
 async def _memory_per_pending(
@@ -368,27 +316,11 @@ async def _memory_per_pending(
     The requests get a long timeout and are left waiting until every task is
     blocked; then they are all cancelled.
     """
-    if count <= 0 or not keysets:
-        return math.nan
     clock: Callable[[], float] = trio.lowlevel.current_clock().current_time
-    keysets = [keysets[i % len(keysets)] for i in range(count)]
-    long_timeout = max(timeout_s, 3600.0)
     async with trio.open_nursery() as nursery:
         impl = _IMPL_CLASSES[impl_name](nursery, [], clock, "force")
-        make, watch = impl.make, impl.watch
-        # Warm up: the first request binds the purgatory and starts its timer's driver.
-        watch(make(long_timeout), keysets[0])
-        await trio.testing.wait_all_tasks_blocked()
-        ops: list[Any] = [None] * count
-        tracemalloc.start()
-        try:
-            before = tracemalloc.get_traced_memory()[0]
-            for i in range(count):
-                op = ops[i] = make(long_timeout)
-                watch(op, keysets[i])
-            await trio.testing.wait_all_tasks_blocked()
-            after = tracemalloc.get_traced_memory()[0]
-        finally:
-            tracemalloc.stop()
+        memory = await memory_per_pending(
+            impl, count, timeout_s, keysets, trio.testing.wait_all_tasks_blocked
+        )
         nursery.cancel_scope.cancel()
-    return (after - before) / count
+    return memory

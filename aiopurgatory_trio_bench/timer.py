@@ -44,8 +44,8 @@ from typing import Any
 
 import trio
 
-from aiopurgatory.bench._common import Result, latency_summary, peak_rss_mib, rss_mib
-from aiopurgatory.bench.workload import timer_inputs
+from aiopurgatory.bench._common import Result, rss_mib
+from aiopurgatory.bench.workload import timer_inputs, timer_recorder, timer_result
 
 __all__ = ["workload"]
 
@@ -72,20 +72,13 @@ async def workload(
     """One run of ``impl`` (``"ap"``, ``"task"`` or ``"scope"``) in the running trio run."""
     delays, keep = timer_inputs(n, cancel_fraction, max_delay, seed)
     kept_total = sum(keep)
-    fired_at = [0.0] * kept_total
     due: list[float] = []
     rss_before = rss_mib()
 
     # The run's clock, bound once (trio.current_time() looks the run up first).
     clock: Callable[[], float] = trio.lowlevel.current_clock().current_time
-    remaining = [kept_total]
     all_fired = trio.Event()
-
-    def fired(j: int) -> None:
-        fired_at[j] = clock()
-        remaining[0] -= 1
-        if not remaining[0]:
-            all_fired.set()
+    fired_at, remaining, fired = timer_recorder(clock, kept_total, all_fired.set)
 
     due_append = due.append
     checkpoint = trio.lowlevel.checkpoint
@@ -148,16 +141,13 @@ async def workload(
     cpu = time.process_time() - cpu0
     wall = time.perf_counter() - wall0
 
-    lateness = [at - when for at, when in zip(fired_at, due, strict=True)]
-    return {
-        "cpu_s": cpu,
-        "wall_s": wall,
-        "add_cancel_ns_per_op": add_cpu / n * 1e9 if n else 0.0,
-        "n": n,
-        "cancelled": n - kept_total,
-        "fired": kept_total - remaining[0],
-        "early": sum(1 for late in lateness if late < 0),
-        "lateness": latency_summary(lateness),
-        "rss_before_mib": rss_before,
-        "peak_rss_mib": peak_rss_mib(),
-    }
+    return timer_result(
+        cpu=cpu,
+        wall=wall,
+        add_cpu=add_cpu,
+        n=n,
+        kept_total=kept_total,
+        remaining=remaining[0],
+        lateness=[at - when for at, when in zip(fired_at, due, strict=True)],
+        rss_before=rss_before,
+    )

@@ -731,15 +731,10 @@ def run(
     real_time: bool = False,
     loop: str = "asyncio",
 ) -> AcksAllResult:
-    """Run a whole simulation (virtual time unless ``real_time``) and return its result.
-
-    Args:
-        config: the run's parameters.
-        events: a path for the op event log (overwritten), or None.
-        real_time: run on the wall clock instead of virtual time.
-        loop: ``"asyncio"``, ``"uvloop"`` (real time only) or ``"trio"``; on trio's
-            virtual time ``config.seed`` also seeds trio's scheduler.
-    """
+    """Run a whole simulation of ``config`` and return its result: on virtual time
+    unless ``real_time``, on ``loop``, seeded with ``config.seed``
+    (:func:`examples._kafka.run_main`); the op event log to ``events`` (a path,
+    overwritten) unless None."""
     if events is None:
         return run_main(lambda: simulate(config), real_time=real_time, loop=loop, seed=config.seed)
     with open(events, "w", encoding="utf-8") as file:

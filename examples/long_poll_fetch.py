@@ -322,14 +322,9 @@ async def simulate(config: Config) -> FetchResult:
 
 
 def run(config: Config, *, real_time: bool = False, loop: str = "asyncio") -> FetchResult:
-    """Run a whole simulation (virtual time unless ``real_time``) and return its result.
-
-    Args:
-        config: the run's parameters.
-        real_time: run on the wall clock instead of virtual time.
-        loop: ``"asyncio"``, ``"uvloop"`` (real time only) or ``"trio"``; on trio's
-            virtual time ``config.seed`` also seeds trio's scheduler.
-    """
+    """Run a whole simulation of ``config`` and return its result: on virtual time
+    unless ``real_time``, on ``loop``, seeded with ``config.seed``
+    (:func:`examples._kafka.run_main`)."""
     return run_main(lambda: simulate(config), real_time=real_time, loop=loop, seed=config.seed)
 
 

@@ -14,7 +14,7 @@ import asyncio
 import math
 from collections.abc import Callable, Hashable, Sequence
 
-from .workload import WatchLists
+from .workload import Flagged, WatchLists
 
 __all__ = ["HandFlagOp", "HandImpl", "HandOp", "hand_ops"]
 
@@ -35,15 +35,10 @@ class HandOp:
         return False
 
 
-class HandFlagOp(HandOp):
+class HandFlagOp(Flagged, HandOp):
     """An op whose condition is a flag the producer sets (completion ``check``)."""
 
     __slots__ = ("ready", "ready_at")
-
-    def __init__(self, timeout: float) -> None:
-        super().__init__(timeout)
-        self.ready = False
-        self.ready_at = math.inf
 
     def try_complete(self) -> bool:
         return self.ready and not self.future.done()

@@ -45,9 +45,8 @@ so that the library imports trio only where it must).
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
-import time
-import tracemalloc
 from collections import deque
 from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any
@@ -56,15 +55,21 @@ from ._common import (
     TRIO_LOOPS,
     Result,
     Spec,
-    latency_summary,
-    peak_rss_mib,
-    rss_mib,
     run_on,
     trio_baselines,
 )
 from ._registry import register
 from .hand import HandImpl
-from .workload import OwnTimer, WatchLists, ap_ops, generate, purgatory_inputs
+from .workload import (
+    Flagged,
+    LoopParts,
+    OwnTimer,
+    WatchLists,
+    ap_ops,
+    done_clock_op,
+    measure_purgatory,
+    memory_per_pending,
+)
 
 __all__ = [
     "COMPLETIONS",
@@ -165,26 +170,11 @@ class _FloorOp:
         return False
 
 
-class _FloorFlagOp(_FloorOp):
+class _FloorFlagOp(Flagged, _FloorOp):
     __slots__ = ("ready", "ready_at")
-
-    def __init__(self, timeout: float) -> None:
-        super().__init__(timeout)
-        self.ready = False
-        self.ready_at = math.inf
 
     def try_complete(self) -> bool:
         return self.ready and not self.done
-
-
-def _floor_clock_op(clock: Callable[[], float]) -> type[_FloorFlagOp]:
-    class _FloorClockOp(_FloorFlagOp):
-        __slots__ = ()
-
-        def try_complete(self) -> bool:
-            return clock() >= self.ready_at and not self.done
-
-    return _FloorClockOp
 
 
 class _FloorImpl(WatchLists[_FloorOp]):
@@ -195,7 +185,7 @@ class _FloorImpl(WatchLists[_FloorOp]):
         makers: dict[str, Callable[[float], _FloorOp]] = {
             "force": _FloorOp,
             "check": _FloorFlagOp,
-            "clock": _floor_clock_op(clock),
+            "clock": done_clock_op(clock, _FloorFlagOp),
         }
         self.make = makers[completion]
         self.fifo: deque[_FloorOp] = deque()
@@ -248,103 +238,43 @@ _IMPL_CLASSES: dict[str, Callable[[list[float], Callable[[], float], str], Any]]
 # -- the workload ------------------------------------------------------------------
 
 
-async def _workload(
-    impl_name: str,
-    *,
-    num: int,
-    rate: float,
-    timeout: float,  # noqa: ASYNC109 - the ops' timeout in ms, not a deadline for this call
-    pct75: float,
-    pct50: float,
-    keys: int,
-    key_space_size: int,
-    batch: int,
-    memory_ops: int,
-    seed: int,
-    completion: str,
-) -> Result:
+class _Made:
+    """The asyncio implementation as :func:`.workload.measure_purgatory` takes it:
+    nothing left running at the end of the run."""
+
+    def __init__(self, impl: Any) -> None:
+        self.impl = impl
+
+    async def __aenter__(self) -> Any:
+        return self.impl
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        pass
+
+
+def _workload(impl_name: str, **params: Any) -> Coroutine[Any, Any, Result]:
+    return measure_purgatory(functools.partial(_asyncio_parts, impl_name), **params)
+
+
+def _asyncio_parts(impl_name: str) -> LoopParts:
     loop = asyncio.get_running_loop()
     clock = loop.time
-    offsets, latencies, keysets = purgatory_inputs(
-        num, rate, pct75, pct50, keys, key_space_size, seed
-    )
-    timeout_s = timeout / 1000.0
-    late: list[float] = []
-    impl = _IMPL_CLASSES[impl_name](late, clock, completion)
-    rss_before = rss_mib()
+    make = _IMPL_CLASSES[impl_name]
 
-    # uvloop rounds timers to whole milliseconds, down: a shorter sleep returns at
-    # once, and an open-loop generator would spin until its next arrival, burning
-    # CPU that counts against every implementation alike. Sleep a millisecond at
-    # least there (asyncio's selector rounds its timeout up to one anyway).
-    min_sleep = 0.001 if type(loop).__module__.startswith("uvloop") else 0.0
-    cpu0 = time.process_time()
-    first, last = await generate(
-        impl,
-        offsets,
-        latencies,
-        keysets,
-        timeout_s=timeout_s,
-        batch=batch,
-        completion=completion,
+    async def memory(count: int, timeout_s: float, keysets: list[list[int]]) -> float:
+        return await memory_per_pending(make([], clock, "force"), count, timeout_s, keysets)
+
+    return LoopParts(
         clock=clock,
         sleep=asyncio.sleep,
-        min_sleep=min_sleep,
+        impl_scope=lambda late, completion: _Made(make(late, clock, completion)),
+        memory=memory,
+        # uvloop rounds timers to whole milliseconds, down: a shorter sleep returns at
+        # once, and an open-loop generator would spin until its next arrival, burning
+        # CPU that counts against every implementation alike. Sleep a millisecond at
+        # least there (asyncio's selector rounds its timeout up to one anyway).
+        min_sleep=0.001 if type(loop).__module__.startswith("uvloop") else 0.0,
     )
-    cpu = time.process_time() - cpu0
-    end = clock()
-    completed, expired = impl.outcomes()
-    arrivals_s = last - first
-    peak = peak_rss_mib()
-
-    memory = await _memory_per_pending(impl_name, memory_ops, timeout_s, keysets)
-    return {
-        "num": num,
-        "target_rate": rate,
-        "achieved_rate": num / arrivals_s if arrivals_s > 0 else math.inf,
-        "cpu_s": cpu,
-        # CPU-bound capacity: what one core could sustain, immune to stolen time.
-        "requests_per_cpu_s": num / cpu if cpu > 0 else math.inf,
-        "cpu_us_per_request": cpu / num * 1e6 if num else 0.0,
-        "wall_s": end - first,
-        "completed": completed,
-        "expired": expired,
-        "expiry_lateness": latency_summary(late),
-        "rss_before_mib": rss_before,
-        "peak_rss_mib": peak,
-        "memory_per_pending_op_bytes": memory,
-    }
-
-
-async def _memory_per_pending(
-    impl_name: str, count: int, timeout_s: float, keysets: list[list[int]]
-) -> float:
-    """Bytes traced per pending op, ``count`` ops pending on a fresh implementation.
-
-    The ops get a long timeout so that none expires while we look; key tuples are
-    shared inputs, allocated before tracing starts.
-    """
-    if count <= 0 or not keysets:
-        return math.nan
-    clock = asyncio.get_running_loop().time
-    impl = _IMPL_CLASSES[impl_name]([], clock, "force")
-    keysets = [keysets[i % len(keysets)] for i in range(count)]
-    long_timeout = max(timeout_s, 3600.0)
-    make, watch = impl.make, impl.watch
-    # Warm up: the first op binds the purgatory to the loop and its timer creates its wheel.
-    watch(make(long_timeout), keysets[0])
-    ops: list[Any] = [None] * count
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for i in range(count):
-            op = ops[i] = make(long_timeout)
-            watch(op, keysets[i])
-        after = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    # The op list was allocated before tracing; what was traced is per-op state.
-    return (after - before) / count
 
 
 def run_purgatory(

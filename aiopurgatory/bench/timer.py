@@ -26,6 +26,7 @@ that the library imports trio only where it must).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any
 
@@ -33,14 +34,12 @@ from ._common import (
     TRIO_LOOPS,
     Result,
     Spec,
-    latency_summary,
-    peak_rss_mib,
     rss_mib,
     run_on,
     trio_baselines,
 )
 from ._registry import register
-from .workload import timer_inputs
+from .workload import timer_inputs, timer_recorder, timer_result
 
 __all__ = ["IMPLS", "TRIO_IMPLS", "impls", "run_spec", "run_timer"]
 
@@ -75,7 +74,6 @@ async def _workload(
     loop = asyncio.get_running_loop()
     delays, keep = timer_inputs(n, cancel_fraction, max_delay, seed)
     kept_total = sum(keep)
-    fired_at = [0.0] * kept_total
     handles: list[Any] = []
     # Due instants of kept timers by our own reckoning (loop.time() at add + delay),
     # used only where a handle has no when(): uvloop turns delays it rounds to 0 ms
@@ -84,14 +82,10 @@ async def _workload(
     rss_before = rss_mib()
 
     clock = loop.time
-    remaining = [kept_total]
     all_fired = loop.create_future()
-
-    def fired(j: int) -> None:
-        fired_at[j] = clock()
-        remaining[0] -= 1
-        if not remaining[0]:
-            all_fired.set_result(None)
+    fired_at, remaining, fired = timer_recorder(
+        clock, kept_total, functools.partial(all_fired.set_result, None)
+    )
 
     if impl == "ap":
         import aiopurgatory as ap
@@ -129,26 +123,20 @@ async def _workload(
     cpu = time.process_time() - cpu0
     wall = perf() - wall0
 
-    early = 0
     lateness: list[float] = []
     for handle, at, due in zip(handles, fired_at, added_due, strict=True):
         when = getattr(handle, "when", None)
-        late = at - (when() if when is not None else due)
-        if late < 0:
-            early += 1
-        lateness.append(late)
-    return {
-        "cpu_s": cpu,
-        "wall_s": wall,
-        "add_cancel_ns_per_op": add_cpu / n * 1e9 if n else 0.0,
-        "n": n,
-        "cancelled": n - kept_total,
-        "fired": kept_total - remaining[0],
-        "early": early,
-        "lateness": latency_summary(lateness),
-        "rss_before_mib": rss_before,
-        "peak_rss_mib": peak_rss_mib(),
-    }
+        lateness.append(at - (when() if when is not None else due))
+    return timer_result(
+        cpu=cpu,
+        wall=wall,
+        add_cpu=add_cpu,
+        n=n,
+        kept_total=kept_total,
+        remaining=remaining[0],
+        lateness=lateness,
+        rss_before=rss_before,
+    )
 
 
 def run_timer(

@@ -5,7 +5,9 @@
   latencies and watch keys (Kafka's ``TestPurgatoryPerformance`` distributions);
 * :func:`generate`: the open-loop request generator every purgatory
   implementation is driven by, on every loop;
-* :class:`WatchLists`: the watch-list bookkeeping of the hand-written purgatories.
+* :class:`WatchLists`: the watch-list bookkeeping of the hand-written purgatories;
+* :func:`timer_recorder`, :func:`timer_result`, :func:`measure_purgatory` and
+  :func:`memory_per_pending`: what a run measures, read and reported alike on every loop.
 
 Benchmark modules import from here (and from :mod:`._common`), never from each
 other: imports go one way.
@@ -16,17 +18,29 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import time
+import tracemalloc
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+
+from ._common import Result, latency_summary, peak_rss_mib, rss_mib
 
 __all__ = [
+    "Flagged",
     "KeyedOp",
+    "LoopParts",
     "OwnTimer",
     "WatchLists",
     "ap_ops",
+    "done_clock_op",
     "generate",
+    "measure_purgatory",
+    "memory_per_pending",
     "purgatory_inputs",
     "timer_inputs",
+    "timer_recorder",
+    "timer_result",
 ]
 
 
@@ -42,6 +56,53 @@ def timer_inputs(
     delays = [rng.random() * max_delay for _ in range(n)]
     keep = [rng.random() >= cancel_fraction for _ in range(n)]
     return delays, keep
+
+
+def timer_recorder(
+    clock: Callable[[], float], kept_total: int, all_fired: Callable[[], object]
+) -> tuple[list[float], list[int], Callable[[int], None]]:
+    """The callback of the timers that fire, and what it records.
+
+    Returns ``(fired_at, remaining, fired)``: ``fired(j)`` stores ``clock()`` as
+    ``fired_at[j]`` and counts ``remaining[0]`` down, calling ``all_fired()``
+    once the last of ``kept_total`` timers has fired.
+    """
+    fired_at = [0.0] * kept_total
+    remaining = [kept_total]
+
+    def fired(j: int) -> None:
+        fired_at[j] = clock()
+        remaining[0] -= 1
+        if not remaining[0]:
+            all_fired()
+
+    return fired_at, remaining, fired
+
+
+def timer_result(
+    *,
+    cpu: float,
+    wall: float,
+    add_cpu: float,
+    n: int,
+    kept_total: int,
+    remaining: int,
+    lateness: list[float],
+    rss_before: float,
+) -> Result:
+    """A timer run's measurements; ``lateness`` is each fired timer's, early ones below zero."""
+    return {
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "add_cancel_ns_per_op": add_cpu / n * 1e9 if n else 0.0,
+        "n": n,
+        "cancelled": n - kept_total,
+        "fired": kept_total - remaining,
+        "early": sum(1 for late in lateness if late < 0),
+        "lateness": latency_summary(lateness),
+        "rss_before_mib": rss_before,
+        "peak_rss_mib": peak_rss_mib(),
+    }
 
 
 def purgatory_inputs(
@@ -159,6 +220,131 @@ async def generate(
     return first, last
 
 
+class LoopParts(NamedTuple):
+    """What :func:`measure_purgatory` takes from the loop it runs on.
+
+    ``impl_scope(late, completion)`` gives the implementation for the run (its
+    expiry lateness goes to ``late``); leaving it waits for whatever the
+    implementation still runs (trio: the requests' tasks), inside the CPU
+    measurement. ``memory(memory_ops, timeout_s, keysets)`` measures the memory
+    per pending op on a fresh implementation, after the timed part. ``clock``,
+    ``sleep``, ``min_sleep`` and ``deferred`` go to :func:`generate`.
+    """
+
+    clock: Callable[[], float]
+    sleep: Callable[[float], Awaitable[object]]
+    impl_scope: Callable[[list[float], str], AbstractAsyncContextManager[Any]]
+    memory: Callable[[int, float, list[list[int]]], Awaitable[float]]
+    min_sleep: float = 0.0
+    deferred: bool = False
+
+
+async def measure_purgatory(
+    loop_parts: Callable[[], LoopParts],
+    *,
+    num: int,
+    rate: float,
+    timeout: float,  # noqa: ASYNC109 - the ops' timeout in ms, not a deadline for this call
+    pct75: float,
+    pct50: float,
+    keys: int,
+    key_space_size: int,
+    batch: int,
+    memory_ops: int,
+    seed: int,
+    completion: str,
+) -> Result:
+    """One run of the purgatory workload, on any loop, and its measurements.
+
+    ``loop_parts()`` is called once the run is on its loop. The asyncio and trio
+    workloads return this coroutine itself rather than await it, so that the
+    generator's every wake-up resumes as many frames as it did before.
+    """
+    clock, sleep, impl_scope, memory, min_sleep, deferred = loop_parts()
+    offsets, latencies, keysets = purgatory_inputs(
+        num, rate, pct75, pct50, keys, key_space_size, seed
+    )
+    timeout_s = timeout / 1000.0
+    late: list[float] = []
+    async with impl_scope(late, completion) as impl:
+        rss_before = rss_mib()
+        cpu0 = time.process_time()
+        first, last = await generate(
+            impl,
+            offsets,
+            latencies,
+            keysets,
+            timeout_s=timeout_s,
+            batch=batch,
+            completion=completion,
+            clock=clock,
+            sleep=sleep,
+            min_sleep=min_sleep,
+            deferred=deferred,
+        )
+    cpu = time.process_time() - cpu0
+    end = clock()
+    completed, expired = impl.outcomes()
+    arrivals_s = last - first
+    peak = peak_rss_mib()
+    bytes_per_op = await memory(memory_ops, timeout_s, keysets)
+    return {
+        "num": num,
+        "target_rate": rate,
+        "achieved_rate": num / arrivals_s if arrivals_s > 0 else math.inf,
+        "cpu_s": cpu,
+        # CPU-bound capacity: what one core could sustain, immune to stolen time.
+        "requests_per_cpu_s": num / cpu if cpu > 0 else math.inf,
+        "cpu_us_per_request": cpu / num * 1e6 if num else 0.0,
+        "wall_s": end - first,
+        "completed": completed,
+        "expired": expired,
+        "expiry_lateness": latency_summary(late),
+        "rss_before_mib": rss_before,
+        "peak_rss_mib": peak,
+        "memory_per_pending_op_bytes": bytes_per_op,
+    }
+
+
+async def memory_per_pending(
+    impl: Any,
+    count: int,
+    timeout_s: float,
+    keysets: list[list[int]],
+    settle: Callable[[], Awaitable[object]] | None = None,
+) -> float:
+    """Bytes traced per pending op, ``count`` ops watched on a fresh ``impl`` (NaN: none).
+
+    The ops get a long timeout so that none expires while we look; key tuples are
+    shared inputs, allocated before tracing starts. ``settle`` (trio: until every
+    request's task is blocked) is awaited after the warm-up op and after the
+    traced ones, so that what their tasks allocate when they start is counted.
+    """
+    if count <= 0 or not keysets:
+        return math.nan
+    keysets = [keysets[i % len(keysets)] for i in range(count)]
+    long_timeout = max(timeout_s, 3600.0)
+    make, watch = impl.make, impl.watch
+    # Warm up: the first op binds the purgatory to the loop and its timer creates its wheel.
+    watch(make(long_timeout), keysets[0])
+    if settle is not None:
+        await settle()
+    ops: list[Any] = [None] * count
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(count):
+            op = ops[i] = make(long_timeout)
+            watch(op, keysets[i])
+        if settle is not None:
+            await settle()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    # The op list was allocated before tracing; what was traced is per-op state.
+    return (after - before) / count
+
+
 class KeyedOp(Protocol):
     keys: Sequence[Hashable]
 
@@ -216,6 +402,25 @@ class WatchLists(Generic[_OpT]):
         return self.completed, self.expired
 
 
+class Flagged:
+    """The condition of an op completed by ``check`` or ``clock``, mixed in before its base.
+
+    ``ready`` is the flag the generator sets, ``ready_at`` the clock reading from
+    which the condition holds; the class that mixes this in declares both slots
+    (so that this ``__init__`` stands in for its own: no extra call per op).
+    """
+
+    __slots__ = ()
+    ready: bool
+    ready_at: float
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(timeout)  # type: ignore[call-arg]
+        # The slots are the mixing class's (two slotted bases could not be combined).
+        self.ready = False  # type: ignore[misc]
+        self.ready_at = math.inf  # type: ignore[misc]
+
+
 def ap_ops(
     clock: Callable[[], float], base: type[Any] | None = None
 ) -> tuple[type[Any], type[Any]]:
@@ -229,13 +434,8 @@ def ap_ops(
 
     parent: type[Any] = ap.DelayedOperation if base is None else base
 
-    class FlagOp(parent):  # type: ignore[misc]
+    class FlagOp(Flagged, parent):  # type: ignore[misc]
         __slots__ = ("ready", "ready_at")
-
-        def __init__(self, timeout: float) -> None:
-            super().__init__(timeout)
-            self.ready = False
-            self.ready_at = math.inf
 
         def try_complete(self) -> bool:
             return self.ready and self.force_complete()
@@ -247,6 +447,24 @@ def ap_ops(
             return clock() >= self.ready_at and self.force_complete()
 
     return FlagOp, ClockOp
+
+
+_DoneT = TypeVar("_DoneT")
+
+
+def done_clock_op(clock: Callable[[], float], base: type[_DoneT]) -> type[_DoneT]:
+    """``base``'s ops (with ``ready_at`` and a ``done`` flag) under completion ``clock``:
+    ready once ``clock()`` reaches ``ready_at``, never once done (the floor's, trio's)."""
+
+    class ClockOp(base):  # type: ignore[valid-type,misc]
+        __slots__ = ()
+        ready_at: float
+        done: bool
+
+        def try_complete(self) -> bool:
+            return clock() >= self.ready_at and not self.done
+
+    return ClockOp
 
 
 class OwnTimer:

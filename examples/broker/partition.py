@@ -18,8 +18,9 @@ Kafka's:
 from __future__ import annotations
 
 import bisect
-from typing import NamedTuple
 
+# A partition's identity and its purgatory watch key: the examples' shared one.
+from .._kafka import TopicPartition
 from .idempotence import ProducerStates
 from .records import BatchHeader, with_base_offset
 
@@ -27,16 +28,6 @@ __all__ = ["LEADER_ID", "Partition", "PartitionLog", "TopicPartition"]
 
 #: The broker's own node id; followers are 1, 2, ...
 LEADER_ID = 0
-
-
-class TopicPartition(NamedTuple):
-    """A partition's identity; also the purgatory watch key for it."""
-
-    topic: str
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}-{self.partition}"
 
 
 class PartitionLog:

@@ -245,6 +245,28 @@ class BrokerConfig:
         return [f.name for f in fields(cls)]
 
 
+# Settings a topic and the broker both report (Kafka names the broker's
+# message limit message.max.bytes, the topic's max.message.bytes).
+
+
+def _min_insync_replicas(cfg: BrokerConfig) -> ConfigEntry:
+    return ConfigEntry(
+        "min.insync.replicas",
+        str(cfg.min_insync_replicas),
+        ConfigType.INT,
+        "Smallest ISR that accepts acks=all.",
+    )
+
+
+def _max_message_bytes(name: str, cfg: BrokerConfig) -> ConfigEntry:
+    return ConfigEntry(
+        name,
+        str(cfg.max_message_bytes),
+        ConfigType.INT,
+        "Largest records field of one partition in a produce.",
+    )
+
+
 class _CloseConnection(Exception):
     """Raised inside request handling: drop this connection (reason already logged)."""
 
@@ -1038,18 +1060,8 @@ class Broker:
         """The settings every topic has (no per-topic overrides: the broker's)."""
         cfg = self.config
         return [
-            ConfigEntry(
-                "min.insync.replicas",
-                str(cfg.min_insync_replicas),
-                ConfigType.INT,
-                "Smallest ISR that accepts acks=all.",
-            ),
-            ConfigEntry(
-                "max.message.bytes",
-                str(cfg.max_message_bytes),
-                ConfigType.INT,
-                "Largest records field of one partition in a produce.",
-            ),
+            _min_insync_replicas(cfg),
+            _max_message_bytes("max.message.bytes", cfg),
             ConfigEntry(
                 "message.timestamp.type",
                 "CreateTime",
@@ -1083,12 +1095,7 @@ class Broker:
                 ConfigType.INT,
                 "Replicas of a topic: this broker and its in-process followers.",
             ),
-            ConfigEntry(
-                "min.insync.replicas",
-                str(cfg.min_insync_replicas),
-                ConfigType.INT,
-                "Smallest ISR that accepts acks=all.",
-            ),
+            _min_insync_replicas(cfg),
             ConfigEntry(
                 "auto.create.topics.enable",
                 str(cfg.auto_create_topics).lower(),
@@ -1101,12 +1108,7 @@ class Broker:
                 ConfigType.LONG,
                 "A follower not caught up for this long leaves the ISR.",
             ),
-            ConfigEntry(
-                "message.max.bytes",
-                str(cfg.max_message_bytes),
-                ConfigType.INT,
-                "Largest records field of one partition in a produce.",
-            ),
+            _max_message_bytes("message.max.bytes", cfg),
             ConfigEntry(
                 "socket.request.max.bytes",
                 str(cfg.max_frame_bytes),

@@ -141,10 +141,10 @@ class FeedCollector(Collector):
             "longpoll_disconnects", "Parked GETs whose client went away.", labels=["waiter"]
         )
         gone.add_metric([feed.waiter.name], feed.disconnected)
-        topics = GaugeMetricFamily("longpoll_topics", "Topics held.")
-        topics.add_metric([], feed.topic_count())
-        posted = CounterMetricFamily("longpoll_messages", "Messages posted.")
-        posted.add_metric([], feed.messages_posted)
+        topics = GaugeMetricFamily("longpoll_topics", "Topics held.", value=feed.topic_count())
+        posted = CounterMetricFamily(
+            "longpoll_messages", "Messages posted.", value=feed.messages_posted
+        )
         families: list[Metric] = [parked, answers, gone, topics, posted]
         if self._incomplete is not None:
             incomplete = CounterMetricFamily(

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import random
@@ -46,7 +45,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .loadtest import _cpu_seconds, _drain, _percentile, _raise_fd_limit, _read_response
+from .loadtest import (
+    _check_counts,
+    _check_in,
+    _cpu_seconds,
+    _drain,
+    _paced,
+    _percentile,
+    _raise_fd_limit,
+    _read_response,
+    _run_client,
+)
 
 __all__ = ["SCENARIOS", "Bench", "main", "run_scenario"]
 
@@ -69,14 +78,9 @@ class Bench:
     server_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("parked", "topics"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 15_000:
-                raise ValueError(f"{name} must be an int in [1, 15000], got {value!r}")
-        if not 0 < self.post_rate <= 1000:
-            raise ValueError(f"post_rate must be in (0, 1000], got {self.post_rate!r}")
-        if not 0 < self.seconds <= 300:
-            raise ValueError(f"seconds must be in (0, 300], got {self.seconds!r}")
+        _check_counts(self, ("parked", "topics"), 15_000)
+        _check_in(self, "post_rate", 0, 1000)
+        _check_in(self, "seconds", 0, 300)
 
 
 @dataclass
@@ -271,13 +275,9 @@ class _Client:
 
     async def poster(self, port: int, lane: int, lanes: int, start: float) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        loop = asyncio.get_running_loop()
-        total = round(self.bench.seconds * self.bench.post_rate)
+        rate = self.bench.post_rate
         try:
-            for i in range(lane, total, lanes):
-                delay = start + i / self.bench.post_rate - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+            async for i in _paced(lane, lanes, round(self.bench.seconds * rate), rate, start):
                 body = f"{time.monotonic():.6f}".encode()
                 writer.write(
                     f"POST /topics/topic-{i % self.bench.topics} HTTP/1.1\r\nHost: crossbench\r\n"
@@ -444,14 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    _raise_fd_limit()
-    factory = asyncio.new_event_loop
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=factory) as runner:
-        results = runner.run(run_all(scenarios, bench))
+    results = _run_client(run_all(scenarios, bench))
     if args.out is not None:
         args.out.write_text(json.dumps([asdict(r) for r in results], indent=1) + "\n")
     failed = any(r.errors or r.exit_status or r.delivered < r.expected for r in results)

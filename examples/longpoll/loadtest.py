@@ -43,11 +43,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 __all__ = ["Load", "RunResult", "build_parser", "main", "run_once", "scrape_metrics"]
+
+T = TypeVar("T")
 
 _ROOT = Path(__file__).resolve().parents[2]
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -67,18 +70,30 @@ class Load:
     seed: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("parked", "topics"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 15_000:
-                raise ValueError(f"{name} must be an int in [1, 15000], got {value!r}")
-        if not 0 < self.post_rate <= 10_000:
-            raise ValueError(f"post_rate must be in (0, 10000], got {self.post_rate!r}")
-        if not 0 < self.seconds <= 600:
-            raise ValueError(f"seconds must be in (0, 600], got {self.seconds!r}")
-        if not 0 <= self.short_share <= 1:
-            raise ValueError(f"short_share must be in [0, 1], got {self.short_share!r}")
-        if not 5 < self.long_wait <= 300:
-            raise ValueError(f"long_wait must be in (5, 300], got {self.long_wait!r}")
+        _check_counts(self, ("parked", "topics"), 15_000)
+        _check_in(self, "post_rate", 0, 10_000)
+        _check_in(self, "seconds", 0, 600)
+        _check_in(self, "short_share", 0, 1, low_included=True)
+        _check_in(self, "long_wait", 5, 300)
+
+
+def _check_counts(load: object, names: tuple[str, ...], most: int) -> None:
+    """Each of ``load``'s fields ``names`` is an int in [1, ``most``] (else ValueError)."""
+    for name in names:
+        value = getattr(load, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            raise ValueError(f"{name} must be an int in [1, {most}], got {value!r}")
+
+
+def _check_in(
+    load: object, name: str, low: float, high: float, *, low_included: bool = False
+) -> None:
+    """``load``'s field ``name`` is in (``low``, ``high``] (or [``low``, ``high``]): else
+    ValueError."""
+    value = getattr(load, name)
+    if not (low <= value <= high if low_included else low < value <= high):
+        bracket = "[" if low_included else "("
+        raise ValueError(f"{name} must be in {bracket}{low}, {high}], got {value!r}")
 
 
 @dataclass
@@ -223,13 +238,9 @@ class _Client:
         ``_POST_ATTEMPTS`` times, and is never stored twice.
         """
         connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        loop = asyncio.get_running_loop()
-        total = round(self.load.seconds * self.load.post_rate)
+        rate = self.load.post_rate
         try:
-            for i in range(lane, total, lanes):
-                delay = start + i / self.load.post_rate - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+            async for i in _paced(lane, lanes, round(self.load.seconds * rate), rate, start):
                 topic = f"topic-{i % self.load.topics}"
                 body = f"{time.monotonic():.6f}".encode()
                 request = (
@@ -260,6 +271,31 @@ class _Client:
         finally:
             if connection is not None:
                 connection[1].close()
+
+
+def _run_client(main: Coroutine[Any, Any, T]) -> T:
+    """Run the load's client side: uvloop if installed, as many open files as allowed."""
+    _raise_fd_limit()
+    factory = asyncio.new_event_loop
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
+
+
+async def _paced(
+    lane: int, lanes: int, total: int, rate: float, start: float
+) -> AsyncIterator[int]:
+    """Posts ``lane``, ``lane + lanes``, ... of ``total``, each yielded at its time:
+    ``start + i / rate`` on the running loop's clock."""
+    loop = asyncio.get_running_loop()
+    for i in range(lane, total, lanes):
+        delay = start + i / rate - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        yield i
 
 
 #: Attempts of one POST before it counts as an error.
@@ -489,14 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    _raise_fd_limit()
-    factory = asyncio.new_event_loop
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=factory) as runner:
-        results = runner.run(run_all(waiters, load, args.rounds, echo=not args.json))
+    results = _run_client(run_all(waiters, load, args.rounds, echo=not args.json))
     summary = summarize(results)
     if args.json:
         print(json.dumps({"runs": [asdict(r) for r in results], "summary": summary}))

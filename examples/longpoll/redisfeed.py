@@ -819,26 +819,6 @@ class RedisFeed(Feed):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         w = self.redis
-        up = GaugeMetricFamily("longpoll_redis_up", "1 while Redis answers this process.")
-        up.add_metric([], 1 if w.redis_ok else 0)
-        errors = CounterMetricFamily(
-            "longpoll_redis_errors", "Redis commands that failed for a connection problem."
-        )
-        errors.add_metric([], w.redis_errors)
-        timeouts = CounterMetricFamily(
-            "longpoll_redis_timeouts",
-            "Request commands slower than the command timeout (Redis not marked down).",
-        )
-        timeouts.add_metric([], w.timeouts)
-        resyncs = CounterMetricFamily(
-            "longpoll_redis_resyncs", "Times Redis came back and parked topics were re-read."
-        )
-        resyncs.add_metric([], w.resyncs)
-        retries = CounterMetricFamily(
-            "longpoll_redis_retries",
-            "Commands sent again on a new connection after their connection failed.",
-        )
-        retries.add_metric([], w.retries)
         unavailable = CounterMetricFamily(
             "longpoll_unavailable",
             "Requests answered 503 because Redis could not be read or written: post, get "
@@ -847,17 +827,45 @@ class RedisFeed(Feed):
         )
         for request, count in self.unavailable.items():
             unavailable.add_metric([request], count)
-        replayed = CounterMetricFamily(
-            "longpoll_replayed_posts",
-            "POSTs whose Idempotency-Key was stored already: answered with the first offset.",
-        )
-        replayed.add_metric([], self.replayed)
-        lateness = GaugeMetricFamily(
-            "longpoll_parked_lateness_max_seconds",
-            "The most a parked GET was answered after its wait (from its arrival).",
-        )
-        lateness.add_metric([], self.lateness_max)
-        return [up, errors, timeouts, resyncs, retries, unavailable, replayed, lateness]
+        # value=: a family of one sample without labels.
+        return [
+            GaugeMetricFamily(
+                "longpoll_redis_up",
+                "1 while Redis answers this process.",
+                value=1 if w.redis_ok else 0,
+            ),
+            CounterMetricFamily(
+                "longpoll_redis_errors",
+                "Redis commands that failed for a connection problem.",
+                value=w.redis_errors,
+            ),
+            CounterMetricFamily(
+                "longpoll_redis_timeouts",
+                "Request commands slower than the command timeout (Redis not marked down).",
+                value=w.timeouts,
+            ),
+            CounterMetricFamily(
+                "longpoll_redis_resyncs",
+                "Times Redis came back and parked topics were re-read.",
+                value=w.resyncs,
+            ),
+            CounterMetricFamily(
+                "longpoll_redis_retries",
+                "Commands sent again on a new connection after their connection failed.",
+                value=w.retries,
+            ),
+            unavailable,
+            CounterMetricFamily(
+                "longpoll_replayed_posts",
+                "POSTs whose Idempotency-Key was stored already: answered with the first offset.",
+                value=self.replayed,
+            ),
+            GaugeMetricFamily(
+                "longpoll_parked_lateness_max_seconds",
+                "The most a parked GET was answered after its wait (from its arrival).",
+                value=self.lateness_max,
+            ),
+        ]
 
     def health(self) -> tuple[int, dict[str, object]]:
         if self.closing:

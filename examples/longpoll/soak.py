@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .loadtest import scrape_metrics
+from .loadtest import _check_counts, _check_in, scrape_metrics
 
 __all__ = ["Soak", "build_parser", "main", "run"]
 
@@ -88,24 +88,16 @@ class Soak:
     def __post_init__(self) -> None:
         if not 20 <= self.duration <= 3600:
             raise ValueError(f"duration must be in [20, 3600] seconds, got {self.duration!r}")
-        for name in ("readers", "topics", "writers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 5000:
-                raise ValueError(f"{name} must be an int in [1, 5000], got {value!r}")
-        if not 0 < self.post_rate <= 1000:
-            raise ValueError(f"post_rate must be in (0, 1000], got {self.post_rate!r}")
-        if not 0 <= self.hangup_share <= 1:
-            raise ValueError(f"hangup_share must be in [0, 1], got {self.hangup_share!r}")
-        if not 0 < self.stop_seconds <= 60:
-            raise ValueError(f"stop_seconds must be in (0, 60], got {self.stop_seconds!r}")
+        _check_counts(self, ("readers", "topics", "writers"), 5000)
+        _check_in(self, "post_rate", 0, 1000)
+        _check_in(self, "hangup_share", 0, 1, low_included=True)
+        _check_in(self, "stop_seconds", 0, 60)
         if self.server_loop not in ("auto", "asyncio", "uvloop"):
             raise ValueError(
                 f"server_loop must be auto, asyncio or uvloop, got {self.server_loop!r}"
             )
-        for name in ("late_bound", "client_late_bound"):
-            value = getattr(self, name)
-            if not 0 < value <= 60:
-                raise ValueError(f"{name} must be in (0, 60], got {value!r}")
+        _check_in(self, "late_bound", 0, 60)
+        _check_in(self, "client_late_bound", 0, 60)
 
 
 class _Server:
