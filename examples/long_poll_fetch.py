@@ -251,6 +251,10 @@ async def simulate(config: Config) -> FetchResult:
             if now() + gap >= end:
                 return
             await anyio.sleep(gap)
+            if now() >= end:
+                # Woken late (a loaded machine): a record appended now could come
+                # after every consumer, caught up past the end, has stopped.
+                return
             tp = tps[rng.randrange(len(tps))]
             logs[tp].append(rng.randint(*config.record_bytes), now())
             # New bytes: fetches waiting on this partition may now have enough.
