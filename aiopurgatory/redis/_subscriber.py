@@ -459,7 +459,8 @@ class Subscriber:
             elif probe is None:
                 probe = self._pongs
                 self._canary = f"{self._id}:{secrets.token_hex(4)}".encode("ascii")
-                self._sender.send_canary(self._canary)
+                # A cluster's subscription has a canary channel per master.
+                self._sender.send_canary(self._canary, getattr(connection, "canary_channels", None))
                 with contextlib.suppress(*CONNECTION_ERRORS), CONNECTION_LOST:
                     await connection.send_command("PING", check_health=False)
             elif self._pongs == probe:
