@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
+from redis.asyncio.connection import Connection
 from redis.exceptions import AskError, ConnectionError, MovedError, ResponseError, TryAgainError
 
 from ._link import Link
@@ -118,11 +120,22 @@ def seeds_of_client(client: Any) -> ClusterSeeds:
     seeds: dict[Address, None] = {}
     for node in (*manager.startup_nodes.values(), *manager.nodes_cache.values()):
         seeds[(node.host, int(node.port))] = None
+    given = client.get_connection_kwargs()
+    connection_class = given.get("connection_class") or Connection
+    # Only what a connection takes (the client's own settings, max_connections
+    # say, are not the connections').
+    accepted = {
+        name
+        for cls in connection_class.__mro__
+        if "__init__" in vars(cls)
+        for name in inspect.signature(vars(cls)["__init__"]).parameters
+    }
     options = {
         k: v
-        for k, v in client.get_connection_kwargs().items()
-        if k not in ("host", "port", "redis_connect_func", "response_callbacks")
+        for k, v in given.items()
+        if k in accepted and k not in ("host", "port", "redis_connect_func")
     }
+    options["connection_class"] = connection_class
     nodes = ",".join(f"{host}:{port}" for host, port in seeds)
     tls = "SSL" in getattr(options.get("connection_class"), "__name__", "")
     return ClusterSeeds(list(seeds), options, f"{'rediss' if tls else 'redis'}+cluster://{nodes}")
