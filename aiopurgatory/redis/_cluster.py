@@ -158,6 +158,8 @@ class SlotMap:
         self._timeout = timeout
         self._masters: list[Address] = []  # per slot
         self._lock = asyncio.Lock()
+        # Nodes that failed us lately: asked last (a hung one costs a timeout).
+        self._suspects: dict[Address, None] = {}
         self.stale = True
         self.refreshes = 0
 
@@ -172,6 +174,11 @@ class SlotMap:
     def first_slot(self, master: Address) -> int:
         """The lowest slot ``master`` serves."""
         return self._masters.index(master)
+
+    def suspect(self, address: Address) -> None:
+        """``address`` failed a call: the map is stale, and that node is asked last."""
+        self._suspects[address] = None
+        self.stale = True
 
     async def ensure(self) -> None:
         """Refresh the map if it is stale (or was never read)."""
@@ -188,12 +195,17 @@ class SlotMap:
             if self._masters and not self.stale:
                 return  # refreshed by another task meanwhile
             failures: list[str] = []
-            for address in dict.fromkeys([*self.masters(), *self._seeds]):
+            candidates = dict.fromkeys([*self.masters(), *self._seeds])
+            ordered = [a for a in candidates if a not in self._suspects]
+            ordered += [a for a in candidates if a in self._suspects]
+            for address in ordered:
                 try:
                     masters = await self._ask(address)
                 except (OSError, TimeoutError, ConnectionError, ResponseError) as exc:
+                    self.suspect(address)
                     failures.append(f"{address[0]}:{address[1]}: {exc}")
                     continue
+                self._suspects.pop(address, None)
                 if masters is None:
                     failures.append(f"{address[0]}:{address[1]}: not every slot is served")
                     continue
@@ -208,7 +220,8 @@ class SlotMap:
     async def _ask(self, address: Address) -> list[Address] | None:
         connection = self._connect(address)
         try:
-            async with asyncio.timeout(self._timeout):
+            # A live node answers at once; a hung one must not eat the caller's time.
+            async with asyncio.timeout(min(1.0, self._timeout / 3)):
                 await connection.connect()
                 await connection.send_command("CLUSTER", "SLOTS", check_health=False)
                 reply = await connection.read_response(timeout=math.inf)
@@ -265,7 +278,9 @@ class ClusterLink:
     def _link(self, address: Address) -> Link:
         link = self._links.get(address)
         if link is None:
-            link = self._links[address] = Link(lambda: self._connect(address), self.timeout)
+            # A little less than the call's time: a master that hangs fails its
+            # part (and is suspected) before the whole call runs out.
+            link = self._links[address] = Link(lambda: self._connect(address), self.timeout * 0.8)
         return link
 
     async def execute(self, *commands: Sequence[Any]) -> list[Any]:
@@ -312,6 +327,7 @@ class ClusterLink:
                     where = slots.masters()[0] if slot is None else slots.master(slot)
                 groups.setdefault(where, []).append((i, asking))
             calls = []
+            targets: list[Address] = []
             for where, items in groups.items():
                 batch: list[Sequence[Any]] = []
                 for i, asking in items:
@@ -319,14 +335,22 @@ class ClusterLink:
                         batch.append(("ASKING",))
                     batch.append(commands[i])
                 calls.append(self._link(where).execute(*batch))
+                targets.append(where)
+            everywhere = slots.masters()
             for i in broadcast:
-                calls.extend(self._link(m).execute(commands[i]) for m in slots.masters())
+                calls.extend(self._link(m).execute(commands[i]) for m in everywhere)
+                targets += everywhere
             gathered = await asyncio.gather(*calls, return_exceptions=True)
             results: list[list[Any]] = []
-            for result in gathered:
+            failure: BaseException | None = None
+            for where, result in zip(targets, gathered, strict=True):
                 if isinstance(result, BaseException):
-                    raise result
-                results.append(result)
+                    slots.suspect(where)
+                    failure = failure or result
+                else:
+                    results.append(result)
+            if failure is not None:
+                raise failure
             todo = {}
             retry_later = False
             for (_where, items), result in zip(groups.items(), results, strict=False):
@@ -347,9 +371,8 @@ class ClusterLink:
                     else:
                         replies[i] = reply
             rest = results[len(groups) :]
-            masters = len(slots.masters())
             for k, i in enumerate(broadcast):
-                replies[i] = rest[k * masters][0]
+                replies[i] = rest[k * len(everywhere)][0]
             if not todo:
                 return replies
             if retry_later:
@@ -409,6 +432,7 @@ class ShardedSubscription:
         self._control = control
         self._canary = canary
         self._connections: dict[Address, Any] = {}
+        self._delivered: dict[Address, int] = {}  # messages read, per master
         self._readers: list[asyncio.Task[None]] = []
         self._replies: asyncio.Queue[Any] = asyncio.Queue()
         # Per master, its canary channel: tagged into a slot it serves.
@@ -430,6 +454,7 @@ class ShardedSubscription:
         for master in slots.masters():
             connection = self._connect(master)
             self._connections[master] = connection
+            self._delivered[master] = 0
             await connection.connect()
             channel = b"{" + tags[slots.first_slot(master)] + b"}" + self._canary
             self.canary_channels.append(channel)
@@ -438,10 +463,19 @@ class ShardedSubscription:
         for master, connection in self._connections.items():
             self._readers.append(asyncio.create_task(self._read(master, connection)))
 
+    def activity(self) -> tuple[int, ...]:
+        """Messages delivered so far by each master (the subscriber's watchdog
+        probes when one of them has been silent)."""
+        return tuple(self._delivered.values())
+
     async def _read(self, master: Address, connection: Any) -> None:
+        delivered = self._delivered
         try:
             while True:
-                self._replies.put_nowait(await connection.read_response(timeout=math.inf))
+                reply = await connection.read_response(timeout=math.inf)
+                if type(reply) is list and reply and reply[0] in (b"smessage", b"message"):
+                    delivered[master] += 1
+                self._replies.put_nowait(reply)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -539,8 +573,10 @@ class ShardedSubscription:
             return [kind, channel, reply[2]]
 
     async def disconnect(self, nowait: bool = False) -> None:
-        """Close every master's connection."""
+        """Close every master's connection (a read waiting fails at once, as on one
+        connection closed under it)."""
         self.is_connected = False
+        self._replies.put_nowait(ConnectionError("the subscription was closed"))
         readers, self._readers = self._readers, []
         for task in readers:
             task.cancel()

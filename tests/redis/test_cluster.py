@@ -280,6 +280,64 @@ async def test_a_slot_migrated_under_a_watch_strands_nothing(
         assert await pub.fetch_watermark("moving") == 3
 
 
+async def test_a_hung_master_is_found_despite_the_others_traffic(
+    redis_cluster: ClusterServers,
+) -> None:
+    """A master that stops answering (SIGSTOP: its connections stay open) while the
+    other masters keep delivering: its silence is probed, the subscription renewed
+    on the promoted replica, and the ops on its slots complete."""
+    url = redis_cluster.url
+    channel = fresh_channel()
+    partitions = Partitions(channel, 16384)
+    victim = redis_cluster.masters()[0]
+    keys = keys_on_every_master(redis_cluster, channel, 2)
+    on_victim = [
+        k for k in keys if redis_cluster.master_of_slot(key_slot(partitions.channel(k))) == victim
+    ]
+    busy = [k for k in keys if k not in on_victim]
+    purgatory: ap.Purgatory[ap.WatermarkOperation] = ap.Purgatory("hung")
+    options = {"reconnect_delay": (0.05, 1.0), "health_check_interval": 0.5, "command_timeout": 1}
+    async with (
+        purgatory,
+        RedisTriggers(purgatory, url, channel=channel, **options) as sub,  # type: ignore[arg-type]
+        RedisTriggers(None, url, channel=channel, **options) as pub,  # type: ignore[arg-type]
+    ):
+        parked = [
+            asyncio.ensure_future(sub.watch(ap.WatermarkOperation(30), {k: 1})) for k in on_victim
+        ]
+        # Watched forever, advanced all along: the other masters deliver all the time.
+        traffic_ops = [
+            asyncio.ensure_future(sub.watch(ap.WatermarkOperation(60), {k: 10**9})) for k in busy
+        ]
+        await eventually(lambda: sub.statistics().subscribed == len(keys))
+
+        async def traffic() -> None:
+            n = 0
+            while True:
+                n += 1
+                for key in busy:
+                    pub.advance(key, n)
+                await asyncio.sleep(0.05)
+
+        running = asyncio.ensure_future(traffic())
+        try:
+            await asyncio.sleep(0.3)
+            hung, promoted = await asyncio.to_thread(redis_cluster.hang_master)
+            assert hung.port == victim.port
+            for key in on_victim:
+                pub.advance(key, 1)
+            outcomes = await asyncio.wait_for(asyncio.gather(*parked), 15)
+            assert set(outcomes) == {ap.Outcome.COMPLETED}
+            assert sub.statistics().reconnects >= 1
+            assert sub.statistics().received > 0
+        finally:
+            running.cancel()
+            for op in traffic_ops:
+                op.cancel()
+            await asyncio.to_thread(redis_cluster.heal)
+        assert promoted.port != victim.port
+
+
 async def test_a_master_killed_mid_traffic_strands_nothing(
     redis_cluster: ClusterServers,
 ) -> None:
