@@ -171,6 +171,10 @@ class SlotMap:
         """Every master serving slots, in the order of their first slot."""
         return list(dict.fromkeys(self._masters))
 
+    def snapshot(self) -> list[Address]:
+        """The master of each slot, as a list that later refreshes do not change."""
+        return list(self._masters)
+
     def first_slot(self, master: Address) -> int:
         """The lowest slot ``master`` serves."""
         return self._masters.index(master)
@@ -432,6 +436,7 @@ class ShardedSubscription:
         self._control = control
         self._canary = canary
         self._connections: dict[Address, Any] = {}
+        self._master_of: list[Address] = []  # per slot, as at connect()
         self._delivered: dict[Address, int] = {}  # messages read, per master
         self._readers: list[asyncio.Task[None]] = []
         self._replies: asyncio.Queue[Any] = asyncio.Queue()
@@ -450,13 +455,17 @@ class ShardedSubscription:
         slots = self._slots
         slots.stale = True
         await slots.refresh()
+        # Routed by the map as it is now, for the life of this subscription (the
+        # shared map may be refreshed meanwhile: a channel sent to a master that
+        # lost its slot is answered MOVED, which renews the subscription).
+        self._master_of = slots.snapshot()
         tags = _tags(SLOTS)
-        for master in slots.masters():
+        for master in dict.fromkeys(self._master_of):
             connection = self._connect(master)
             self._connections[master] = connection
             self._delivered[master] = 0
             await connection.connect()
-            channel = b"{" + tags[slots.first_slot(master)] + b"}" + self._canary
+            channel = b"{" + tags[self._master_of.index(master)] + b"}" + self._canary
             self.canary_channels.append(channel)
             self._canary_of[channel] = master
         self.is_connected = True
@@ -501,24 +510,19 @@ class ShardedSubscription:
                 for own, master in self._canary_of.items():
                     per_master.setdefault(master, []).append(own)
             else:
-                per_master.setdefault(self._slots.master(key_slot(channel)), []).append(channel)
+                per_master.setdefault(self._master_of[key_slot(channel)], []).append(channel)
         if name == "SUBSCRIBE":
             if plain:
                 await next(iter(masters.values())).send_command("SUBSCRIBE", *plain)
             for master, channels in per_master.items():
-                connection = masters.get(master)
-                if connection is None:
-                    raise TopologyChanged(f"slot moved to {master[0]}:{master[1]}, not subscribed")
-                await _send_each(connection, "SSUBSCRIBE", channels)
+                await _send_each(masters[master], "SSUBSCRIBE", channels)
         elif name == "UNSUBSCRIBE":
             if plain:
                 await next(iter(masters.values())).send_command("UNSUBSCRIBE", *plain)
             for master, channels in per_master.items():
                 for channel in channels:
                     self._unsubscribing[channel] = self._unsubscribing.get(channel, 0) + 1
-                connection = masters.get(master)
-                if connection is not None:
-                    await _send_each(connection, "SUNSUBSCRIBE", channels)
+                await _send_each(masters[master], "SUNSUBSCRIBE", channels)
         else:
             raise ValueError(f"not a subscription command: {name}")
 

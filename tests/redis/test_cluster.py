@@ -278,6 +278,24 @@ async def test_a_slot_migrated_under_a_watch_strands_nothing(
         pub.advance("moving", 3)
         assert await asyncio.wait_for(second, 5) is ap.Outcome.COMPLETED
         assert await pub.fetch_watermark("moving") == 3
+        # A slot that moved while no one here subscribed to it: its first
+        # SSUBSCRIBE goes by the subscription's map, is answered MOVED, and the
+        # subscription is renewed on the slot's new master.
+        later = next(
+            key
+            for key in (f"later-{i}" for i in range(1000))
+            if redis_cluster.master_of_slot(key_slot(partitions.channel(key))).port != target.port
+        )
+        later_slot = key_slot(partitions.channel(later))
+        renewed = sub.statistics().reconnects
+        await asyncio.to_thread(redis_cluster.migrate_slot, later_slot, target.port)
+        third = asyncio.ensure_future(sub.watch(ap.WatermarkOperation(15), {later: 1}))
+        await eventually(lambda: sub.statistics().reconnects > renewed)
+        subscriber = sub._subscriber
+        assert subscriber is not None
+        await eventually(lambda: subscriber.covers([later]) and sub.connected)
+        pub.advance(later, 1)
+        assert await asyncio.wait_for(third, 5) is ap.Outcome.COMPLETED
 
 
 async def test_a_hung_master_is_found_despite_the_others_traffic(
