@@ -298,6 +298,44 @@ async def test_a_slot_migrated_under_a_watch_strands_nothing(
         assert await asyncio.wait_for(third, 5) is ap.Outcome.COMPLETED
 
 
+async def test_an_advance_during_a_slot_migration_follows_ask_and_is_not_lost(
+    redis_cluster: ClusterServers,
+) -> None:
+    """While a slot is half migrated (MIGRATING on its master, IMPORTING on the
+    next), a new key's advance is redirected (ASK) to the importing master; the
+    op parked on it completes once the migration ends (its subscription renewed
+    and resynced from the stored watermark), the watermark is where it belongs."""
+    url = redis_cluster.url
+    channel = fresh_channel()
+    partitions = Partitions(channel, 16384)
+    slot = key_slot(partitions.channel("asked"))
+    source = redis_cluster.master_of_slot(slot)
+    target = next(m for m in redis_cluster.masters() if m.port != source.port)
+    purgatory: ap.Purgatory[ap.WatermarkOperation] = ap.Purgatory("asked")
+    async with (
+        purgatory,
+        RedisTriggers(purgatory, url, channel=channel, reconnect_delay=(0.05, 0.5)) as sub,
+        RedisTriggers(None, url, channel=channel) as pub,
+    ):
+        parked = asyncio.ensure_future(sub.watch(ap.WatermarkOperation(15), {"asked": 4}))
+        await eventually(lambda: sub.statistics().subscribed == 1)
+        with RedisCluster(host="127.0.0.1", port=source.port) as admin:
+            admin.execute_command(
+                "CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id,
+                target_nodes=admin.get_node("127.0.0.1", target.port),
+            )  # fmt: skip
+            admin.execute_command(
+                "CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id,
+                target_nodes=admin.get_node("127.0.0.1", source.port),
+            )  # fmt: skip
+        pub.advance("asked", 4)  # the key is on neither: ASK to the importing master
+        await asyncio.wait_for(pub.flush(), 5)
+        assert pub.statistics().publish_errors == 0
+        assert await pub.fetch_watermark("asked") == 4  # read through ASK too
+        await asyncio.to_thread(redis_cluster.migrate_slot, slot, target.port)
+        assert await asyncio.wait_for(parked, 10) is ap.Outcome.COMPLETED
+
+
 async def test_a_hung_master_is_found_despite_the_others_traffic(
     redis_cluster: ClusterServers,
 ) -> None:
