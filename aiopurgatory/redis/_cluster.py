@@ -74,6 +74,34 @@ class ClusterSeeds:
     where: str = ""
 
 
+def nodes_url(url: str, what: str) -> tuple[str | None, str | None, list[Address], str]:
+    """The user, the password, the ``host:port`` list and the path of a URL naming
+    several nodes (a cluster's seeds, a set of sentinels).
+
+    Raises:
+        ValueError: a node is not ``host:port`` (``what`` names it).
+    """
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)
+    username = password = None
+    if len(netloc) == 2:
+        user, _, secret = netloc[0].partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if secret else None
+    nodes: list[Address] = []
+    for item in netloc[-1].split(","):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"{what} must be host:port, got {item!r}")
+        nodes.append((host.strip("[]"), int(port)))
+    return username, password, nodes, parts.path + ("?" + parts.query if parts.query else "")
+
+
+def shown_auth(username: str | None, password: str | None) -> str:
+    """The credentials part of a URL as shown (the password never)."""
+    return f"{username or ''}:***@" if password else (f"{username}@" if username else "")
+
+
 def parse_cluster_url(url: str) -> ClusterSeeds:
     """``redis+cluster://[[user]:password@]host:port[,host:port...]`` (``rediss+`` for TLS).
 
@@ -82,25 +110,13 @@ def parse_cluster_url(url: str) -> ClusterSeeds:
     """
     scheme = url.split("://", 1)[0].lower()
     tls = CLUSTER_SCHEMES[scheme]
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)
-    options: dict[str, Any] = {}
-    username = password = None
-    if len(netloc) == 2:
-        user, _, secret = netloc[0].partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if secret else None
-    seeds: list[Address] = []
-    for item in netloc[-1].split(","):
-        host, _, port = item.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"a cluster node must be host:port, got {item!r}")
-        seeds.append((host.strip("[]"), int(port)))
-    if parts.path.strip("/") or parts.query:
+    username, password, seeds, rest = nodes_url(url, "a cluster node")
+    if rest.strip("/"):
         raise ValueError(
             "a cluster URL names nodes only (a cluster has one database): "
             "redis+cluster://host:port[,host:port...]"
         )
+    options: dict[str, Any] = {}
     if username is not None:
         options["username"] = username
     if password is not None:
@@ -109,9 +125,8 @@ def parse_cluster_url(url: str) -> ClusterSeeds:
         from redis.asyncio.connection import SSLConnection
 
         options["connection_class"] = SSLConnection
-    auth = f"{username or ''}:***@" if password else (f"{username}@" if username else "")
     nodes = ",".join(f"{host}:{port}" for host, port in seeds)
-    return ClusterSeeds(seeds, options, f"{scheme}://{auth}{nodes}")
+    return ClusterSeeds(seeds, options, f"{scheme}://{shown_auth(username, password)}{nodes}")
 
 
 def seeds_of_client(client: Any) -> ClusterSeeds:
@@ -384,17 +399,6 @@ class ClusterLink:
         for i in todo:
             replies[i] = ConnectionError("too many cluster redirections")
         return replies
-
-    async def script(self, sha: str, source: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """As :meth:`Link.script`."""
-        from redis.exceptions import NoScriptError
-
-        reply = (await self.execute(("EVALSHA", sha, len(keys), *keys, *args)))[0]
-        if isinstance(reply, NoScriptError):
-            reply = (await self.execute(("EVAL", source, len(keys), *keys, *args)))[0]
-        if isinstance(reply, ResponseError):
-            raise reply
-        return reply
 
     async def drop(self) -> None:
         """Close every connection; the next call opens new ones from a fresh map."""

@@ -36,7 +36,7 @@ from ._cluster import CLUSTER_SCHEMES, parse_cluster_url
 from ._partitions import DEFAULT_PARTITIONS, Partitions, check_partitions
 from ._publisher import ADVANCE_SCRIPT
 from ._redact import Redactor, describe_client, describe_url, url_password
-from ._triggers import DEFAULT_CHANNEL, RedisTriggersClosedError, RedisTriggersError
+from ._triggers import RedisTriggersClosedError, RedisTriggersError, check_channel
 from ._triggers import _cause as _connection_cause
 from ._triggers import _positive as _seconds
 from ._wire import Batch, Key, Value, check_key, check_value, encode, stored
@@ -117,12 +117,7 @@ class SyncPublisher:
         timeout: float = _DEFAULT_TIMEOUT,
         partitions: int = DEFAULT_PARTITIONS,
     ) -> None:
-        if channel is None:
-            channel = DEFAULT_CHANNEL
-        elif not isinstance(channel, str):
-            raise TypeError(f"channel must be a str or None, got {type(channel).__name__}")
-        elif not channel:
-            raise ValueError("channel must not be empty")
+        channel = check_channel(channel)
         ttl = _seconds(watermark_ttl, "watermark_ttl")
         wait = _seconds(timeout, "timeout")
         partition_count = check_partitions(partitions)

@@ -25,7 +25,7 @@ from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 
-from ._cluster import CLUSTER_SCHEMES, ClusterSeeds, parse_cluster_url
+from ._cluster import CLUSTER_SCHEMES, ClusterSeeds, nodes_url, parse_cluster_url, shown_auth
 
 __all__ = ["Target", "describe_pool", "target_for_url"]
 
@@ -68,20 +68,8 @@ def target_for_url(url: str, timeout: float) -> Target:
 def _sentinel(url: str, tls: bool, timeout: float) -> Target:
     from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)
-    username = password = None
-    if len(netloc) == 2:
-        user, _, secret = netloc[0].partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if secret else None
-    hosts: list[tuple[str, int]] = []
-    for item in netloc[-1].split(","):
-        host, _, port = item.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"a sentinel must be host:port, got {item!r}")
-        hosts.append((host.strip("[]"), int(port)))
-    path = [p for p in parts.path.split("/") if p]
+    username, password, hosts, rest = nodes_url(url, "a sentinel")
+    path = [p for p in urlsplit(rest).path.split("/") if p]
     if not path or len(path) > 2:
         raise ValueError(
             "a Sentinel URL names its service: redis+sentinel://host:port/service[/db]"
@@ -106,7 +94,7 @@ def _sentinel(url: str, tls: bool, timeout: float) -> Target:
         options["ssl"] = True
     pool = SentinelConnectionPool(service, sentinel, **options)  # type: ignore[no-untyped-call]
     seeds = ",".join(f"{host}:{port}" for host, port in hosts)
-    auth = f"{username or ''}:***@" if password else (f"{username}@" if username else "")
+    auth = shown_auth(username, password)
     where = f"{'rediss' if tls else 'redis'}+sentinel://{auth}{seeds}/{service}/{db}"
     return Target(pool, where, list(sentinel.sentinels))
 

@@ -159,6 +159,17 @@ class RedisTriggersStatistics:
     deaf_detected: int = 0
 
 
+def check_channel(channel: object) -> str:
+    """``channel``, or :data:`DEFAULT_CHANNEL` for None; TypeError/ValueError otherwise."""
+    if channel is None:
+        return DEFAULT_CHANNEL
+    if not isinstance(channel, str):
+        raise TypeError(f"channel must be a str or None, got {type(channel).__name__}")
+    if not channel:
+        raise ValueError("channel must not be empty")
+    return channel
+
+
 def _positive(value: object, argument: str) -> float:
     """:func:`as_seconds`, above zero: the timeouts and intervals of this package."""
     try:
@@ -290,12 +301,7 @@ class RedisTriggers:
                 "purgatory must be an aiopurgatory.Purgatory or None, "
                 f"got {type(purgatory).__name__}"
             )
-        if channel is None:
-            channel = DEFAULT_CHANNEL
-        elif not isinstance(channel, str):
-            raise TypeError(f"channel must be a str or None, got {type(channel).__name__}")
-        elif not channel:
-            raise ValueError("channel must not be empty")
+        channel = check_channel(channel)
         ttl = _positive(watermark_ttl, "watermark_ttl")
         health = _positive(health_check_interval, "health_check_interval")
         if not isinstance(reconnect_delay, tuple) or len(reconnect_delay) != 2:
