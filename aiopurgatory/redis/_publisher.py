@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Final
 
 from redis.exceptions import NoScriptError
 
 from ._link import CONNECTION_ERRORS, CONNECTION_LOST, Link
 from ._partitions import Partitions
 from ._wire import Batch, encode, redis_key, stored
+
+if TYPE_CHECKING:
+    from ._cluster import ClusterLink
 
 __all__ = ["ADVANCE_SCRIPT", "MAX_MESSAGE_TRIGGERS", "Sender", "publish_commands"]
 
@@ -106,7 +109,8 @@ class Sender:
 
     Args:
         instance: the owner's instance id (carried by every message).
-        link: the connection it sends on (no one else uses it).
+        link: the connection it sends on (no one else uses it): a
+            :class:`~._link.Link`, or on a cluster a :class:`~._cluster.ClusterLink`.
         partitions: the channel's partitions.
         ttl_ms: stored watermarks' TTL, milliseconds as decimal bytes.
         publish: ``b"PUBLISH"``, or ``b"SPUBLISH"`` on a cluster.
@@ -122,7 +126,7 @@ class Sender:
     def __init__(
         self,
         instance: str,
-        link: Link,
+        link: Link | ClusterLink,
         partitions: Partitions,
         *,
         ttl_ms: bytes,
@@ -147,16 +151,18 @@ class Sender:
         self._pending_waiters: list[asyncio.Future[None]] = []
         self._inflight_waiters: list[asyncio.Future[None]] = []
         self.inflight = 0
-        self._canaries: list[bytes] = []  # canary messages to publish
+        self._canaries: list[tuple[bytes, bytes]] = []  # (channel, message) to publish
         self.wakeup = asyncio.Event()
         self.published = 0
         self.publish_errors = 0
 
     # -- requests (any task of the loop) ------------------------------------------------
 
-    def send_canary(self, message: bytes) -> None:
-        """Publish ``message`` on this process's canary channel with the next round trip."""
-        self._canaries.append(message)
+    def send_canary(self, message: bytes, channels: Iterable[bytes] | None = None) -> None:
+        """Publish ``message`` on this process's canary channel (on a cluster, on
+        ``channels``: one per master) with the next round trip."""
+        for channel in [self._partitions.canary] if channels is None else channels:
+            self._canaries.append((channel, message))
         self.wakeup.set()
 
     def wait_sent(self) -> asyncio.Future[None]:
@@ -191,7 +197,7 @@ class Sender:
                 try:
                     with CONNECTION_LOST:
                         await self.link.execute(
-                            *[(self._publish, self._partitions.canary, m) for m in canaries]
+                            *[(self._publish, channel, m) for channel, m in canaries]
                         )
                 except CONNECTION_ERRORS:
                     pass  # a canary that is not sent is not received: the watchdog sees it

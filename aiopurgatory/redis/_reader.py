@@ -50,6 +50,8 @@ class WatermarkReader:
         purgatory: the local purgatory (None for a publisher only: fetches only).
         link: the connection it reads on (no one else uses it).
         stored_key: the Redis key of a key's stored watermark.
+        partition_of: on a Redis Cluster, a key's partition: an MGET then reads
+            the keys of one partition (one slot) only, never across slots.
         backoff: the wait before the n-th retry (n from 1), in seconds.
         record_error: records a failure in the owner's statistics; returns its
             redacted text.
@@ -66,6 +68,7 @@ class WatermarkReader:
         "_kick",
         "_link",
         "_logger",
+        "_partition_of",
         "_purgatory",
         "_record_error",
         "_resync",
@@ -83,6 +86,7 @@ class WatermarkReader:
         link: Any,
         stored_key: Callable[[Key], bytes],
         *,
+        partition_of: Callable[[Key], int] | None = None,
         backoff: Callable[[int], float],
         record_error: Callable[[BaseException], str],
         logger: Any,
@@ -90,6 +94,7 @@ class WatermarkReader:
         self._purgatory = purgatory
         self._link = link
         self._stored_key = stored_key
+        self._partition_of = partition_of
         self._backoff = backoff
         self._record_error = record_error
         self._logger = logger
@@ -235,18 +240,35 @@ class WatermarkReader:
 
     async def _read(self, keys: list[Key]) -> list[Value | None]:
         stored_key = self._stored_key
-        commands = [
-            ("MGET", *[stored_key(key) for key in keys[start : start + READ_CHUNK]])
-            for start in range(0, len(keys), READ_CHUNK)
-        ]
+        partition_of = self._partition_of
+        groups: list[list[Key]]
+        if partition_of is None:
+            groups = [keys]
+        else:
+            # A cluster: each MGET within one slot (a partition's keys share it).
+            by_partition: dict[int, list[Key]] = {}
+            for key in keys:
+                by_partition.setdefault(partition_of(key), []).append(key)
+            groups = list(by_partition.values())
+        order: list[Key] = []
+        commands = []
+        for group in groups:
+            order += group
+            commands += [
+                ("MGET", *[stored_key(key) for key in group[start : start + READ_CHUNK]])
+                for start in range(0, len(group), READ_CHUNK)
+            ]
         replies = await self._link.execute(*commands)
         self.reads += 1
-        values: list[Value | None] = []
+        found: list[Value | None] = []
         for reply in replies:
             if isinstance(reply, BaseException):
                 raise reply
-            values.extend(parse_stored(raw) for raw in reply)
-        return values
+            found.extend(parse_stored(raw) for raw in reply)
+        if order is keys or partition_of is None:
+            return found
+        value_of = dict(zip(order, found, strict=True))
+        return [value_of[key] for key in keys]
 
     def _failed(
         self,

@@ -16,7 +16,8 @@ worth of work, run by :meth:`Subscriber.run`:
   A partition is released (UNSUBSCRIBE) once no watched key has been in it for
   ``linger`` seconds, so short-lived keys (one long poll after another on one
   topic) do not subscribe and unsubscribe each time.
-* **Liveness.** After a silent health-check interval (nothing delivered), a PING
+* **Liveness.** After a silent health-check interval (nothing delivered; on a
+  cluster, nothing delivered by some master), a PING
   goes down the connection and a *canary* (a message to this process's canary
   channel) goes out on the publishing path. If neither has come back after a
   second interval the connection is dead; if the PING came back but the canary
@@ -396,6 +397,8 @@ class Subscriber:
                         continue
                 if type(response) is list and response and response[0] == b"pong":
                     self._pongs += 1
+        except asyncio.CancelledError:
+            raise  # closing: never turned into a connection failure (and retried)
         except BaseException:
             failure = self._failure
             if failure is not None:
@@ -438,7 +441,13 @@ class Subscriber:
         interval = self._health_check_interval
         loop = asyncio.get_running_loop()
         changed = self._changed
-        seen = self._delivered
+        # What was delivered, per server: one count on one server; on a cluster
+        # one per master, each of which must deliver (a master that stopped
+        # delivering must not hide behind the others' traffic).
+        activity: Callable[[], tuple[int, ...]] = getattr(
+            connection, "activity", lambda: (self._delivered,)
+        )
+        seen = activity()
         next_tick = loop.time() + interval
         probe: int | None = None  # the PONG count when the probe went out
         while True:
@@ -453,13 +462,15 @@ class Subscriber:
             if loop.time() < next_tick:
                 continue
             next_tick = loop.time() + interval
-            if self._delivered != seen:
-                seen = self._delivered
+            now = activity()
+            if all(a != b for a, b in zip(now, seen, strict=True)):
+                seen = now
                 probe = None
             elif probe is None:
                 probe = self._pongs
                 self._canary = f"{self._id}:{secrets.token_hex(4)}".encode("ascii")
-                self._sender.send_canary(self._canary)
+                # A cluster's subscription has a canary channel per master.
+                self._sender.send_canary(self._canary, getattr(connection, "canary_channels", None))
                 with contextlib.suppress(*CONNECTION_ERRORS), CONNECTION_LOST:
                     await connection.send_command("PING", check_health=False)
             elif self._pongs == probe:

@@ -27,14 +27,16 @@ from typing import Final, Self
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.retry import Retry
 
+from ._cluster import CLUSTER_SCHEMES, parse_cluster_url
 from ._partitions import DEFAULT_PARTITIONS, Partitions, check_partitions
 from ._publisher import ADVANCE_SCRIPT
 from ._redact import Redactor, describe_client, describe_url, url_password
-from ._triggers import DEFAULT_CHANNEL, RedisTriggersClosedError, RedisTriggersError
+from ._triggers import RedisTriggersClosedError, RedisTriggersError, check_channel
 from ._triggers import _cause as _connection_cause
 from ._triggers import _positive as _seconds
 from ._wire import Batch, Key, Value, check_key, check_value, encode, stored
@@ -86,8 +88,11 @@ class SyncPublisher:
 
     Args:
         url_or_client: a Redis URL (``redis://[[user]:password@]host[:port][/db]``,
-            ``rediss://`` for TLS, ``unix://``; redis-py's ``from_url``) or a
-            ``redis.Redis`` client (sync; a client passed in is not closed).
+            ``rediss://`` for TLS, ``unix://``; redis-py's ``from_url``), a Redis
+            Cluster's (``redis+cluster://[[user]:password@]host:port[,host:port...]``,
+            ``rediss+cluster://`` for TLS), a ``redis.Redis`` or a
+            ``redis.cluster.RedisCluster`` client (sync; a client passed in is
+            not closed).
         channel: the Redis channel (default ``"aiopurgatory"``), the one the
             subscribing ``RedisTriggers`` use.
         watermark_ttl: seconds a stored watermark lives after its last advance
@@ -105,26 +110,57 @@ class SyncPublisher:
 
     def __init__(
         self,
-        url_or_client: str | redis.Redis,
+        url_or_client: str | redis.Redis | RedisCluster,
         *,
         channel: str | None = None,
         watermark_ttl: float = 86_400.0,
         timeout: float = _DEFAULT_TIMEOUT,
         partitions: int = DEFAULT_PARTITIONS,
     ) -> None:
-        if channel is None:
-            channel = DEFAULT_CHANNEL
-        elif not isinstance(channel, str):
-            raise TypeError(f"channel must be a str or None, got {type(channel).__name__}")
-        elif not channel:
-            raise ValueError("channel must not be empty")
+        channel = check_channel(channel)
         ttl = _seconds(watermark_ttl, "watermark_ttl")
         wait = _seconds(timeout, "timeout")
         partition_count = check_partitions(partitions)
 
         self._id = f"{os.getpid()}-{secrets.token_hex(4)}"
         given: object = url_or_client  # checked at run time, whatever the annotation says
-        if isinstance(given, str):
+        client: redis.Redis | RedisCluster
+        self._publish = b"PUBLISH"
+        if isinstance(given, str) and given.split("://", 1)[0].lower() in CLUSTER_SCHEMES:
+            self._redactor = Redactor(url_password(given))
+            try:
+                seeds = parse_cluster_url(given)
+            except ValueError as exc:
+                raise ValueError(
+                    f"url_or_client: not a usable Redis URL ({self._redactor.error(exc)})"
+                ) from None
+            self._where = seeds.where
+            client = RedisCluster(
+                startup_nodes=[ClusterNode(host, port) for host, port in seeds.seeds],  # type: ignore[no-untyped-call]
+                username=seeds.options.get("username"),
+                password=seeds.options.get("password"),
+                ssl="connection_class" in seeds.options,
+                socket_connect_timeout=wait,
+                socket_timeout=wait,
+                socket_keepalive=True,
+                # Once more after a lost connection or a moved slot, from a fresh
+                # slot map; a master that is away for good fails the call.
+                retry=Retry(NoBackoff(), 1),
+                client_name=f"aiopurgatory-syncpub-{self._id}",
+            )
+            self._publish = b"SPUBLISH"
+            self._owns_client = True
+        elif isinstance(given, RedisCluster):
+            client = given
+            kwargs = client.nodes_manager.connection_kwargs
+            self._redactor = Redactor(kwargs.get("password"))
+            nodes = ",".join(
+                f"{n.host}:{n.port}" for n in client.nodes_manager.startup_nodes.values()
+            )
+            self._where = f"redis+cluster://{nodes}"
+            self._publish = b"SPUBLISH"
+            self._owns_client = False
+        elif isinstance(given, str):
             self._redactor = Redactor(url_password(given))
             self._where = describe_url(given)
             try:
@@ -158,10 +194,11 @@ class SyncPublisher:
                 else ""
             )
             raise TypeError(
-                "url_or_client must be a Redis URL (str) or a redis.Redis client, "
+                "url_or_client must be a Redis URL (str), a redis.Redis or a "
+                "redis.cluster.RedisCluster client, "
                 f"got {type(given).__name__}{hint}"
             )
-        self._client: redis.Redis = client
+        self._client = client
         self._script = client.register_script(ADVANCE_SCRIPT)
         self._channel = channel
         self._partitions = Partitions(channel, partition_count, self._id)
@@ -219,7 +256,7 @@ class SyncPublisher:
         self._call(
             self._script,
             keys=[partitions.stored_key(key)],
-            args=[self._ttl_ms, b"PUBLISH", partitions.channel(key), message, stored(value)],
+            args=[self._ttl_ms, self._publish, partitions.channel(key), message, stored(value)],
         )
 
     def check_and_complete(self, key: Key) -> None:
@@ -235,7 +272,8 @@ class SyncPublisher:
         self._check_open()
         batch = Batch()
         batch.check(key)
-        self._call(self._client.publish, self._partitions.channel(key), encode(self._id, batch))
+        publish = self._client.spublish if self._publish == b"SPUBLISH" else self._client.publish
+        self._call(publish, self._partitions.channel(key), encode(self._id, batch))
 
     def ping(self) -> None:
         """Check that Redis answers (one PING).

@@ -11,6 +11,8 @@ what the user passed (a URL, or a client) into such a pool:
   primary each time they connect. A connection renewed after a failover (lost,
   or found deaf by its canary) therefore lands on the new primary. The password
   is the data servers'; the sentinels are asked without one.
+* ``redis+cluster://[[user]:password@]host:port[,host:port...]`` (``rediss+cluster://``
+  for TLS): no pool, the seed nodes and the settings (:mod:`._cluster`).
 * A ``redis.asyncio.Redis`` client: its pool (a Sentinel-managed client's is a
   ``SentinelConnectionPool``, which works the same way).
 """
@@ -23,6 +25,8 @@ from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 
+from ._cluster import CLUSTER_SCHEMES, ClusterSeeds, nodes_url, parse_cluster_url, shown_auth
+
 __all__ = ["Target", "describe_pool", "target_for_url"]
 
 _SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
@@ -32,10 +36,12 @@ _SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
 class Target:
     """A pool whose settings make the connections, and what to close with it."""
 
-    pool: aioredis.ConnectionPool
+    pool: aioredis.ConnectionPool | None
     where: str
     # Clients the library made to reach the sentinels (closed by aclose()).
     sentinel_clients: list[aioredis.Redis] = field(default_factory=list)
+    # A Redis Cluster's seed nodes and connection settings (pool is None then).
+    cluster: ClusterSeeds | None = None
 
     async def aclose(self) -> None:
         clients, self.sentinel_clients = self.sentinel_clients, []
@@ -52,8 +58,9 @@ def target_for_url(url: str, timeout: float) -> Target:
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in _SENTINEL_SCHEMES:
         return _sentinel(url, _SENTINEL_SCHEMES[scheme], timeout)
-    if scheme in ("redis+cluster", "rediss+cluster"):
-        raise ValueError("Redis Cluster is not supported yet (see docs/distributed.md, Topologies)")
+    if scheme in CLUSTER_SCHEMES:
+        seeds = parse_cluster_url(url)
+        return Target(None, seeds.where, cluster=seeds)
     pool = aioredis.ConnectionPool.from_url(url, socket_connect_timeout=timeout)
     return Target(pool, "")
 
@@ -61,20 +68,8 @@ def target_for_url(url: str, timeout: float) -> Target:
 def _sentinel(url: str, tls: bool, timeout: float) -> Target:
     from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)
-    username = password = None
-    if len(netloc) == 2:
-        user, _, secret = netloc[0].partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if secret else None
-    hosts: list[tuple[str, int]] = []
-    for item in netloc[-1].split(","):
-        host, _, port = item.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"a sentinel must be host:port, got {item!r}")
-        hosts.append((host.strip("[]"), int(port)))
-    path = [p for p in parts.path.split("/") if p]
+    username, password, hosts, rest = nodes_url(url, "a sentinel")
+    path = [p for p in urlsplit(rest).path.split("/") if p]
     if not path or len(path) > 2:
         raise ValueError(
             "a Sentinel URL names its service: redis+sentinel://host:port/service[/db]"
@@ -99,7 +94,7 @@ def _sentinel(url: str, tls: bool, timeout: float) -> Target:
         options["ssl"] = True
     pool = SentinelConnectionPool(service, sentinel, **options)  # type: ignore[no-untyped-call]
     seeds = ",".join(f"{host}:{port}" for host, port in hosts)
-    auth = f"{username or ''}:***@" if password else (f"{username}@" if username else "")
+    auth = shown_auth(username, password)
     where = f"{'rediss' if tls else 'redis'}+sentinel://{auth}{seeds}/{service}/{db}"
     return Target(pool, where, list(sentinel.sentinels))
 

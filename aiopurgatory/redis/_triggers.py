@@ -40,6 +40,8 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, AuthorizationError
@@ -50,6 +52,7 @@ from .._logging import LazyLogger
 from .._operation import Outcome
 from .._purgatory import Purgatory
 from .._validation import as_seconds
+from ._cluster import ClusterLink, ShardedSubscription, SlotMap, seeds_of_client
 from ._link import CONNECTION_ERRORS, CONNECTION_LOST, Link, closed_transport
 from ._partitions import DEFAULT_PARTITIONS, Partitions, check_partitions
 from ._publisher import MAX_MESSAGE_TRIGGERS, Sender
@@ -154,6 +157,17 @@ class RedisTriggersStatistics:
     read_errors: int = 0
     subscribed: int = 0
     deaf_detected: int = 0
+
+
+def check_channel(channel: object) -> str:
+    """``channel``, or :data:`DEFAULT_CHANNEL` for None; TypeError/ValueError otherwise."""
+    if channel is None:
+        return DEFAULT_CHANNEL
+    if not isinstance(channel, str):
+        raise TypeError(f"channel must be a str or None, got {type(channel).__name__}")
+    if not channel:
+        raise ValueError("channel must not be empty")
+    return channel
 
 
 def _positive(value: object, argument: str) -> float:
@@ -263,7 +277,7 @@ class RedisTriggers:
     def __init__(
         self,
         purgatory: Purgatory[Any] | None,
-        url_or_client: str | aioredis.Redis,
+        url_or_client: str | aioredis.Redis | AsyncRedisCluster,
         *,
         channel: str | None = None,
         watermark_ttl: float = 86_400.0,
@@ -287,12 +301,7 @@ class RedisTriggers:
                 "purgatory must be an aiopurgatory.Purgatory or None, "
                 f"got {type(purgatory).__name__}"
             )
-        if channel is None:
-            channel = DEFAULT_CHANNEL
-        elif not isinstance(channel, str):
-            raise TypeError(f"channel must be a str or None, got {type(channel).__name__}")
-        elif not channel:
-            raise ValueError("channel must not be empty")
+        channel = check_channel(channel)
         ttl = _positive(watermark_ttl, "watermark_ttl")
         health = _positive(health_check_interval, "health_check_interval")
         if not isinstance(reconnect_delay, tuple) or len(reconnect_delay) != 2:
@@ -326,20 +335,33 @@ class RedisTriggers:
                 ) from None
             self._where = target.where or self._where
         elif isinstance(url_or_client, aioredis.Redis):
-            target = Target(url_or_client.connection_pool, "")
-            kwargs = target.pool.connection_kwargs
+            pool = url_or_client.connection_pool
+            target = Target(pool, "")
+            kwargs = pool.connection_kwargs
             self._redactor = Redactor(kwargs.get("password"))
-            self._where = describe_pool(target.pool) or describe_client(kwargs)
+            self._where = describe_pool(pool) or describe_client(kwargs)
+        elif isinstance(url_or_client, AsyncRedisCluster):
+            seeds = seeds_of_client(url_or_client)
+            target = Target(None, seeds.where, cluster=seeds)
+            self._redactor = Redactor(seeds.options.get("password"))
+            self._where = seeds.where
         else:
             given: object = url_or_client  # type: ignore[unreachable]
             kind = type(given).__name__
             raise TypeError(
-                "url_or_client must be a Redis URL (str) or a redis.asyncio.Redis client, "
-                f"got {kind}"
-                + (" (Redis Cluster is not supported yet)" if kind == "RedisCluster" else "")
+                "url_or_client must be a Redis URL (str), a redis.asyncio.Redis or a "
+                f"redis.asyncio.cluster.RedisCluster client, got {kind}"
             )
         self._target = target
-        self._pool: aioredis.ConnectionPool = target.pool
+        cluster = target.cluster
+        if cluster is None:
+            assert target.pool is not None
+            self._options = dict(target.pool.connection_kwargs)
+            self._connection_class: Any = target.pool.connection_class
+        else:
+            self._options = dict(cluster.options)
+            self._options.setdefault("socket_connect_timeout", call_timeout)
+            self._connection_class = self._options.pop("connection_class", None) or Connection
         self._purgatory = purgatory
         self._advance_local: Callable[[Hashable, float], int] | None = (
             None if purgatory is None else purgatory.advance
@@ -354,12 +376,31 @@ class RedisTriggers:
         self._logger: Any = base_logger.bind(channel=channel, instance=self._id)
         # The library's own connections, one per job, none shared with the
         # application: the sender's, the reader's, and the subscriber's.
+        # On a cluster: one connection per master for each job, routed by slot.
+        self._slots: SlotMap | None = None
+        send_link: Link | ClusterLink
+        read_link: Link | ClusterLink
+        sub_factory: Callable[[], Any]
+        if cluster is None:
+            send_link = Link(self._connection_factory("pub"), call_timeout)
+            read_link = Link(self._connection_factory("read"), call_timeout)
+            sub_factory = self._connection_factory("sub")
+        else:
+            slots = self._slots = SlotMap(
+                cluster.seeds, self._node_connection_factory("map"), call_timeout
+            )
+            send_link = ClusterLink(slots, self._node_connection_factory("pub"), call_timeout)
+            read_link = ClusterLink(slots, self._node_connection_factory("read"), call_timeout)
+            sub_connect = self._node_connection_factory("sub")
+            sub_factory = lambda: ShardedSubscription(  # noqa: E731
+                slots, sub_connect, self._partitions.control, self._partitions.canary
+            )
         self._sender = Sender(
             self._id,
-            Link(self._connection_factory("pub"), call_timeout),
+            send_link,
             self._partitions,
             ttl_ms=str(max(1, round(ttl * 1000))).encode("ascii"),
-            publish=b"PUBLISH",
+            publish=b"PUBLISH" if cluster is None else b"SPUBLISH",
             backoff=lambda attempt: self._backoff(attempt),
             record_error=self._record_error,
             record_bug=self._record_bug,
@@ -368,8 +409,9 @@ class RedisTriggers:
         )
         self._reader = WatermarkReader(
             purgatory,
-            Link(self._connection_factory("read"), call_timeout),
+            read_link,
             self._partitions.stored_key,
+            partition_of=None if cluster is None else self._partitions.of,
             backoff=lambda attempt: self._backoff(attempt),
             record_error=self._record_error,
             logger=self._logger,
@@ -381,7 +423,7 @@ class RedisTriggers:
                 self._id,
                 purgatory,
                 self._partitions,
-                self._connection_factory("sub"),
+                sub_factory,
                 self._reader,
                 self._sender,
                 health_check_interval=health,
@@ -781,10 +823,10 @@ class RedisTriggers:
         while self._sender:
             await self._sender.wait_sent()
 
-    def _connection_factory(self, role: str) -> Callable[[], Any]:
-        """Makes new connections for ``role`` with the URL's (or the client's) settings."""
-        pool = self._pool
-        options = dict(pool.connection_kwargs)
+    def _connection_options(self, role: str) -> dict[str, Any]:
+        """The settings of the library's connections for ``role``: the URL's (or the
+        client's), with what the library needs."""
+        options = dict(self._options)
         options.update(
             # The connections are ours: RESP2 replies, bytes, no retries inside
             # redis-py (our loops retry, reconnect and resync), keep-alive, a
@@ -802,5 +844,16 @@ class RedisTriggers:
             # then waited forever for a task it had cancelled).
             socket_timeout=None,
         )
-        connection_class = pool.connection_class
+        return options
+
+    def _connection_factory(self, role: str) -> Callable[[], Any]:
+        """Makes new connections for ``role`` with the URL's (or the client's) settings."""
+        options = self._connection_options(role)
+        connection_class = self._connection_class
         return lambda: connection_class(**options)
+
+    def _node_connection_factory(self, role: str) -> Callable[[tuple[str, int]], Any]:
+        """Makes new connections for ``role`` to a cluster node ``(host, port)``."""
+        options = self._connection_options(role)
+        connection_class = self._connection_class
+        return lambda address: connection_class(**options, host=address[0], port=address[1])

@@ -75,16 +75,6 @@ def test_bad_durations_are_refused(argument: str) -> None:
         RedisTriggers(None, "redis://127.0.0.1:1", **options)
 
 
-def test_redis_cluster_is_refused_with_a_clear_error() -> None:
-    from redis.asyncio.cluster import RedisCluster
-
-    with pytest.raises(ValueError, match="Redis Cluster is not supported yet"):
-        RedisTriggers(None, "redis+cluster://127.0.0.1:7000,127.0.0.1:7001")
-    client = RedisCluster(host="127.0.0.1", port=7000)  # not connected
-    with pytest.raises(TypeError, match="Redis Cluster is not supported yet"):
-        RedisTriggers(None, client)  # type: ignore[arg-type]
-
-
 # -- a real server --------------------------------------------------------------------------
 
 

@@ -11,7 +11,8 @@ fail over in a few seconds (node timeout 1.5 s; down-after 1 s).
 
 The helpers that break things wait until the set-up has healed:
 :meth:`ClusterServers.kill_master` (SIGKILL a master, wait for its replica's
-promotion and ``cluster_state:ok``), :meth:`ClusterServers.migrate_slot`,
+promotion and ``cluster_state:ok``), :meth:`ClusterServers.hang_master` (SIGSTOP
+one, wait for its replica's promotion), :meth:`ClusterServers.migrate_slot`,
 :meth:`ClusterServers.reshard`, :meth:`SentinelServers.kill_primary` and
 :meth:`SentinelServers.failover`. They block: from async code, run them with
 ``await asyncio.to_thread(cluster.kill_master)`` so the loop under test keeps running.
@@ -286,6 +287,7 @@ class ClusterServers(_Processes):
         self.node_timeout_ms = node_timeout_ms
         ports = _free_ports(masters * (1 + replicas), bus=True)
         self.servers: dict[int, RedisServer] = {}
+        self.paused: set[int] = set()  # SIGSTOPped by hang_master, until heal()
         for port in ports:
             self.servers[port] = RedisServer(
                 self.directory / f"node-{port}",
@@ -313,7 +315,12 @@ class ClusterServers(_Processes):
 
     @property
     def live_ports(self) -> list[int]:
-        return [port for port, server in self.servers.items() if server.running]
+        """The nodes running and not paused (:meth:`hang_master`)."""
+        return [
+            port
+            for port, server in self.servers.items()
+            if server.running and port not in self.paused
+        ]
 
     @property
     def url(self) -> str:
@@ -466,6 +473,30 @@ class ClusterServers(_Processes):
         _wait(f"a replica of {victim.port} to take over", taken_over, timeout, self.describe)
         return victim, promoted[0]
 
+    def hang_master(self, *, timeout: float = 30.0) -> tuple[ClusterNode, ClusterNode]:
+        """SIGSTOP the first master (it hangs: connections stay open, nothing answers,
+        as behind a silent network), wait for its replica's promotion and a whole
+        cluster without it. :meth:`heal` continues it (it rejoins as a replica).
+
+        Returns:
+            ``(hung, promoted)``.
+        """
+        victim = self.masters()[0]
+        candidates = {n.node_id for n in self.replicas_of(victim)}
+        self.servers[victim.port].pause()
+        self.paused.add(victim.port)
+        promoted: list[ClusterNode] = []
+
+        def taken_over() -> bool:
+            for node in self.masters():
+                if node.node_id in candidates and set(victim.slots) <= set(node.slots):
+                    promoted[:] = [node]
+                    return True
+            return False
+
+        _wait(f"a replica of {victim.port} to take over", taken_over, timeout, self.describe)
+        return victim, promoted[0]
+
     def restart(self, port: int, *, timeout: float = 30.0) -> None:
         """Start a killed node again (same port, same nodes.conf: it rejoins, as a replica
         when its slots went to another) and wait until the cluster is whole."""
@@ -473,7 +504,11 @@ class ClusterServers(_Processes):
         self.wait_whole(timeout=timeout)
 
     def heal(self, *, timeout: float = 30.0) -> None:
-        """Restart every killed node and wait until the cluster is whole."""
+        """Continue every paused node, restart every killed one, and wait until the
+        cluster is whole."""
+        paused, self.paused = self.paused, set()
+        for port in paused:
+            self.servers[port].resume()
         for server in self.servers.values():
             if not server.running:
                 server.start()
