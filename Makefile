@@ -124,12 +124,33 @@ test-3.%:
 	$(MAKE) --no-print-directory test-compiled-3.$*
 	$(MAKE) --no-print-directory test-pure-3.$*
 
+# Its compiled core comes from the wheel that `python -m build` makes of this
+# checkout with that Python: the packaging test checks and installs that very sdist
+# and wheel (AIOPURGATORY_TEST_DIST) rather than building them again, so the core
+# is compiled once per Python. The wheel's modules go into the checkout beside the
+# other Pythons' (each file's name says its Python). The build's log: .dist/3.X/build.log.
 test-compiled-3.%: .venv-3.%/.installed
-	$(BUILD_EXT) .venv-3.$*/bin/python setup.py --quiet build_ext --inplace -j 2
-	$(PYTEST_COMPILED) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) --library-only
+	rm -rf .dist/3.$* && mkdir -p .dist/3.$*
+	$(BUILD_EXT) .venv-3.$*/bin/python -m build --outdir .dist/3.$* . >.dist/3.$*/build.log 2>&1 \
+		|| { tail -40 .dist/3.$*/build.log; exit 1; }
+	.venv-3.$*/bin/python -c "$$TAKE_COMPILED" .dist/3.$*/aiopurgatory-*.whl
+	AIOPURGATORY_TEST_DIST=$(CURDIR)/.dist/3.$* $(PYTEST_COMPILED) \
+		.venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) --library-only
 
 test-pure-3.%: .venv-3.%/.installed
 	$(PYTEST_PURE) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) --library-only $(PURE_TESTS)
+
+# The compiled modules of a wheel (argv[1]) into the checkout's aiopurgatory/.
+define TAKE_COMPILED
+import sys, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+names = [n for n in wheel.namelist() if n.startswith("aiopurgatory/") and n.endswith(".so")]
+if not names:
+    sys.exit(f"{sys.argv[1]} has no compiled module")
+for name in names:
+    wheel.extract(name, ".")
+endef
+export TAKE_COMPILED
 
 # uv from .venv makes these venvs too (--seed: with pip, which the packaging test's
 # `python -m build` and venvs use).
@@ -178,5 +199,5 @@ cluster-down:
 	$(PY) -m aiopurgatory.pipeline.cluster down --dir .spark-cluster
 
 clean:
-	rm -rf $(VENV) .venv-3.* docs/_build .pytest_cache .mypy_cache .ruff_cache build
+	rm -rf $(VENV) .venv-3.* .dist docs/_build .pytest_cache .mypy_cache .ruff_cache build
 	rm -f aiopurgatory/*.so aiopurgatory/*.c
