@@ -69,6 +69,24 @@ SLOW = (
     "tests/redis/test_redis.py::test_the_benchmark_command_measures_every_side",
     "tests/redis/test_redis_wire.py::test_a_batch_survives_the_wire_with_its_types",
     "tests/core/test_wheel_stateful.py::TestWheelAgainstHeap",
+    "tests/core/test_thresholds_stateful.py::TestThresholdIndexAgainstSortedList",
+    "tests/examples/longpoll/test_longpoll_soak.py::test_a_short_soak_with_every_fault_keeps_the_ledger",
+    "tests/examples/longpoll/test_longpoll_program.py::test_a_small_load_test_run_compares_both_waiters",
+    "tests/pipeline/test_cli_user.py::test_an_unusable_out_is_refused_before_spark",
+    *(
+        f"tests/examples/longpoll/test_longpoll_redis.py::{name}"
+        for name in (
+            "test_a_small_crossbench_run",
+            "test_a_worker_restarted_while_redis_is_down_says_so_in_json_and_comes_back",
+            "test_redis_killed_and_restarted_mid_traffic",
+            "test_racing_posts_on_three_servers_get_distinct_dense_offsets",
+            "test_a_post_on_any_server_answers_gets_parked_on_every_server",
+            "test_a_wrong_password_exits_at_once_naming_the_cause",
+            "test_an_idempotency_key_holds_across_processes_for_its_ttl",
+            "test_a_worker_that_dies_is_restarted_and_the_port_keeps_serving",
+            "test_sigterm_with_redis_answers_every_parked_get",
+        )
+    ),
 )
 
 
