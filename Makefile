@@ -1,4 +1,11 @@
 # Everything runs from the project's own virtual environment in .venv/.
+
+# Python may write its bytecode caches here, whatever the caller's environment says:
+# with PYTHONDONTWRITEBYTECODE set (as on this project's CI machines) and packages
+# installed by uv (which writes no .pyc), every process (each xdist worker, every
+# server and CLI a test starts) compiled every module it imported, and pytest
+# rewrote every test module, pass after pass. The caches are ignored by git.
+unexport PYTHONDONTWRITEBYTECODE
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
