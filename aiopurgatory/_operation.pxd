@@ -25,11 +25,13 @@ cdef class DelayedOperation(_TimerEntry):
     cdef public bint _joined
     cdef public tuple _keys
     cdef public object _entries
+    cdef public tuple _more_waiters
     cdef public object _outcome
     cdef public _Owner _purgatory
     cdef public tuple _thresholds
-    cdef public object _timeout
-    cdef public object _waiters
+    # A C double: one object field less for the garbage collector to visit.
+    cdef public double _timeout
+    cdef public object _waiter
 
     cpdef bint done(self) except -1
     cpdef bint cancelled(self) except -1
@@ -37,7 +39,7 @@ cdef class DelayedOperation(_TimerEntry):
     cpdef exception(self)
     cpdef bint cancel(self) except -1
     cpdef bint force_complete(self) except -1
-    cdef _add_waiter(self, future)
+    cdef _add_waiter(self, waiter)
     cdef _result(self)
     cdef _finished(self)
     cdef _fire(self)
