@@ -413,10 +413,10 @@ class _PurgatoryCore(_Owner):
         everything = self._threshold_watchers
         for key in op._keys:
             # The entry lets go of the op: stale, it is skipped wherever it stays.
-            entry.op = None  # type: ignore[union-attr]
+            entry.op = None
             watch = everything[key]
-            watch.remove(entry.threshold)  # type: ignore[union-attr]
-            entry = entry.next  # type: ignore[union-attr]
+            watch.remove(entry.threshold)
+            entry = entry.next
             if not watch.count:
                 del everything[key]
                 if self._watermarks:
