@@ -29,8 +29,7 @@ cdef class DelayedOperation(_TimerEntry):
     cdef public object _outcome
     cdef public _Owner _purgatory
     cdef public tuple _thresholds
-    # A C double: one object field less for the garbage collector to visit.
-    cdef public double _timeout
+    cdef public object _timeout
     cdef public object _waiter
 
     cpdef bint done(self) except -1

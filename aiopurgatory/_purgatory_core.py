@@ -193,10 +193,10 @@ class _PurgatoryCore(_Owner):
         try:
             owner = op._purgatory
             outcome = op._outcome
-            initialised = op._keys is not None
+            initialised = op._timeout is not None
         except AttributeError:  # pure Python: the slots were never set
             initialised = False
-        if not initialised:  # compiled: the slots exist, the object ones hold None
+        if not initialised:  # compiled: the slots exist and hold None
             raise TypeError(
                 f"{type(op).__name__}.__init__ must call DelayedOperation.__init__(timeout)"
             )

@@ -55,7 +55,7 @@ cdef class Timer:
     cpdef bint _is_current(self) except -1
     @cython.locals(handle=TimerHandle)
     cdef TimerHandle _new_handle(self, when, callback, tuple args, context)
-    cpdef _deadline(self, double delay, name)
+    cpdef _deadline(self, delay, name)
     @cython.locals(staged=list)
     cpdef _schedule(self, _TimerEntry entry, when)
     cpdef _request_flush(self)
