@@ -25,12 +25,11 @@ cdef class DelayedOperation(_TimerEntry):
     cdef public bint _joined
     cdef public tuple _keys
     cdef public object _entries
-    cdef public tuple _more_waiters
     cdef public object _outcome
     cdef public _Owner _purgatory
     cdef public tuple _thresholds
     cdef public object _timeout
-    cdef public object _waiter
+    cdef public object _waiters
 
     cpdef bint done(self) except -1
     cpdef bint cancelled(self) except -1

@@ -127,7 +127,7 @@ async def test_awaiting_an_op_only_observes_it() -> None:
     with anyio.move_on_after(0.5):
         await op
     assert op.outcome is None  # the observer gave up; the op goes on
-    assert op._waiter is None  # and its waiter is forgotten at once
+    assert op._waiters is None  # and its waiter is forgotten at once
     start = now()
     assert await op is ap.Outcome.EXPIRED
     assert now() == start + 1.5

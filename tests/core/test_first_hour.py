@@ -129,7 +129,7 @@ async def test_asyncio_wait_takes_operations() -> None:
     done, pending = await asyncio.wait([fast, slow])  # type: ignore[type-var]
     assert (done, pending) == ({fast, slow}, set())
     # The waiter's callback was removed from the op that was pending: nothing is left.
-    assert slow._waiter is None
+    assert slow._waiters is None
 
 
 async def test_asyncio_wait_first_exception_and_timeout() -> None:
@@ -145,7 +145,7 @@ async def test_asyncio_wait_first_exception_and_timeout() -> None:
     assert isinstance(failing.exception(), Boom)
     done, pending = await asyncio.wait([other], timeout=0.01)  # type: ignore[type-var]
     assert (done, pending) == (set(), {other})
-    assert other._waiter is None  # asyncio.wait removed its callback
+    assert other._waiters is None  # asyncio.wait removed its callback
     other.cancel()
 
 

@@ -1,8 +1,7 @@
 """An operation's stage, one field each: taken (_purgatory), joined (_joined), finished.
 
-And its waiters and threshold entries, one form per field: the first waiter
-(or None) and a tuple of the later ones; the first key's entry (or None),
-chained to the next key's.
+And its threshold entries, one form: the first key's entry (or None), chained
+to the next key's; its waiters kept in order and forgotten at once.
 """
 
 from __future__ import annotations
@@ -17,10 +16,10 @@ import aiopurgatory as ap
 
 def waiters(op: ap.DelayedOperation) -> tuple[Any, ...]:
     """The op's waiters, in the order they came."""
-    if op._waiter is None:
-        assert op._more_waiters == ()
+    waiters = op._waiters
+    if waiters is None:
         return ()
-    return (op._waiter, *op._more_waiters)
+    return tuple(waiters) if type(waiters) is list else (waiters,)
 
 
 def entries(op: ap.DelayedOperation) -> list[Any]:
