@@ -37,7 +37,7 @@ cdef class DelayedOperation(_TimerEntry):
     cpdef exception(self)
     cpdef bint cancel(self) except -1
     cpdef bint force_complete(self) except -1
-    cdef _add_waiter(self, future)
+    cdef _add_waiter(self, waiter)
     cdef _result(self)
     cdef _finished(self)
     cdef _fire(self)

@@ -53,18 +53,18 @@ cdef class _PurgatoryCore(_Owner):
     cdef bint _watch_any(self, op, keys) except -1
     @cython.locals(timer=Timer, watchers=dict, ops=dict)
     cdef bint _watch(self, DelayedOperation op, tuple keys, tuple thresholds) except -1
-    @cython.locals(everything=dict, watch=ThresholdIndex, i=Py_ssize_t, n=Py_ssize_t,
-                   entries=list)
+    @cython.locals(everything=dict, watch=ThresholdIndex, i=Py_ssize_t, entry=ThresholdEntry,
+                   last=ThresholdEntry)
     cdef _watch_thresholds(self, DelayedOperation op, tuple keys, tuple thresholds)
     @cython.locals(ops=dict, watch=ThresholdIndex, checked=list)
     cpdef check_and_complete(self, key)
     @cython.locals(ops=dict, watch=ThresholdIndex, checked=list, watermarks=dict)
     cpdef advance(self, key, value)
-    @cython.locals(watchers=dict, ops=dict, keys=tuple, thresholds=tuple, waits=_Recorder, now=double, due=double,
+    @cython.locals(watchers=dict, ops=dict, keys=tuple, waits=_Recorder, now=double, due=double,
                    timeout=double, late=double, wait=double)
     cdef _detach(self, DelayedOperation op, outcome)
-    @cython.locals(everything=dict, watch=ThresholdIndex, i=Py_ssize_t, entry=ThresholdEntry)
-    cdef _unwatch_thresholds(self, entries, tuple keys, tuple thresholds)
+    @cython.locals(everything=dict, watch=ThresholdIndex, entry=ThresholdEntry)
+    cdef _unwatch_thresholds(self, DelayedOperation op)
     @cython.locals(watermarks=dict)
     cdef _forget(self, key)
     cdef _record(self, DelayedOperation op)

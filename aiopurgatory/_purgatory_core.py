@@ -237,8 +237,8 @@ class _PurgatoryCore(_Owner):
         if outcome is not None:
             return outcome is COMPLETED
 
-        # One int object for the op's key in every plain watch list and in the wheel.
-        op._key = oid = id(op)
+        # One int object, id(op), keys the op in every plain watch list and in the wheel.
+        op._id = oid = id(op)
         op._joined = True
         if thresholds is None:
             watchers = self._watchers
@@ -266,22 +266,19 @@ class _PurgatoryCore(_Owner):
         self._watch_number += 1
         number = self._watch_number
         everything = self._threshold_watchers
-        n = len(keys)
-        if n == 1:  # the common case: the op keeps its one entry
-            key = keys[0]
-            watch = everything.get(key)
-            if watch is None:
-                everything[key] = watch = ThresholdIndex()
-            op._entries = watch.add(op, thresholds[0], number)
-            return
-        entries = []
-        for i in range(n):
+        # The op's entries, one per key, chained in the order of its keys.
+        last = None
+        for i in range(len(keys)):
             key = keys[i]
             watch = everything.get(key)
             if watch is None:
                 everything[key] = watch = ThresholdIndex()
-            entries.append(watch.add(op, thresholds[i], number))
-        op._entries = tuple(entries)
+            entry = watch.add(op, thresholds[i], number)
+            if last is None:
+                op._entries = entry
+            else:
+                last.next = entry
+            last = entry
 
     def check_and_complete(self, key: Hashable) -> int:
         """Call ``try_complete()`` on every pending operation watched under ``key``.
@@ -409,20 +406,17 @@ class _PurgatoryCore(_Owner):
         except Exception as exc:
             self._logger.error("aiopurgatory.recorder_failed", error=repr(exc), exc_info=exc)
 
-    def _unwatch_thresholds(
-        self, entries: Any, keys: tuple[Hashable, ...], thresholds: tuple[float, ...]
-    ) -> None:
-        # Every entry of the op lets go of it: its one, or a tuple of them.
-        if type(entries) is tuple:
-            for entry in entries:
-                entry.op = None
-        else:
-            entries.op = None
+    def _unwatch_thresholds(self, op: DelayedOperation) -> None:
+        """Take a finishing ``op`` out of the threshold index of each of its keys."""
+        entry = op._entries  # the first key's; the chain follows the keys' order
+        op._entries = None
         everything = self._threshold_watchers
-        for i in range(len(keys)):
-            key = keys[i]
+        for key in op._keys:
+            # The entry lets go of the op: stale, it is skipped wherever it stays.
+            entry.op = None
             watch = everything[key]
-            watch.remove(thresholds[i])
+            watch.remove(entry.threshold)
+            entry = entry.next
             if not watch.count:
                 del everything[key]
                 if self._watermarks:
@@ -453,13 +447,30 @@ class _PurgatoryCore(_Owner):
 
     def _detach(self, op: DelayedOperation, outcome: Outcome) -> None:
         """Count a finishing ``op``'s outcome; take it out of its watch lists and the timer."""
-        # One branch on the outcome: its counter, and its histogram of waits.
+        # How long it waited, for the histograms: one clock read per finished
+        # operation that was scheduled (the watch began at deadline - timeout);
+        # one finished by its first check, never scheduled, waited no time.
+        wait = 0.0
+        late = -1.0  # how late the timer fired it: read for an expiry only
+        if HISTOGRAMS:
+            when = op._when
+            if when is not None:
+                # C doubles in the compiled core (no float object per step).
+                now = self._timer._time()
+                due = when
+                timeout = op._timeout
+                late = now - due
+                wait = late + timeout
+        # One branch on the outcome: its counter, and its histograms.
         if outcome is COMPLETED:
             self._completed += 1
             waits = self._wait_completed
         elif outcome is EXPIRED:
             self._expired += 1
             waits = self._wait_expired
+            # Not before its deadline: close(expire_pending=True) expires early.
+            if HISTOGRAMS and late >= 0.0:
+                self._lateness.record(late)
         elif outcome is CANCELLED:
             self._cancelled += 1
             waits = self._wait_cancelled
@@ -467,27 +478,11 @@ class _PurgatoryCore(_Owner):
             self._failed += 1
             waits = self._wait_failed
         if HISTOGRAMS:
-            # One clock read per finished operation that was scheduled; one
-            # finished before it was scheduled (completed by its first check)
-            # waited no time. The watch began at deadline - timeout.
-            when = op._when
-            if when is None:
-                wait = 0.0
-            else:
-                # C doubles in the compiled core (no float object per step).
-                now = self._timer._time()
-                due = when
-                timeout = op._timeout
-                late = now - due
-                wait = late + timeout
-                if outcome is EXPIRED and late >= 0.0:
-                    self._lateness.record(late)
             waits.record(wait)
         if op._joined:  # not finished by its first check
-            oid = op._key
             keys = op._keys
-            thresholds = op._thresholds
-            if thresholds is None:
+            if op._thresholds is None:
+                oid = op._id
                 watchers = self._watchers
                 for key in keys:
                     ops = watchers[key]
@@ -501,7 +496,7 @@ class _PurgatoryCore(_Owner):
                     # distinct keys, start afresh rather than keep the peak's table.
                     self._watchers = {}
             else:
-                self._unwatch_thresholds(op._entries, keys, thresholds)
+                self._unwatch_thresholds(op)
             self._watched -= len(keys)
             self._pending -= 1
         if op._tick is not None:  # still in the timer: not an expiry

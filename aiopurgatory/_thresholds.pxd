@@ -8,6 +8,7 @@ cdef object heappop, heappush, heapify, insort
 
 @cython.final
 cdef class ThresholdEntry:
+    cdef public ThresholdEntry next
     cdef public Py_ssize_t number
     cdef public object op
     cdef public object threshold

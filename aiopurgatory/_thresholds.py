@@ -11,7 +11,9 @@ The rules:
 
 * An operation's watch is a :class:`ThresholdEntry` (threshold, watch number,
   op). Entries order by threshold, then by number: a purgatory numbers its
-  watches in watch order, so ties are checked in watch order.
+  watches in watch order, so ties are checked in watch order. An entry's
+  ``next`` is the caller's: a purgatory chains an operation's entries under
+  its several keys through it.
 * A watermark only grows (the purgatory calls :meth:`~ThresholdIndex.reach`
   only with a value above the last one). An entry once reached stays reached:
   it is checked by every later reach until its op finishes.
@@ -36,11 +38,13 @@ class ThresholdEntry:
     """One operation's watch of one key with a threshold: ordered by threshold, then number.
 
     ``op`` is the operation until it finishes, then None (see :class:`ThresholdIndex`).
-    Made by :meth:`ThresholdIndex.add`.
+    ``next`` is the caller's (None when made): the index never reads it. Made by
+    :meth:`ThresholdIndex.add`.
     """
 
-    __slots__ = ("number", "op", "threshold")
+    __slots__ = ("next", "number", "op", "threshold")
 
+    next: ThresholdEntry | None
     number: int
     op: Any
     threshold: Any
@@ -106,6 +110,7 @@ class ThresholdIndex:
         entry.threshold = threshold
         entry.number = number
         entry.op = op
+        entry.next = None
         self.count += 1
         mark = self.mark
         if mark is not None and entry.threshold <= mark:

@@ -140,7 +140,7 @@ class TimerHandle(_TimerEntry):
             self._tick = None
             bucket = self._bucket
             if bucket is not None:
-                del bucket[self._key]
+                del bucket[self._id]
                 self._bucket = None
             timer = self._timer
             timer._count = count = timer._count - 1
@@ -366,7 +366,7 @@ class Timer:
         handle._context = _copy_context() if context is None else context
         handle._cancelled = False
         handle._bucket = None
-        handle._key = 0
+        handle._id = 0
         self._schedule(handle, when)
         return handle
 
@@ -573,7 +573,7 @@ class Timer:
         entry._tick = None
         bucket = entry._bucket
         if bucket is not None:
-            del bucket[entry._key]
+            del bucket[entry._id]
             entry._bucket = None
         self._count -= 1
         if not self._count:

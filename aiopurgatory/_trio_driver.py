@@ -65,32 +65,47 @@ def _busy_drivers() -> dict[int, TrioDriver]:
         return busy
 
 
-class _Bed:
-    """Where the driver task sleeps: shared by the task and its driver.
+class _Parking:
+    """Where one task parks (``wait_task_rescheduled``) until woken once.
 
-    The task holds this strongly and the driver weakly; the driver holds this.
+    The driver task sleeps in one (:class:`_Bed`), a task awaiting an operation
+    in another (:class:`TrioWaiter`).
     """
 
-    __slots__ = ("__weakref__", "ended", "scope", "task", "token")
+    __slots__ = ("task",)
 
-    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
-        self.token = token
-        #: The driver task has ended (its run is ending): nothing more is served.
-        self.ended = False
-        #: The sleeping task (None while it runs, or once woken).
+    def __init__(self) -> None:
+        #: The parked task (None while none is, or once woken or cancelled).
         self.task: trio.lowlevel.Task | None = None
-        #: The cancel scope it sleeps in (its deadline is the armed instant).
-        self.scope: trio.CancelScope | None = None
 
     def wake(self) -> None:
+        """Reschedule the parked task, if any."""
         task = self.task
         if task is not None:
             self.task = None
             _reschedule(task)
 
     def abort(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
+        """The parked task was cancelled: let it go (``wait_task_rescheduled``'s abort)."""
         self.task = None
         return _SUCCEEDED
+
+
+class _Bed(_Parking):
+    """Where the driver task sleeps: shared by the task and its driver.
+
+    The task holds this strongly and the driver weakly; the driver holds this.
+    """
+
+    __slots__ = ("__weakref__", "ended", "scope", "token")
+
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        super().__init__()
+        self.token = token
+        #: The driver task has ended (its run is ending): nothing more is served.
+        self.ended = False
+        #: The cancel scope it sleeps in (its deadline is the armed instant).
+        self.scope: trio.CancelScope | None = None
 
     def driver_collected(self, _ref: object) -> None:
         # Garbage collection may run in any thread: go through the run's token.
@@ -158,10 +173,6 @@ class TrioDriver:
         """``trio.current_time()`` (RuntimeError outside a run)."""
         return float(trio.current_time())
 
-    def waiter(self) -> TrioWaiter:
-        """A waiter to park a task on (as :meth:`new_waiter`)."""
-        return TrioWaiter()
-
     @staticmethod
     def new_waiter() -> TrioWaiter:
         """A waiter to park a task on."""
@@ -203,7 +214,9 @@ class TrioDriver:
         """
         self.owner.run_sync_soon(fn)
 
-    # -- the driver interface ---------------------------------------------------------
+    def waiter(self) -> TrioWaiter:
+        """A waiter to park a task on (as :meth:`new_waiter`)."""
+        return TrioWaiter()
 
     def arm(self, when: float) -> None:
         """Call ``on_wake()`` at time ``when``, instead of any earlier arming."""
@@ -367,7 +380,7 @@ def _serve_driver(ref: weakref.ref[TrioDriver]) -> bool:
     return True
 
 
-class TrioWaiter:
+class TrioWaiter(_Parking):
     """A one-shot waiter for trio, shaped like the asyncio future ``watch()`` uses.
 
     ``set_result(None)`` wakes the task awaiting it; ``await`` returns at once
@@ -375,11 +388,11 @@ class TrioWaiter:
     out of the ``await``, as trio does.
     """
 
-    __slots__ = ("_set", "_task")
+    __slots__ = ("_set",)
 
     def __init__(self) -> None:
+        super().__init__()
         self._set = False
-        self._task: trio.lowlevel.Task | None = None
 
     def done(self) -> bool:
         """True once :meth:`set_result` was called."""
@@ -388,21 +401,14 @@ class TrioWaiter:
     def set_result(self, _result: None) -> None:
         """Mark as set and wake the waiting task, if any."""
         self._set = True
-        task = self._task
-        if task is not None:
-            self._task = None
-            _reschedule(task)
-
-    def _abort(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
-        self._task = None
-        return _SUCCEEDED
+        self.wake()
 
     async def _wait(self) -> None:
         if self._set:
             await trio.lowlevel.checkpoint()
             return
-        self._task = trio.lowlevel.current_task()
-        await trio.lowlevel.wait_task_rescheduled(self._abort)
+        self.task = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self.abort)
 
     def __await__(self) -> Generator[Any, None, None]:
         return self._wait().__await__()

@@ -3,7 +3,7 @@
 
 cdef class Entry:
     cdef public object _bucket
-    cdef public object _key
+    cdef public object _id
     cdef public object _tick
 
 

@@ -37,7 +37,7 @@ The rules, after Kafka's ``TimingWheel``:
 * Buckets are dicts keyed by ``id(entry)``: O(1) insert and delete, insertion
   order kept, and no reliance on the entry's own ``__hash__``/``__eq__`` (a
   delayed operation subclass may well define ``__eq__``). The key is computed
-  once per entry and kept in ``entry._key``, so that other indexes of the same
+  once per entry and kept in ``entry._id``, so that other indexes of the same
   entry (a purgatory's watch lists) can share the one int object. We measured a dict per
   bucket against an intrusive doubly linked list of slotted nodes: the dict is
   faster in CPython for both add and remove, and needs no sentinel.
@@ -68,16 +68,16 @@ class Entry:
 
     ``_tick`` is the deadline in ticks while the entry is pending (in the wheel or
     due but not yet run) and None otherwise. ``_bucket`` is the dict holding the
-    entry while it sits in a bucket, else None. ``_key`` is ``id(entry)`` once the
+    entry while it sits in a bucket, else None. ``_id`` is ``id(entry)`` once the
     entry has been given one (0 before; no object has id 0): its key in a bucket.
     """
 
-    __slots__ = ("_bucket", "_key", "_tick")
+    __slots__ = ("_bucket", "_id", "_tick")
 
     def __init__(self) -> None:
         self._tick: int | None = None
         self._bucket: dict[int, Entry] | None = None
-        self._key = 0
+        self._id = 0
 
     def __reduce_ex__(self, protocol: object) -> Any:
         # A copy would share the original's identity key and bucket, and an
@@ -200,9 +200,9 @@ class TimingWheel:
         else:
             level = self._grow(e)
         bucket = level.buckets[e // level.width % self.wheel_size]
-        key = entry._key
+        key = entry._id
         if not key:
-            entry._key = key = id(entry)
+            entry._id = key = id(entry)
         entries = bucket.entries
         entries[key] = entry
         entry._bucket = entries
@@ -229,7 +229,7 @@ class TimingWheel:
         """Take ``entry`` out of its bucket, if it is in one. O(1)."""
         bucket = entry._bucket
         if bucket is not None:
-            del bucket[entry._key]
+            del bucket[entry._id]
             entry._bucket = None
 
     def next_expiration(self) -> int | None:

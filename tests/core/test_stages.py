@@ -1,10 +1,34 @@
-"""An operation's stage, one field each: taken (_purgatory), joined (_joined), finished."""
+"""An operation's stage, one field each: taken (_purgatory), joined (_joined), finished.
+
+And its threshold entries, one form: the first key's entry (or None), chained
+to the next key's; its waiters kept in order and forgotten at once.
+"""
 
 from __future__ import annotations
+
+import asyncio
+from typing import Any
 
 import pytest
 
 import aiopurgatory as ap
+
+
+def waiters(op: ap.DelayedOperation) -> tuple[Any, ...]:
+    """The op's waiters, in the order they came."""
+    waiters = op._waiters
+    if waiters is None:
+        return ()
+    return tuple(waiters) if type(waiters) is list else (waiters,)
+
+
+def entries(op: ap.DelayedOperation) -> list[Any]:
+    """The op's entries in the threshold index, in the order of its keys."""
+    chain, entry = [], op._entries
+    while entry is not None:
+        chain.append(entry)
+        entry = entry.next
+    return chain
 
 
 class Ready(ap.DelayedOperation):
@@ -62,4 +86,51 @@ async def test_every_outcome_finishes_once_through_one_path() -> None:
     assert calls == ["on_complete"]
     stats = purgatory.statistics()
     assert (stats.completed, stats.cancelled, stats.pending, stats.watched) == (1, 1, 0, 0)
+    purgatory.close()
+
+
+async def test_waiters_keep_their_order_and_one_that_gives_up_leaves_at_once() -> None:
+    purgatory: ap.Purgatory[ap.DelayedOperation] = ap.Purgatory("stages")
+    op = ap.DelayedOperation(10.0)
+    assert waiters(op) == ()
+    woken: list[str] = []
+
+    async def wait(name: str) -> None:
+        assert await op is ap.Outcome.COMPLETED
+        woken.append(name)
+
+    first = asyncio.create_task(wait("first"))
+    watcher = asyncio.create_task(purgatory.watch(op, ["k"]))
+    quitter = asyncio.create_task(wait("quitter"))
+    last = asyncio.create_task(wait("last"))
+    await asyncio.sleep(0)  # each task awaits
+    op.add_done_callback(lambda _op: woken.append("callback"))
+    assert len(waiters(op)) == 5  # three awaiters, watch()'s waiter, the callback
+    quitter.cancel()
+    await asyncio.sleep(0)
+    assert len(waiters(op)) == 4  # the one that gave up is gone at once
+    assert op.force_complete()
+    assert waiters(op) == ()
+    assert await watcher is ap.Outcome.COMPLETED
+    await asyncio.gather(first, last)
+    assert woken == ["first", "last", "callback"]  # woken in the order they came
+    assert quitter.cancelled()
+    purgatory.close()
+
+
+@pytest.mark.parametrize("keys", [1, 3])
+async def test_threshold_entries_are_a_chain_in_key_order_while_joined(keys: int) -> None:
+    purgatory: ap.Purgatory[ap.DelayedOperation] = ap.Purgatory("stages")
+    plain, op = ap.DelayedOperation(10.0), ap.DelayedOperation(10.0)
+    purgatory.try_complete_else_watch(plain, ["k"])
+    assert entries(plain) == []  # watched without thresholds
+    assert entries(op) == []
+    purgatory.try_complete_else_watch(op, {f"k{i}": 10 * i for i in range(keys)})
+    assert [entry.threshold for entry in entries(op)] == [10 * i for i in range(keys)]
+    assert all(entry.op is op for entry in entries(op))
+    kept = entries(op)
+    assert op.force_complete()
+    assert entries(op) == []  # out of the index: it lets go of its entries
+    assert all(entry.op is None for entry in kept)  # and they of it
+    assert purgatory.keys() == ["k"]
     purgatory.close()
