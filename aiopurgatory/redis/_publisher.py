@@ -19,8 +19,9 @@ channel (or several, past :data:`MAX_MESSAGE_TRIGGERS`), all in one round trip.
   checks (:func:`publish_commands`), the commands of each master pipelined.
 
 Either way a key's watermark is stored before the message that carries it is
-published, in the same atomic script. A batch that fails to send is kept (merged with what came after: triggers are
-idempotent, so sending one twice or late is harmless) and retried with backoff.
+published, in the same atomic script. A batch that fails to send is kept
+(merged with what came after: triggers are idempotent, so sending one twice or
+late is harmless) and retried with backoff.
 
 The sender also carries the subscriber's canaries (:meth:`Sender.send_canary`):
 a canary published on the path every trigger takes proves, when it comes back,
@@ -34,6 +35,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
+from zlib import crc32
 
 from redis.exceptions import NoScriptError
 
@@ -172,10 +174,12 @@ def batch_command(
         args.append(key_json(key))
     keys = []
     items = []
-    prefix = partitions.prefix
-    of = partitions.of
+    prefixes = partitions.prefixes
+    count = partitions.count
     for key, value in batch.advances.items():
-        keys.append(redis_key(prefix(of(key)), key))
+        # The key's bytes once: its partition's hash and its watermark key's tail.
+        tail = redis_key(b"", key)
+        keys.append(prefixes[crc32(tail) % count] + tail)
         items.append(key_json(key) + "," + repr(value))
     return (
         "EVALSHA",

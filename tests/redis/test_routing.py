@@ -278,7 +278,8 @@ async def test_a_batch_script_publishes_per_partition_what_encode_would(
         got: dict[bytes, list[tuple[str, list[Key], list[tuple[Key, float]]]]] = {}
         for _ in range(sent):
             message = await pubsub.get_message(timeout=5)
-            assert message is not None and message["type"] == "message"
+            assert message is not None
+            assert message["type"] == "message"
             decoded = decode(message["data"])
             assert len(decoded[1]) + len(decoded[2]) <= MAX_MESSAGE_TRIGGERS
             got.setdefault(message["channel"], []).append(decoded)
