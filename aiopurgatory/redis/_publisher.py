@@ -144,7 +144,7 @@ return sent
 BATCH_SHA: Final = hashlib.sha1(BATCH_SCRIPT.encode("ascii")).hexdigest()
 _SCRIPTS: Final = {ADVANCE_SHA: ADVANCE_SCRIPT, BATCH_SHA: BATCH_SCRIPT}
 
-_json_text = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+_json_text = json.encoder.encode_basestring_ascii
 
 
 def key_json(key: Key) -> str:
