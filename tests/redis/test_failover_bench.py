@@ -1,4 +1,4 @@
-"""``aiopurgatory bench redis-fanout --failover``, tiny: one failover on the real Sentinel set-up."""
+"""``aiopurgatory bench redis-fanout --failover``, tiny: one failover on real Sentinel."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -139,7 +140,7 @@ def test_commands_are_packed_as_redis_py_packs_them() -> None:
 
     from aiopurgatory.redis._link import pack_commands
 
-    commands: list[tuple[object, ...]] = [
+    commands: list[tuple[Any, ...]] = [
         ("SCRIPT LOAD", "return 1"),
         ("EVALSHA", "ab" * 20, 2, b"{x}k\x00", "ünï", 1.5, -(2**53), b"", bytearray(b"ba")),
         ("PING",),

@@ -251,7 +251,7 @@ async def test_a_batch_script_publishes_per_partition_what_encode_would(
     """One call of the batch script: watermarks stored (max), one message per
     partition and per 1,024 triggers, each decoding to exactly its triggers."""
     partitions = Partitions("b", 4, "me")
-    client = aioredis.Redis.from_url(redis_server.url)
+    client: Any = aioredis.Redis.from_url(redis_server.url)  # redis-py's pub/sub is untyped
     pubsub = client.pubsub()
     try:
         await pubsub.subscribe(*partitions.channels)
