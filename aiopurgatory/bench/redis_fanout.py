@@ -5,6 +5,7 @@ Usage::
     aiopurgatory bench redis-fanout [--processes 2,4,8] [--keys 10000] [--rounds 3]
         [--batch 100] [--topology single|cluster ...] [--library PATH] [--baseline PATH]
         [--loop asyncio|uvloop] [--json PATH]
+    aiopurgatory bench redis-fanout --failover N [--topology cluster|sentinel ...]
 
 For each topology, each process count N and each library (``--library``, by
 default the checkout this command runs from, and ``--baseline``, another
@@ -31,6 +32,10 @@ processes whose purgatory watches nothing. The topology ``single`` is one ``redi
 library must support it; a library that does not is reported as such), started
 with the test harness ``tests/support/redis_cluster.py`` and so only from a
 source checkout.
+
+``--failover N`` measures something else: the time from a master's (or a
+Sentinel-managed primary's) SIGKILL mid-traffic to delivery resumed, N times
+per topology (:mod:`.redis_fanout_failover`).
 """
 
 from __future__ import annotations
