@@ -41,7 +41,7 @@ from redis.exceptions import NoScriptError
 
 from ._link import CONNECTION_ERRORS, CONNECTION_LOST, Link
 from ._partitions import Partitions
-from ._wire import Batch, Key, encode, redis_key, stored
+from ._wire import VERSION, Batch, Key, encode, redis_key, stored, value_text
 
 if TYPE_CHECKING:
     from ._cluster import ClusterLink
@@ -165,7 +165,7 @@ def batch_command(
 ) -> tuple[Any, ...]:
     """The one :data:`BATCH_SCRIPT` call that sends ``batch`` (at most
     :data:`MAX_SCRIPT_TRIGGERS` triggers) on one server."""
-    head = "[1," + _json_text(sender) + ","
+    head = f"[{VERSION}," + _json_text(sender) + ","
     stem = len(partitions.prefix(0)) - 4  # the prefix less b":wm:"
     args: list[Any] = []
     channel = partitions.channel
@@ -180,7 +180,7 @@ def batch_command(
         # The key's bytes once: its partition's hash and its watermark key's tail.
         tail = redis_key(b"", key)
         keys.append(prefixes[crc32(tail) % count] + tail)
-        items.append(key_json(key) + "," + repr(value))
+        items.append(key_json(key) + "," + value_text(value))
     return (
         "EVALSHA",
         BATCH_SHA,

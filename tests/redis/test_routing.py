@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 from typing import Any
 
 import pytest
@@ -245,6 +246,10 @@ async def test_a_sync_publisher_publishes_on_the_same_partition_channels(
         publisher.close()
 
 
+class _Level(enum.IntEnum):
+    HIGH = 3
+
+
 async def test_a_batch_script_publishes_per_partition_what_encode_would(
     redis_server: RedisServer,
 ) -> None:
@@ -271,6 +276,7 @@ async def test_a_batch_script_publishes_per_partition_what_encode_would(
         for i in range(500):
             batch.check(f"c{i}")
         batch.check(b"\x01{}")
+        batch.advance("enum", _Level.HIGH)  # an IntEnum value crosses as its int
         await client.set(partitions.stored_key(7), "1e301")  # higher: kept
         command = batch_command("me", batch, partitions, b"60000", b"PUBLISH")
         await client.script_load(BATCH_SCRIPT)
