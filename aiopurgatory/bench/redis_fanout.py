@@ -5,6 +5,7 @@ Usage::
     aiopurgatory bench redis-fanout [--processes 2,4,8] [--keys 10000] [--rounds 3]
         [--batch 100] [--topology single|cluster ...] [--library PATH] [--baseline PATH]
         [--loop asyncio|uvloop] [--json PATH]
+    aiopurgatory bench redis-fanout --failover N [--topology cluster|sentinel ...]
 
 For each topology, each process count N and each library (``--library``, by
 default the checkout this command runs from, and ``--baseline``, another
@@ -31,6 +32,10 @@ processes whose purgatory watches nothing. The topology ``single`` is one ``redi
 library must support it; a library that does not is reported as such), started
 with the test harness ``tests/support/redis_cluster.py`` and so only from a
 source checkout.
+
+``--failover N`` measures something else: the time from a master's (or a
+Sentinel-managed primary's) SIGKILL mid-traffic to delivery resumed, N times
+per topology (:mod:`.redis_fanout_failover`).
 """
 
 from __future__ import annotations
@@ -94,8 +99,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--topology",
         action="append",
-        choices=["single", "cluster"],
-        help="one redis-server, or a 3+3 Redis Cluster (default: single)",
+        choices=["single", "cluster", "sentinel"],
+        help="one redis-server, or a 3+3 Redis Cluster (default: single); with --failover: "
+        "cluster or sentinel (a primary, a replica, 3 sentinels; default: both)",
+    )
+    parser.add_argument(
+        "--failover",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of the fan-out: N times, SIGKILL a master (or the primary) "
+        "mid-traffic and time it until a trigger advanced after the kill is delivered",
     )
     parser.add_argument(
         "--library",
@@ -143,8 +157,8 @@ def _cluster_harness() -> Any:
     """
     if not (HERE / "tests" / "support" / "redis_cluster.py").is_file():
         raise UsageError(
-            "--topology cluster starts its cluster with tests/support/redis_cluster.py: "
-            "run it from a source checkout of aiopurgatory"
+            "--topology cluster or sentinel, and --failover, start their servers with "
+            "tests/support/redis_cluster.py: run it from a source checkout of aiopurgatory"
         )
     if str(HERE) not in sys.path:
         sys.path.insert(0, str(HERE))
@@ -370,16 +384,52 @@ def _line(row: dict[str, Any]) -> str:
     )
 
 
+def _failover(args: argparse.Namespace) -> int:
+    from .redis_fanout_failover import failover_times, summary
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="aiopurgatory-failover-") as directory:
+        for topology in args.topology or ["cluster", "sentinel"]:
+            times = failover_times(topology, args.failover, Path(directory), HERE)
+            row = summary(topology, times)
+            rows.append(row)
+            if not args.quiet:
+                print(
+                    f"{topology:8} failover to delivery resumed: median {row['median_s']:.2f} s, "
+                    f"max {row['max_s']:.2f} s over {len(times)} "
+                    f"({', '.join(f'{t:.2f}' for t in times)})",
+                    flush=True,
+                )
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump(
+                {"schema": SCHEMA, "command": "redis-fanout --failover", "runs": rows},
+                out,
+                indent=2,
+            )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``aiopurgatory bench redis-fanout``; returns the exit status."""
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         if args.json:
             check_output_file(args.json, "--json")
-        if "cluster" in (args.topology or []):
+        if args.failover < 0:
+            raise UsageError(f"--failover must be 0 or more, got {args.failover}")
+        if args.failover:
+            if "single" in (args.topology or []):
+                raise UsageError("--failover needs --topology cluster or sentinel")
+            _cluster_harness()
+        elif "sentinel" in (args.topology or []):
+            raise UsageError("--topology sentinel is for --failover only")
+        elif "cluster" in (args.topology or []):
             _cluster_harness()
     except UsageError as exc:
         return fail("aiopurgatory bench redis-fanout", exc)
+    if args.failover:
+        return _failover(args)
 
     def show(row: dict[str, Any]) -> None:
         if not args.quiet:

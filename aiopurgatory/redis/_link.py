@@ -18,7 +18,11 @@ RedisTriggers, which sends its commands one round trip at a time), so:
   idempotent triggers);
 * every call, the connect included, is **bounded** by ``timeout`` seconds; a call
   that runs out drops its connection (a late reply would put the next one out of
-  step) and raises ``TimeoutError``.
+  step) and raises ``TimeoutError``;
+* its commands are **packed** by :func:`pack_commands` (about three times faster
+  than redis-py's packer for a publisher's commands, which carry two or more
+  arguments per trigger: profiled, redis-py's packing was most of a publisher's
+  CPU).
 """
 
 from __future__ import annotations
@@ -32,12 +36,41 @@ from typing import Any, Final
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-__all__ = ["CONNECTION_ERRORS", "CONNECTION_LOST", "Link", "closed_transport"]
+__all__ = ["CONNECTION_ERRORS", "CONNECTION_LOST", "Link", "closed_transport", "pack_commands"]
 
 # Errors that mean "Redis is unreachable, refused us or did not answer in time":
 # the connection is dropped and the call retried later. Anything else escaping a
 # loop of RedisTriggers is a bug, logged loudly (and retried as well).
 CONNECTION_ERRORS: Final = (RedisError, OSError, asyncio.TimeoutError, EOFError)
+
+
+def _argument(value: Any) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value).encode("ascii")
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"a Redis command argument must be bytes, str, int or float, got {value!r:.40}")
+
+
+def pack_commands(commands: Sequence[Command]) -> bytes:
+    """``commands`` in Redis's protocol (RESP), as redis-py packs them.
+
+    As redis-py does, a first argument with spaces (``"SCRIPT LOAD"``) is split into words.
+    """
+    out: list[bytes] = []
+    append = out.append
+    for args in commands:
+        first = args[0]
+        if isinstance(first, str) and " " in first:
+            args = (*first.split(), *args[1:])
+        append(b"*%d\r\n" % len(args))
+        for arg in args:
+            if type(arg) is not bytes:
+                arg = _argument(arg)
+            append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+    return b"".join(out)
 
 
 def closed_transport(exc: BaseException) -> bool:
@@ -167,9 +200,7 @@ class Link:
     async def _round_trip(self, commands: Sequence[Command]) -> list[Any]:
         connection = self._connection
         with CONNECTION_LOST:
-            await connection.send_packed_command(
-                connection.pack_commands(commands), check_health=False
-            )
+            await connection.send_packed_command(pack_commands(commands), check_health=False)
             replies: list[Any] = []
             for _ in commands:
                 try:

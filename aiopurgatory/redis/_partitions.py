@@ -147,6 +147,13 @@ class Partitions:
         """The Redis key holding ``key``'s watermark."""
         return redis_key(self.prefix(self.of(key)), key)
 
+    @property
+    def prefixes(self) -> tuple[bytes, ...]:
+        """Partition n's watermark prefix, for each n."""
+        if self._channels is None:
+            self.channels  # noqa: B018  # builds them
+        return self._prefixes
+
     def prefix(self, partition: int) -> bytes:
         """The prefix of the Redis keys of ``partition``'s watermarks."""
         if self._channels is None:

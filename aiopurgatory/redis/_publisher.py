@@ -1,15 +1,27 @@
 """Publishing: the triggers of one loop iteration leave as one round trip, per partition a message.
 
 A :class:`Sender` gathers triggers in its *pending batch* (:class:`~._wire.Batch`);
-its task wakes on the next loop iteration and sends the whole batch: the batch
-is split by partition (:mod:`._partitions`), each partition's part becomes one
-message on that partition's channel (or several, past
-:data:`MAX_MESSAGE_TRIGGERS`), and all of them go in one round trip. A part with
-advances goes through the script that raises each key's stored watermark
-(atomic max, TTL refreshed) and publishes the message: atomic, and within one
-Cluster slot, since a partition's channel and watermarks share a hash tag. A
-batch that fails to send is kept (merged with what came after: triggers are
-idempotent, so sending one twice or late is harmless) and retried with backoff.
+its task wakes on the next loop iteration and sends the whole batch, each
+partition's (:mod:`._partitions`) triggers as one message on that partition's
+channel (or several, past :data:`MAX_MESSAGE_TRIGGERS`), all in one round trip.
+
+* On one server (or a Sentinel-managed primary), the whole batch is one call of
+  :data:`BATCH_SCRIPT` (:func:`batch_command`): the script raises each advanced
+  key's stored watermark (atomic max, TTL refreshed), groups the triggers by
+  partition and publishes each partition's message, built from each key's JSON
+  text sent with it. The publisher sends each trigger's arguments once, as it
+  would for a single message, and makes no message itself: grouping and
+  fan-out cost Redis a few string operations instead of costing the publisher
+  a command per partition.
+* On a cluster, a script call cannot span slots and each partition is a slot
+  of its own: a partition's part goes through :data:`ADVANCE_SCRIPT` (the same
+  atomic max, then one publish) or is a plain ``SPUBLISH`` if it holds only
+  checks (:func:`publish_commands`), the commands of each master pipelined.
+
+Either way a key's watermark is stored before the message that carries it is
+published, in the same atomic script. A batch that fails to send is kept
+(merged with what came after: triggers are idempotent, so sending one twice or
+late is harmless) and retried with backoff.
 
 The sender also carries the subscriber's canaries (:meth:`Sender.send_canary`):
 a canary published on the path every trigger takes proves, when it comes back,
@@ -20,19 +32,29 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
+from zlib import crc32
 
 from redis.exceptions import NoScriptError
 
 from ._link import CONNECTION_ERRORS, CONNECTION_LOST, Link
 from ._partitions import Partitions
-from ._wire import Batch, encode, redis_key, stored
+from ._wire import VERSION, Batch, Key, encode, redis_key, stored, value_text
 
 if TYPE_CHECKING:
     from ._cluster import ClusterLink
 
-__all__ = ["ADVANCE_SCRIPT", "MAX_MESSAGE_TRIGGERS", "Sender", "publish_commands"]
+__all__ = [
+    "ADVANCE_SCRIPT",
+    "BATCH_SCRIPT",
+    "MAX_MESSAGE_TRIGGERS",
+    "MAX_SCRIPT_TRIGGERS",
+    "Sender",
+    "batch_command",
+    "publish_commands",
+]
 
 #: A batch larger than this leaves as several messages, so that no message grows
 #: past what a slow subscriber's output buffer in Redis tolerates.
@@ -56,6 +78,123 @@ end
 return redis.call(ARGV[2], ARGV[3], ARGV[4])
 """
 ADVANCE_SHA: Final = hashlib.sha1(ADVANCE_SCRIPT.encode("ascii")).hexdigest()
+
+#: A batch larger than this leaves as several calls of :data:`BATCH_SCRIPT`
+#: (pipelined), so that no call keeps Redis busy for long.
+MAX_SCRIPT_TRIGGERS: Final = 4096
+
+# One server: a whole batch in one call. KEYS: the advanced keys' watermark
+# keys. ARGV[1]: TTL in ms, ARGV[2]: the publish command, ARGV[3]: the message's
+# head ('[1,"<sender>",'), ARGV[4]: the length of a watermark key's partition
+# stem (its prefix less ':wm:'; the partition's channel is the stem and ':t'),
+# ARGV[5]: most triggers per message, ARGV[6]: c, the number of checks,
+# ARGV[7 .. 6 + 2c]: per check its partition's channel and the key's JSON,
+# ARGV[6 + 2c + i]: for KEYS[i], the key's JSON, a comma and its value (decimal
+# text, which is JSON too; a value has no comma, so the last comma splits).
+# Each key's watermark is raised to at least its value (TTL refreshed) before
+# any message holding it is published; a message per partition (and per
+# ARGV[5] triggers), in the format of _wire.encode. Returns the messages sent.
+BATCH_SCRIPT: Final = """
+local ttl, publish, head = ARGV[1], ARGV[2], ARGV[3]
+local stem, most, checks = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local parts, order, sent = {}, {}, 0
+local function send(channel, part)
+  redis.call(publish, channel, head .. '[' .. table.concat(part[1], ',') .. '],['
+    .. table.concat(part[2], ',') .. ']]')
+  sent = sent + 1
+end
+local function add(channel, which, item)
+  local part = parts[channel]
+  if part == nil then
+    part = {{}, {}, 0}
+    parts[channel] = part
+    order[#order + 1] = channel
+  end
+  local list = part[which]
+  list[#list + 1] = item
+  part[3] = part[3] + 1
+  if part[3] == most then
+    send(channel, part)
+    parts[channel] = {{}, {}, 0}
+  end
+end
+for i = 1, checks do
+  add(ARGV[5 + 2 * i], 1, ARGV[6 + 2 * i])
+end
+local base = 6 + 2 * checks
+for i, key in ipairs(KEYS) do
+  local item = ARGV[base + i]
+  local new = string.match(item, ',([^,]*)$')
+  local current = tonumber(redis.call('GET', key) or '')
+  if current == nil or current < tonumber(new) then
+    redis.call('SET', key, new, 'PX', ttl)
+  else
+    redis.call('PEXPIRE', key, ttl)
+  end
+  add(string.sub(key, 1, stem) .. ':t', 2, item)
+end
+for _, channel in ipairs(order) do
+  local part = parts[channel]
+  if part[3] > 0 then
+    send(channel, part)
+  end
+end
+return sent
+"""
+BATCH_SHA: Final = hashlib.sha1(BATCH_SCRIPT.encode("ascii")).hexdigest()
+_SCRIPTS: Final = {ADVANCE_SHA: ADVANCE_SCRIPT, BATCH_SHA: BATCH_SCRIPT}
+
+_json_text = json.encoder.encode_basestring_ascii
+
+
+def key_json(key: Key) -> str:
+    """``key`` as JSON text, as :func:`~._wire.encode` writes it in a message."""
+    if type(key) is str:
+        text: str = _json_text(key)
+        return text
+    if type(key) is int:
+        return str(key)
+    if isinstance(key, bytes):
+        return '{"b":' + _json_text(key.decode("latin-1")) + "}"
+    # str and int subclasses (StrEnum, IntEnum): their plain value, as encode().
+    return _json_text(str.__str__(key)) if isinstance(key, str) else str(int(key))
+
+
+def batch_command(
+    sender: str, batch: Batch, partitions: Partitions, ttl_ms: bytes, publish: bytes
+) -> tuple[Any, ...]:
+    """The one :data:`BATCH_SCRIPT` call that sends ``batch`` (at most
+    :data:`MAX_SCRIPT_TRIGGERS` triggers) on one server."""
+    head = f"[{VERSION}," + _json_text(sender) + ","
+    stem = len(partitions.prefix(0)) - 4  # the prefix less b":wm:"
+    args: list[Any] = []
+    channel = partitions.channel
+    for key in batch.checks:
+        args.append(channel(key))
+        args.append(key_json(key))
+    keys = []
+    items = []
+    prefixes = partitions.prefixes
+    count = partitions.count
+    for key, value in batch.advances.items():
+        # The key's bytes once: its partition's hash and its watermark key's tail.
+        tail = redis_key(b"", key)
+        keys.append(prefixes[crc32(tail) % count] + tail)
+        items.append(key_json(key) + "," + value_text(value))
+    return (
+        "EVALSHA",
+        BATCH_SHA,
+        len(keys),
+        *keys,
+        ttl_ms,
+        publish,
+        head,
+        stem,
+        MAX_MESSAGE_TRIGGERS,
+        len(batch.checks),
+        *args,
+        *items,
+    )
 
 
 def publish_commands(
@@ -243,8 +382,16 @@ class Sender:
                     if not waiter.done():
                         waiter.set_result(None)
 
+    def _commands(self, batch: Batch) -> list[tuple[Any, ...]]:
+        if self._publish == b"PUBLISH":
+            return [
+                batch_command(self._id, part, self._partitions, self._ttl_ms, self._publish)
+                for part in batch.split(MAX_SCRIPT_TRIGGERS)
+            ]
+        return publish_commands(self._id, batch, self._partitions, self._ttl_ms, self._publish)
+
     async def _send(self, batch: Batch) -> None:
-        commands = publish_commands(self._id, batch, self._partitions, self._ttl_ms, self._publish)
+        commands = self._commands(batch)
         replies = await self.link.execute(*commands)
         missing = [
             command
@@ -254,9 +401,14 @@ class Sender:
         if missing:
             # Redis does not have the script yet (new, restarted, SCRIPT FLUSH):
             # load it and send those again.
-            await self.link.execute(("SCRIPT", "LOAD", ADVANCE_SCRIPT))
-            replies = await self.link.execute(*missing)
-        for reply in replies:
+            for sha in dict.fromkeys(command[1] for command in missing):
+                await self.link.execute(("SCRIPT", "LOAD", _SCRIPTS[sha]))
+            again = iter(await self.link.execute(*missing))
+            replies = [
+                next(again) if isinstance(reply, NoScriptError) else reply for reply in replies
+            ]
+        sent = 0
+        for command, reply in zip(commands, replies, strict=True):
             if isinstance(reply, Exception):
                 # An error reply (READONLY from a primary demoted by a failover,
                 # LOADING from one restarting...): the next attempt takes a new
@@ -264,4 +416,6 @@ class Sender:
                 # current primary.
                 await self.link.drop()
                 raise reply
-        self.published += len(commands)
+            # A batch script says how many messages it published; others publish one.
+            sent += reply if command[1] == BATCH_SHA else 1
+        self.published += sent

@@ -36,6 +36,7 @@ from ._cluster import CLUSTER_SCHEMES, parse_cluster_url
 from ._partitions import DEFAULT_PARTITIONS, Partitions, check_partitions
 from ._publisher import ADVANCE_SCRIPT
 from ._redact import Redactor, describe_client, describe_url, url_password
+from ._topology import SentinelURL, is_sentinel_url, parse_sentinel_url
 from ._triggers import RedisTriggersClosedError, RedisTriggersError, check_channel
 from ._triggers import _cause as _connection_cause
 from ._triggers import _positive as _seconds
@@ -48,6 +49,42 @@ _DEFAULT_TIMEOUT: Final = 5.0
 
 # Errors that mean Redis could not be reached or refused the command.
 _REDIS_ERRORS: Final = (RedisError, OSError)
+
+
+def _sentinel_client(
+    parsed: SentinelURL, timeout: float, name: str
+) -> tuple[redis.Redis, list[redis.Redis]]:
+    """A client of the primary the sentinels of ``parsed`` name, and the sentinels' clients.
+
+    Its connections ask a sentinel for the primary each time they connect; a
+    connection to a former primary (a ``READONLY`` reply after a failover) is
+    dropped by redis-py and the call sent once more, on a connection to the new one.
+    """
+    from redis.sentinel import Sentinel
+
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        parsed.hosts,
+        sentinel_kwargs={"socket_connect_timeout": timeout, "socket_timeout": timeout},
+    )
+    options: dict[str, object] = {}
+    if parsed.username is not None:
+        options["username"] = parsed.username
+    if parsed.password is not None:
+        options["password"] = parsed.password
+    if parsed.tls:
+        options["ssl"] = True
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        parsed.service,
+        redis_class=redis.Redis,
+        db=parsed.db,
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+        socket_keepalive=True,
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        client_name=name,
+        **options,
+    )
+    return client, list(sentinel.sentinels)
 
 
 def _cause(exc: BaseException) -> str:
@@ -90,7 +127,9 @@ class SyncPublisher:
         url_or_client: a Redis URL (``redis://[[user]:password@]host[:port][/db]``,
             ``rediss://`` for TLS, ``unix://``; redis-py's ``from_url``), a Redis
             Cluster's (``redis+cluster://[[user]:password@]host:port[,host:port...]``,
-            ``rediss+cluster://`` for TLS), a ``redis.Redis`` or a
+            ``rediss+cluster://`` for TLS), a Sentinel-managed primary's
+            (``redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]``,
+            ``rediss+sentinel://`` for TLS to the data servers), a ``redis.Redis`` or a
             ``redis.cluster.RedisCluster`` client (sync; a client passed in is
             not closed).
         channel: the Redis channel (default ``"aiopurgatory"``), the one the
@@ -123,6 +162,7 @@ class SyncPublisher:
         partition_count = check_partitions(partitions)
 
         self._id = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self._sentinels: list[redis.Redis] = []  # a Sentinel URL's, closed with the client
         given: object = url_or_client  # checked at run time, whatever the annotation says
         client: redis.Redis | RedisCluster
         self._publish = b"PUBLISH"
@@ -160,6 +200,19 @@ class SyncPublisher:
             self._where = f"redis+cluster://{nodes}"
             self._publish = b"SPUBLISH"
             self._owns_client = False
+        elif isinstance(given, str) and is_sentinel_url(given):
+            self._redactor = Redactor(url_password(given))
+            try:
+                parsed = parse_sentinel_url(given)
+            except ValueError as exc:
+                raise ValueError(
+                    f"url_or_client: not a usable Redis URL ({self._redactor.error(exc)})"
+                ) from None
+            self._where = parsed.where
+            client, self._sentinels = _sentinel_client(
+                parsed, wait, f"aiopurgatory-syncpub-{self._id}"
+            )
+            self._owns_client = True
         elif isinstance(given, str):
             self._redactor = Redactor(url_password(given))
             self._where = describe_url(given)
@@ -297,6 +350,8 @@ class SyncPublisher:
             self._closed = True
         if self._owns_client:
             self._client.close()
+            for sentinel in self._sentinels:
+                sentinel.close()
 
     def __enter__(self) -> Self:
         self.ping()

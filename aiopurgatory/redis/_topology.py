@@ -27,7 +27,14 @@ import redis.asyncio as aioredis
 
 from ._cluster import CLUSTER_SCHEMES, ClusterSeeds, nodes_url, parse_cluster_url, shown_auth
 
-__all__ = ["Target", "describe_pool", "target_for_url"]
+__all__ = [
+    "SentinelURL",
+    "Target",
+    "describe_pool",
+    "is_sentinel_url",
+    "parse_sentinel_url",
+    "target_for_url",
+]
 
 _SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
 
@@ -57,7 +64,7 @@ def target_for_url(url: str, timeout: float) -> Target:
     """
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in _SENTINEL_SCHEMES:
-        return _sentinel(url, _SENTINEL_SCHEMES[scheme], timeout)
+        return _sentinel(url, timeout)
     if scheme in CLUSTER_SCHEMES:
         seeds = parse_cluster_url(url)
         return Target(None, seeds.where, cluster=seeds)
@@ -65,9 +72,38 @@ def target_for_url(url: str, timeout: float) -> Target:
     return Target(pool, "")
 
 
-def _sentinel(url: str, tls: bool, timeout: float) -> Target:
-    from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+@dataclass
+class SentinelURL:
+    """What a ``redis+sentinel://`` URL names."""
 
+    username: str | None
+    password: str | None
+    hosts: list[tuple[str, int]]
+    service: str
+    db: int
+    tls: bool
+
+    @property
+    def where(self) -> str:
+        """The URL to show (the password hidden)."""
+        seeds = ",".join(f"{host}:{port}" for host, port in self.hosts)
+        auth = shown_auth(self.username, self.password)
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}+sentinel://{auth}{seeds}/{self.service}/{self.db}"
+
+
+def is_sentinel_url(url: str) -> bool:
+    """``url`` names a Sentinel-managed primary (``redis+sentinel://``, ``rediss+sentinel://``)."""
+    return "://" in url and url.split("://", 1)[0].lower() in _SENTINEL_SCHEMES
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """The sentinels, service, database and credentials ``url`` names.
+
+    Raises:
+        ValueError: not a usable Sentinel URL (the message never holds the password).
+    """
+    tls = _SENTINEL_SCHEMES[url.split("://", 1)[0].lower()]
     username, password, hosts, rest = nodes_url(url, "a sentinel")
     path = [p for p in urlsplit(rest).path.split("/") if p]
     if not path or len(path) > 2:
@@ -80,6 +116,15 @@ def _sentinel(url: str, tls: bool, timeout: float) -> Target:
         if not path[1].isdigit():
             raise ValueError(f"the database must be a number, got {path[1]!r}")
         db = int(path[1])
+    return SentinelURL(username, password, hosts, service, db, tls)
+
+
+def _sentinel(url: str, timeout: float) -> Target:
+    from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+
+    parsed = parse_sentinel_url(url)
+    username, password, hosts = parsed.username, parsed.password, parsed.hosts
+    service, db, tls = parsed.service, parsed.db, parsed.tls
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         hosts,
         sentinel_kwargs={"socket_connect_timeout": timeout, "socket_timeout": timeout},
@@ -93,10 +138,7 @@ def _sentinel(url: str, tls: bool, timeout: float) -> Target:
     if tls:
         options["ssl"] = True
     pool = SentinelConnectionPool(service, sentinel, **options)  # type: ignore[no-untyped-call]
-    seeds = ",".join(f"{host}:{port}" for host, port in hosts)
-    auth = shown_auth(username, password)
-    where = f"{'rediss' if tls else 'redis'}+sentinel://{auth}{seeds}/{service}/{db}"
-    return Target(pool, where, list(sentinel.sentinels))
+    return Target(pool, parsed.where, list(sentinel.sentinels))
 
 
 def describe_pool(pool: aioredis.ConnectionPool) -> str | None:

@@ -41,6 +41,7 @@ __all__ = [
     "parse_stored",
     "redis_key",
     "stored",
+    "value_text",
     "watermark_prefix",
     "wire_keys",
 ]
@@ -227,9 +228,19 @@ def parse_stored(raw: bytes | str | None) -> Value | None:
     return value if math.isfinite(value) else None
 
 
+def value_text(value: Value) -> str:
+    """``value`` as decimal text, which is JSON too: an int's digits, a float's ``repr``.
+
+    An int or float subclass (an ``IntEnum``) is written as its plain value.
+    """
+    if type(value) is int or type(value) is float:
+        return repr(value)
+    return float.__repr__(value) if isinstance(value, float) else int.__repr__(value)
+
+
 def stored(value: Value) -> bytes:
     """``value`` as written to Redis: decimal digits, a float keeping its ``repr``."""
-    return repr(value).encode("ascii")
+    return value_text(value).encode("ascii")
 
 
 def wire_keys(keys: Iterable[Hashable]) -> list[Key]:

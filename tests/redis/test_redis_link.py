@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -132,3 +133,18 @@ async def test_error_replies_are_returned_and_a_script_is_loaded_when_missing(
             await link.script(hashlib.sha1(b"bad").hexdigest(), "return redis.call('NOPE')", [], [])
     finally:
         await link.drop()
+
+
+def test_commands_are_packed_as_redis_py_packs_them() -> None:
+    from redis.asyncio.connection import Connection
+
+    from aiopurgatory.redis._link import pack_commands
+
+    commands: list[tuple[Any, ...]] = [
+        ("SCRIPT LOAD", "return 1"),
+        ("EVALSHA", "ab" * 20, 2, b"{x}k\x00", "ünï", 1.5, -(2**53), b"", bytearray(b"ba")),
+        ("PING",),
+    ]
+    assert pack_commands(commands) == b"".join(Connection().pack_commands(commands))
+    with pytest.raises(TypeError, match="argument"):
+        pack_commands([("SET", "k", None)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 from typing import Any
 
 import pytest
@@ -11,6 +12,8 @@ import redis.asyncio as aioredis
 import aiopurgatory as ap
 from aiopurgatory.redis import DEFAULT_PARTITIONS, RedisTriggers, SyncPublisher
 from aiopurgatory.redis._partitions import SLOTS, Partitions, key_slot, partition_of
+from aiopurgatory.redis._publisher import BATCH_SCRIPT, MAX_MESSAGE_TRIGGERS, batch_command
+from aiopurgatory.redis._wire import Batch, Key, decode, parse_stored
 from aiopurgatory.redis.testing import RedisServer
 from tests.redis.test_redis import Flagged, eventually
 
@@ -241,3 +244,96 @@ async def test_a_sync_publisher_publishes_on_the_same_partition_channels(
             await eventually(lambda: sub.statistics().received == 2)
     finally:
         publisher.close()
+
+
+class _Level(enum.IntEnum):
+    HIGH = 3
+
+
+async def test_a_batch_script_publishes_per_partition_what_encode_would(
+    redis_server: RedisServer,
+) -> None:
+    """One call of the batch script: watermarks stored (max), one message per
+    partition and per 1,024 triggers, each decoding to exactly its triggers."""
+    partitions = Partitions("b", 4, "me")
+    client: Any = aioredis.Redis.from_url(redis_server.url)  # redis-py's pub/sub is untyped
+    pubsub = client.pubsub()
+    try:
+        await pubsub.subscribe(*partitions.channels)
+        for _ in partitions.channels:
+            await pubsub.get_message(timeout=5)  # the confirmations
+        keys: list[Key] = [
+            'q"uo\\te,',
+            "ünï\x00",
+            b"\xff,\x00b",
+            7,
+            -(2**53),
+            *[f"n{i}" for i in range(3000)],
+        ]
+        batch = Batch()
+        for i, key in enumerate(keys):
+            batch.advance(key, 1.5e300 if i % 2 else i)
+        for i in range(500):
+            batch.check(f"c{i}")
+        batch.check(b"\x01{}")
+        batch.advance("enum", _Level.HIGH)  # an IntEnum value crosses as its int
+        await client.set(partitions.stored_key(7), "1e301")  # higher: kept
+        command = batch_command("me", batch, partitions, b"60000", b"PUBLISH")
+        await client.script_load(BATCH_SCRIPT)
+        sent = await client.execute_command(*command)
+        got: dict[bytes, list[tuple[str, list[Key], list[tuple[Key, float]]]]] = {}
+        for _ in range(sent):
+            message = await pubsub.get_message(timeout=5)
+            assert message is not None
+            assert message["type"] == "message"
+            decoded = decode(message["data"])
+            assert len(decoded[1]) + len(decoded[2]) <= MAX_MESSAGE_TRIGGERS
+            got.setdefault(message["channel"], []).append(decoded)
+        assert await pubsub.get_message(timeout=0.2) is None  # no more than it said
+        for channel, messages in got.items():
+            n = partitions.channels.index(channel)
+            assert {sender for sender, _, _ in messages} == {"me"}
+            assert all(partitions.of(k) == n for _, checks, _ in messages for k in checks)
+            assert all(partitions.of(k) == n for _, _, advances in messages for k, _ in advances)
+        checks = [k for messages in got.values() for _, c, _ in messages for k in c]
+        advances = dict(kv for messages in got.values() for _, _, a in messages for kv in a)
+        assert sorted(map(repr, checks)) == sorted(map(repr, batch.checks))
+        assert advances == batch.advances
+        # Each message's share: the partition's triggers in as few messages as the cap allows.
+        for n, channel in enumerate(partitions.channels):
+            mine = sum(1 for k in [*batch.checks, *batch.advances] if partitions.of(k) == n)
+            assert len(got.get(channel, [])) == -(-mine // MAX_MESSAGE_TRIGGERS)
+        for key, value in batch.advances.items():
+            expected = 1e301 if key == 7 else value
+            assert parse_stored(await client.get(partitions.stored_key(key))) == expected
+            assert 0 < await client.pttl(partitions.stored_key(key)) <= 60000
+    finally:
+        await pubsub.aclose()
+        await client.aclose()
+
+
+async def test_a_flushed_script_cache_is_reloaded(redis_server: RedisServer) -> None:
+    purgatory: ap.Purgatory[ap.WatermarkOperation] = ap.Purgatory("flushed")
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        async with (
+            RedisTriggers(purgatory, redis_server.url, channel="f") as sub,
+            RedisTriggers(None, redis_server.url, channel="f") as pub,
+        ):
+            op = ap.WatermarkOperation(5)
+            waiting = asyncio.ensure_future(sub.watch(op, {"k": 2}))
+            await eventually(lambda: sub.statistics().subscribed == 1)
+            pub.advance("k", 1)
+            await pub.flush()
+            await client.script_flush()
+            pub.advance("k", 2)
+            pub.check_and_complete("other")
+            await pub.flush()
+            assert await asyncio.wait_for(waiting, 5) is ap.Outcome.COMPLETED
+            assert pub.statistics().publish_errors == 0
+            assert (
+                parse_stored(await client.get(Partitions("f", DEFAULT_PARTITIONS).stored_key("k")))
+                == 2
+            )
+    finally:
+        await client.aclose()

@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio.sentinel import Sentinel
 
 import aiopurgatory as ap
-from aiopurgatory.redis import RedisTriggers
+from aiopurgatory.redis import RedisTriggers, SyncPublisher
 from tests.redis.test_redis import eventually
 from tests.support.redis import Worker, encode_key
 from tests.support.redis_cluster import SentinelServers, redis_sentinel  # noqa: F401
@@ -117,3 +117,37 @@ async def test_the_primary_killed_mid_traffic_strands_nothing(
             assert await pub.fetch_watermark(keys[0]) == final
     finally:
         await asyncio.to_thread(redis_sentinel.heal)
+
+
+async def test_a_sync_publisher_follows_the_primary_through_a_failover(
+    redis_sentinel: SentinelServers,  # noqa: F811
+) -> None:
+    url = redis_sentinel.url
+    channel = f"s-{secrets.token_hex(4)}"
+    purgatory: ap.Purgatory[ap.WatermarkOperation] = ap.Purgatory("sync-sentinel")
+    options = {"reconnect_delay": (0.05, 0.5), "health_check_interval": 0.5}
+    publisher = SyncPublisher(url, channel=channel, timeout=2.0)
+    try:
+        assert "redis+sentinel://" in repr(publisher)
+        async with RedisTriggers(purgatory, url, channel=channel, **options) as sub:  # type: ignore[arg-type]
+            first = asyncio.ensure_future(sub.watch(ap.WatermarkOperation(30), {"k": 1}))
+            await eventually(lambda: sub.statistics().subscribed == 1)
+            await asyncio.to_thread(publisher.advance, "k", 1)
+            assert await asyncio.wait_for(first, 10) is ap.Outcome.COMPLETED
+            old, new = await asyncio.to_thread(redis_sentinel.kill_primary)
+            assert old != new
+            # The next call finds its connection dead, asks a sentinel, and lands
+            # on the promoted replica.
+            second = asyncio.ensure_future(sub.watch(ap.WatermarkOperation(30), {"k": 2}))
+            await asyncio.to_thread(publisher.advance, "k", 2)
+            assert await asyncio.wait_for(second, 20) is ap.Outcome.COMPLETED
+            assert await sub.fetch_watermark("k") == 2
+    finally:
+        publisher.close()
+        await asyncio.to_thread(redis_sentinel.heal)
+
+
+def test_a_bad_sentinel_url_is_refused_without_its_password() -> None:
+    with pytest.raises(ValueError, match="service") as caught:
+        SyncPublisher("redis+sentinel://:s3cret@127.0.0.1:1")
+    assert "s3cret" not in str(caught.value)
