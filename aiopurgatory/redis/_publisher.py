@@ -64,10 +64,10 @@ MAX_MESSAGE_TRIGGERS: Final = 1024
 # command (PUBLISH, or SPUBLISH on a cluster), ARGV[3]: channel, ARGV[4]: message,
 # ARGV[4 + i]: the value for KEYS[i] (decimal text). Raises each key to at least
 # its value and refreshes its TTL, then publishes: one round trip, atomic.
-ADVANCE_SCRIPT: Final = """
-local ttl = ARGV[1]
-for i, key in ipairs(KEYS) do
-  local new = ARGV[i + 4]
+# Both scripts' atomic max: a watermark key raised to at least ``new`` (decimal
+# text), its TTL (ms) refreshed either way.
+_RAISE: Final = """
+local function raise(key, new, ttl)
   local current = tonumber(redis.call('GET', key) or '')
   if current == nil or current < tonumber(new) then
     redis.call('SET', key, new, 'PX', ttl)
@@ -75,8 +75,17 @@ for i, key in ipairs(KEYS) do
     redis.call('PEXPIRE', key, ttl)
   end
 end
+"""
+ADVANCE_SCRIPT: Final = (
+    _RAISE
+    + """
+local ttl = ARGV[1]
+for i, key in ipairs(KEYS) do
+  raise(key, ARGV[i + 4], ttl)
+end
 return redis.call(ARGV[2], ARGV[3], ARGV[4])
 """
+)
 ADVANCE_SHA: Final = hashlib.sha1(ADVANCE_SCRIPT.encode("ascii")).hexdigest()
 
 #: A batch larger than this leaves as several calls of :data:`BATCH_SCRIPT`
@@ -94,7 +103,9 @@ MAX_SCRIPT_TRIGGERS: Final = 4096
 # Each key's watermark is raised to at least its value (TTL refreshed) before
 # any message holding it is published; a message per partition (and per
 # ARGV[5] triggers), in the format of _wire.encode. Returns the messages sent.
-BATCH_SCRIPT: Final = """
+BATCH_SCRIPT: Final = (
+    _RAISE
+    + """
 local ttl, publish, head = ARGV[1], ARGV[2], ARGV[3]
 local stem, most, checks = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local parts, order, sent = {}, {}, 0
@@ -124,13 +135,7 @@ end
 local base = 6 + 2 * checks
 for i, key in ipairs(KEYS) do
   local item = ARGV[base + i]
-  local new = string.match(item, ',([^,]*)$')
-  local current = tonumber(redis.call('GET', key) or '')
-  if current == nil or current < tonumber(new) then
-    redis.call('SET', key, new, 'PX', ttl)
-  else
-    redis.call('PEXPIRE', key, ttl)
-  end
+  raise(key, string.match(item, ',([^,]*)$'), ttl)
   add(string.sub(key, 1, stem) .. ':t', 2, item)
 end
 for _, channel in ipairs(order) do
@@ -141,6 +146,7 @@ for _, channel in ipairs(order) do
 end
 return sent
 """
+)
 BATCH_SHA: Final = hashlib.sha1(BATCH_SCRIPT.encode("ascii")).hexdigest()
 _SCRIPTS: Final = {ADVANCE_SHA: ADVANCE_SCRIPT, BATCH_SHA: BATCH_SCRIPT}
 

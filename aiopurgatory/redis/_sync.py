@@ -23,7 +23,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import Final, Self
+from typing import Final, Self, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -41,6 +41,8 @@ from ._triggers import RedisTriggersClosedError, RedisTriggersError, check_chann
 from ._triggers import _cause as _connection_cause
 from ._triggers import _positive as _seconds
 from ._wire import Batch, Key, Value, check_key, check_value, encode, stored
+
+_Parsed = TypeVar("_Parsed")
 
 __all__ = ["SyncPublisher"]
 
@@ -167,13 +169,7 @@ class SyncPublisher:
         client: redis.Redis | RedisCluster
         self._publish = b"PUBLISH"
         if isinstance(given, str) and given.split("://", 1)[0].lower() in CLUSTER_SCHEMES:
-            self._redactor = Redactor(url_password(given))
-            try:
-                seeds = parse_cluster_url(given)
-            except ValueError as exc:
-                raise ValueError(
-                    f"url_or_client: not a usable Redis URL ({self._redactor.error(exc)})"
-                ) from None
+            seeds = self._parse(given, parse_cluster_url)
             self._where = seeds.where
             client = RedisCluster(
                 startup_nodes=[ClusterNode(host, port) for host, port in seeds.seeds],  # type: ignore[no-untyped-call]
@@ -201,13 +197,7 @@ class SyncPublisher:
             self._publish = b"SPUBLISH"
             self._owns_client = False
         elif isinstance(given, str) and is_sentinel_url(given):
-            self._redactor = Redactor(url_password(given))
-            try:
-                parsed = parse_sentinel_url(given)
-            except ValueError as exc:
-                raise ValueError(
-                    f"url_or_client: not a usable Redis URL ({self._redactor.error(exc)})"
-                ) from None
+            parsed = self._parse(given, parse_sentinel_url)
             self._where = parsed.where
             client, self._sentinels = _sentinel_client(
                 parsed, wait, f"aiopurgatory-syncpub-{self._id}"
@@ -364,6 +354,17 @@ class SyncPublisher:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    def _parse(self, url: str, parse: Callable[[str], _Parsed]) -> _Parsed:
+        # A URL naming several nodes: its password redacted from every message,
+        # this error's too.
+        self._redactor = Redactor(url_password(url))
+        try:
+            return parse(url)
+        except ValueError as exc:
+            raise ValueError(
+                f"url_or_client: not a usable Redis URL ({self._redactor.error(exc)})"
+            ) from None
 
     def _check_open(self) -> None:
         if self._closed:
