@@ -13,7 +13,12 @@ PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: install install-redis build test test-fast test-3.11 test-compiled-3.11 test-spark-3.11 test-pure-3.11 test-other-pythons check-pythons lint demo bench docs pipeline cluster-up cluster-down clean
+.PHONY: install install-redis build test test-fast test-spark-3.11 check-pythons lint demo bench docs pipeline cluster-up cluster-down clean
+# Pattern targets, always run when asked for: test-3.X, test-compiled-3.X,
+# test-pure-3.X, dist-3.X, step-*.
+.SECONDEXPANSION:
+# None is a file to delete after use (make would take dist-3.X for one).
+.SECONDARY:
 
 # Everything, with the compiled core built in place (see build).
 install: $(STAMP) install-redis
@@ -69,83 +74,104 @@ build: install
 #   (PURE_TESTS) on the pure-Python core.
 # A Python of PYTHONS that is missing stops `make test` with a message saying how to
 # get it (.ci/find-python); leave one out explicitly with `make test PYTHONS=3.12`.
-# `make test` runs its lanes (3.11's passes; the other Pythons', each making its venv
-# first) one after the other (JOBS=1): each pass already keeps both cores busy with
-# its two xdist workers, and two lanes at once on a 2-core machine made the
-# real-time tests fail (docs/testing.md). JOBS=2 runs the lanes at once, on a
-# machine with more cores. Each pass runs on XDIST pytest-xdist workers, but the
-# Spark one; XDIST=0 runs in one process, PYTEST_ADDOPTS adds options.
+# Each pass runs on XDIST pytest-xdist workers, but the Spark one; XDIST=0 runs in
+# one process, PYTEST_ADDOPTS adds options.
 PYTHONS ?= 3.12 3.13
 XDIST ?= 2
-JOBS ?= 1
 # The extras the library's tests need on the other Pythons (no Spark, no examples).
 LIB_EXTRAS := uvloop,trio,redis,prometheus,otel,bench,test
 # What differs between the cores is the core itself (the wheel, the timer, operations,
-# the purgatory, the histograms: the modules with a .pxd): its tests, and those
-# driving it from outside the loop's own calls: Redis's triggers, the metrics that
-# read its histograms, the ASGI middleware that withdraws its operations.
-PURE_TESTS := tests/core tests/redis tests/metrics tests/asgi
+# the purgatory, the histograms: the modules with a .pxd): its tests, and the tests
+# driving it from a task of the library's own that is not the caller's: the Redis
+# triggers' subscriber (single server: what a trigger does to parked operations), the
+# exporters reading its histograms, the ASGI middleware withdrawing its operations.
+# The Redis topologies (cluster, Sentinel, failover, routing, liveness) and the real
+# web servers are the same Python code on either core: compiled passes only.
+PURE_TESTS := tests/core tests/metrics tests/asgi/test_asgi.py \
+	tests/redis/test_redis.py tests/redis/test_redis_watermarks.py
 PYTEST_COMPILED := AIOPURGATORY_EXPECT=compiled
 PYTEST_PURE := AIOPURGATORY_NO_EXTENSIONS=1 AIOPURGATORY_EXPECT=python
 # No cache: passes running at once would write .pytest_cache together.
 PYTEST_ARGS := -q -n $(XDIST) -p no:cacheprovider
 
-# Each lane's output is printed whole when it ends (--output-sync).
+# Python X.Y's interpreter and the stamp of its venv: 3.11 is the project's .venv/.
+python_of = $(if $(filter 3.11,$(1)),$(PY),.venv-$(1)/bin/python)
+venv_of = $(if $(filter 3.11,$(1)),$(STAMP),.venv-$(1)/.installed)
+# The pass of a Python's compiled core: 3.11 runs the whole suite but Spark, the others
+# the library's tests. AIOPURGATORY_TEST_DIST: the packaging test checks and installs
+# the very sdist and wheel the core was taken from (dist-X.Y) instead of building its own.
+compiled_selection = $(if $(filter 3.11,$(1)),-m 'not spark',--library-only)
+compiled_pass = AIOPURGATORY_TEST_DIST=$(CURDIR)/.dist/$(1) $(PYTEST_COMPILED) \
+	$(call python_of,$(1)) -m pytest $(PYTEST_ARGS) $(call compiled_selection,$(1))
+pure_pass = $(PYTEST_PURE) $(call python_of,$(1)) -m pytest $(PYTEST_ARGS) --library-only $(PURE_TESTS)
+# The Spark tests in one process: they share one Spark session and one local
+# cluster (session fixtures), which xdist workers would each start, and Spark's
+# local[2] uses both cores itself.
+spark_pass = $(PYTEST_COMPILED) $(PY) -m pytest -q -p no:cacheprovider -m spark
+
+# `make test`: every pass, scheduled for a 2-core machine (docs/testing.md). The
+# passes of the tests (real servers, real time) run one at a time, in the order of
+# CHAIN, at normal priority. Beside them, at idle CPU priority (SCHED_IDLE: the
+# kernel runs it only on a core nothing else wants, and a waking test preempts it
+# at once), run the Spark pass (JVMs: CPU, no deadline tighter than minutes) and the
+# builds of the other Pythons' venvs and compiled cores, which a chain step waits
+# for when it comes to it. The passes leave a third of the machine idle while their
+# servers and clients wait; that is what the background work uses.
+IDLE := $(if $(shell chrt --idle 0 true 2>/dev/null && echo ok),chrt --idle 0,nice -n 19)
+CHAIN := compiled-3.11 pure-3.11 $(foreach v,$(PYTHONS),compiled-$(v) pure-$(v))
+# Each of a list's targets after the one before it (in `make test`'s schedule only).
+after = $(if $(word 2,$(1)),$(eval $(word 2,$(1)): | $(word 1,$(1)))$(call \
+	after,$(wordlist 2,$(words $(1)),$(1))))
+ifdef SCHEDULE
+$(call after,$(addprefix step-,$(CHAIN)))
+$(call after,$(addprefix dist-,3.11 $(PYTHONS)))
+endif
+
 test: check-pythons install-redis $(UV)
-	$(MAKE) --no-print-directory -j $(JOBS) --output-sync=target \
-		test-3.11 $(if $(PYTHONS),test-other-pythons)
+	$(MAKE) --no-print-directory -j 4 --output-sync=target SCHEDULE=1 BG="$(IDLE)" \
+		step-spark step-$(lastword $(CHAIN))
+
+step-spark: dist-3.11
+	$(IDLE) env $(spark_pass)
+step-compiled-%: dist-%
+	$(call compiled_pass,$*)
+step-pure-%: $$(call venv_of,$$*)
+	$(call pure_pass,$*)
 
 # Before minutes of tests: every Python of PYTHONS is there (or say which not).
 check-pythons:
 	@for v in $(PYTHONS); do .ci/find-python $$v >/dev/null || exit 1; done
 
-# A lane: its passes one after another.
-test-3.11:
-	$(MAKE) --no-print-directory test-compiled-3.11
-	$(MAKE) --no-print-directory test-spark-3.11
-	$(MAKE) --no-print-directory test-pure-3.11
+# One Python alone, its passes one after another: `make test-3.13`, `make test-3.11`.
+test-3.%: dist-3.%
+	$(call compiled_pass,3.$*)
+	$(if $(filter 11,$*),$(spark_pass))
+	$(call pure_pass,3.$*)
 
-test-other-pythons:
-	$(foreach v,$(PYTHONS),$(MAKE) --no-print-directory test-$(v) &&) :
+test-compiled-%: dist-%
+	$(call compiled_pass,$*)
+test-spark-3.11: dist-3.11
+	$(spark_pass)
+test-pure-%: $$(call venv_of,$$*)
+	$(call pure_pass,$*)
 
-test-compiled-3.11: build
-	$(PYTEST_COMPILED) $(PY) -m pytest $(PYTEST_ARGS) -m 'not spark'
-
-# The Spark tests in one process: they share one Spark session and one local
-# cluster (session fixtures), which xdist workers would each start, and Spark's
-# local[2] uses both cores itself.
-test-spark-3.11: build
-	$(PYTEST_COMPILED) $(PY) -m pytest -q -p no:cacheprovider -m spark
-
-test-pure-3.11: build
-	$(PYTEST_PURE) $(PY) -m pytest $(PYTEST_ARGS) --library-only $(PURE_TESTS)
-
-# The edit-and-rerun loop: 3.11, compiled core, neither slow nor packaging tests
-# (with pytest's cache: PYTEST_ADDOPTS=--lf reruns the last failures).
+# The edit-and-rerun loop: 3.11, compiled core (built in place), neither slow nor
+# packaging tests (with pytest's cache: PYTEST_ADDOPTS=--lf reruns the last failures).
 test-fast: build
 	$(PYTEST_COMPILED) $(PY) -m pytest -q -n $(XDIST) -m 'not slow and not packaging'
 
-# One other Python alone, e.g. `make test-3.13`: its venv (made and kept up to date
-# here), its compiled core built in place, then both cores.
-test-3.%:
-	$(MAKE) --no-print-directory test-compiled-3.$*
-	$(MAKE) --no-print-directory test-pure-3.$*
-
-# Its compiled core comes from the wheel that `python -m build` makes of this
-# checkout with that Python: the packaging test checks and installs that very sdist
-# and wheel (AIOPURGATORY_TEST_DIST) rather than building them again, so the core
-# is compiled once per Python. The wheel's modules go into the checkout beside the
-# other Pythons' (each file's name says its Python). The build's log: .dist/3.X/build.log.
-test-compiled-3.%: .venv-3.%/.installed
-	rm -rf .dist/3.$* && mkdir -p .dist/3.$*
-	$(BUILD_EXT) .venv-3.$*/bin/python -m build --outdir .dist/3.$* . >.dist/3.$*/build.log 2>&1 \
-		|| { tail -40 .dist/3.$*/build.log; exit 1; }
-	.venv-3.$*/bin/python -c "$$TAKE_COMPILED" .dist/3.$*/aiopurgatory-*.whl
-	AIOPURGATORY_TEST_DIST=$(CURDIR)/.dist/3.$* $(PYTEST_COMPILED) \
-		.venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) --library-only
-
-test-pure-3.%: .venv-3.%/.installed
-	$(PYTEST_PURE) .venv-3.$*/bin/python -m pytest $(PYTEST_ARGS) --library-only $(PURE_TESTS)
+# A Python's compiled core for the test passes comes from the wheel that `python -m
+# build` makes of this checkout with that Python: the packaging test checks and
+# installs that very sdist and wheel (AIOPURGATORY_TEST_DIST) rather than building
+# them again, so the core is compiled once per Python and pass. The wheel's modules
+# go into the checkout beside the other Pythons' (each file's name says its Python).
+# The build's log: .dist/3.X/build.log. BG: a command prefix, `make test`'s idle
+# priority for the Pythons after 3.11.
+dist-%: $$(call venv_of,$$*)
+	rm -rf .dist/$* && mkdir -p .dist/$*
+	$(if $(filter 3.11,$*),,$(BG)) $(BUILD_EXT) $(call python_of,$*) -m build --outdir .dist/$* . \
+		>.dist/$*/build.log 2>&1 || { tail -40 .dist/$*/build.log; exit 1; }
+	$(call python_of,$*) -c "$$TAKE_COMPILED" .dist/$*/aiopurgatory-*.whl
 
 # The compiled modules of a wheel (argv[1]) into the checkout's aiopurgatory/.
 define TAKE_COMPILED
@@ -164,12 +190,12 @@ export TAKE_COMPILED
 .PRECIOUS: .venv-3.%/.installed
 .venv-3.%/.installed: pyproject.toml setup.py | $(UV)
 	@python=$$(.ci/find-python 3.$*) && echo "CPython 3.$*: $$python" && \
-		{ test -x .venv-3.$*/bin/python || $(UV) venv --quiet --seed --python "$$python" .venv-3.$*; }
-	AIOPURGATORY_NO_EXTENSIONS=1 $(UV) pip install --quiet --python .venv-3.$*/bin/python \
+		{ test -x .venv-3.$*/bin/python || $(BG) $(UV) venv --quiet --seed --python "$$python" .venv-3.$*; }
+	AIOPURGATORY_NO_EXTENSIONS=1 $(BG) $(UV) pip install --quiet --python .venv-3.$*/bin/python \
 		-e '.[$(LIB_EXTRAS)]'
 	touch $@
 
-lint: install
+lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -191,7 +217,7 @@ demo: $(DEMO_STAMP)
 bench: install
 	$(BIN)/aiopurgatory bench all
 
-docs: install
+docs: $(STAMP)
 	$(BIN)/sphinx-build -E -W --keep-going -b html docs docs/_build/html
 
 pipeline: install
