@@ -21,17 +21,14 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
     ) from exc
 
 from .._namespace import public_dir as _public_dir
+from ._errors import RedisTriggersClosedError, RedisTriggersError
+from ._options import DEFAULT_CHANNEL
+from ._partitions import DEFAULT_PARTITIONS
+from ._publisher import MAX_MESSAGE_TRIGGERS
 from ._redact import describe_url
+from ._statistics import RedisTriggersStatistics
 from ._sync import SyncPublisher
-from ._triggers import (
-    DEFAULT_CHANNEL,
-    DEFAULT_PARTITIONS,
-    MAX_MESSAGE_TRIGGERS,
-    RedisTriggers,
-    RedisTriggersClosedError,
-    RedisTriggersError,
-    RedisTriggersStatistics,
-)
+from ._triggers import RedisTriggers
 
 __all__ = [
     "DEFAULT_CHANNEL",

@@ -102,6 +102,16 @@ def shown_auth(username: str | None, password: str | None) -> str:
     return f"{username or ''}:***@" if password else (f"{username}@" if username else "")
 
 
+def credentials(username: str | None, password: str | None) -> dict[str, Any]:
+    """The connection settings a URL's user and password make (only those it gives)."""
+    options: dict[str, Any] = {}
+    if username is not None:
+        options["username"] = username
+    if password is not None:
+        options["password"] = password
+    return options
+
+
 def parse_cluster_url(url: str) -> ClusterSeeds:
     """``redis+cluster://[[user]:password@]host:port[,host:port...]`` (``rediss+`` for TLS).
 
@@ -116,11 +126,7 @@ def parse_cluster_url(url: str) -> ClusterSeeds:
             "a cluster URL names nodes only (a cluster has one database): "
             "redis+cluster://host:port[,host:port...]"
         )
-    options: dict[str, Any] = {}
-    if username is not None:
-        options["username"] = username
-    if password is not None:
-        options["password"] = password
+    options = credentials(username, password)
     if tls:
         from redis.asyncio.connection import SSLConnection
 

@@ -33,12 +33,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 from zlib import crc32
 
 from redis.exceptions import NoScriptError
 
+from ._connections import Connections
 from ._link import CONNECTION_ERRORS, CONNECTION_LOST, Link
 from ._partitions import Partitions
 from ._wire import VERSION, Batch, Key, encode, redis_key, stored, value_text
@@ -259,12 +260,10 @@ class Sender:
         partitions: the channel's partitions.
         ttl_ms: stored watermarks' TTL, milliseconds as decimal bytes.
         publish: ``b"PUBLISH"``, or ``b"SPUBLISH"`` on a cluster.
-        backoff: the wait before the n-th retry (n from 1), in seconds.
-        record_error: records a connection failure in the owner's statistics;
-            returns its redacted text.
-        record_bug: records an unexpected failure; returns its redacted text.
-        on_result: called with True after a send succeeded, False after one
-            failed (a publisher only shows it as ``connected``).
+        connections: the owner's connections: the wait before the n-th retry
+            (``backoff``), and the record of failures (``record_error`` for a
+            lost connection, ``record_bug`` for anything else; each returns
+            the failure's redacted text).
         logger: the owner's bound logger.
     """
 
@@ -276,10 +275,7 @@ class Sender:
         *,
         ttl_ms: bytes,
         publish: bytes,
-        backoff: Callable[[int], float],
-        record_error: Callable[[BaseException], str],
-        record_bug: Callable[[BaseException], str],
-        on_result: Callable[[bool], None],
+        connections: Connections,
         logger: Any,
     ) -> None:
         self._id = instance
@@ -287,10 +283,7 @@ class Sender:
         self._partitions = partitions
         self._ttl_ms = ttl_ms
         self._publish = publish
-        self._backoff = backoff
-        self._record_error = record_error
-        self._record_bug = record_bug
-        self._on_result = on_result
+        self._connections = connections
         self._logger = logger
         self.pending = Batch()
         self._pending_waiters: list[asyncio.Future[None]] = []
@@ -300,6 +293,9 @@ class Sender:
         self.wakeup = asyncio.Event()
         self.published = 0
         self.publish_errors = 0
+        # The last send succeeded (a publisher only shows it as ``connected``);
+        # set by the owner once its first command succeeded.
+        self.connected = False
 
     # -- requests (any task of the loop) ------------------------------------------------
 
@@ -357,8 +353,8 @@ class Sender:
                 except CONNECTION_ERRORS as exc:
                     failures += 1
                     self.publish_errors += 1
-                    text = self._record_error(exc)
-                    self._on_result(False)
+                    text = self._connections.record_error(exc)
+                    self.connected = False
                     if failures == 1:
                         self._logger.warning(
                             "aiopurgatory.redis.publish_failed", error=text, triggers=len(batch)
@@ -369,19 +365,19 @@ class Sender:
                     self._pending_waiters = self._inflight_waiters + self._pending_waiters
                     self.inflight = 0
                     self._inflight_waiters = []
-                    await asyncio.sleep(self._backoff(failures))
+                    await asyncio.sleep(self._connections.backoff(failures))
                     continue
                 except Exception as exc:  # a bug: never end the sender silently
                     self.publish_errors += 1
                     self._logger.error(
                         "aiopurgatory.redis.send_failed",
-                        error=self._record_bug(exc),
+                        error=self._connections.record_bug(exc),
                         triggers=len(batch),
                     )
                 if failures:
                     self._logger.warning("aiopurgatory.redis.publish_resumed", attempts=failures)
                     failures = 0
-                self._on_result(True)
+                self.connected = True
                 self.inflight = 0
                 self._inflight_waiters = []
                 for waiter in waiters:

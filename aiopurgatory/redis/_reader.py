@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from .._purgatory import Purgatory
+from ._connections import Connections
 from ._link import CONNECTION_ERRORS
 from ._wire import Key, Value, parse_stored, wire_keys
 
@@ -52,16 +53,16 @@ class WatermarkReader:
         stored_key: the Redis key of a key's stored watermark.
         partition_of: on a Redis Cluster, a key's partition: an MGET then reads
             the keys of one partition (one slot) only, never across slots.
-        backoff: the wait before the n-th retry (n from 1), in seconds.
-        record_error: records a failure in the owner's statistics; returns its
-            redacted text.
+        connections: the owner's connections: the wait before the n-th retry
+            (``backoff``), and the record of failures (``record_error``, which
+            returns the failure's redacted text).
         logger: the owner's bound logger.
     """
 
     __slots__ = (
-        "_backoff",
         "_busy",
         "_checks",
+        "_connections",
         "_failures",
         "_fetches",
         "_keys",
@@ -70,7 +71,6 @@ class WatermarkReader:
         "_logger",
         "_partition_of",
         "_purgatory",
-        "_record_error",
         "_resync",
         "_stored_key",
         "_wakeup",
@@ -87,16 +87,14 @@ class WatermarkReader:
         stored_key: Callable[[Key], bytes],
         *,
         partition_of: Callable[[Key], int] | None = None,
-        backoff: Callable[[int], float],
-        record_error: Callable[[BaseException], str],
+        connections: Connections,
         logger: Any,
     ) -> None:
         self._purgatory = purgatory
         self._link = link
         self._stored_key = stored_key
         self._partition_of = partition_of
-        self._backoff = backoff
-        self._record_error = record_error
+        self._connections = connections
         self._logger = logger
         # What the next round trip reads (dicts as ordered sets).
         self._keys: dict[Key, None] = {}
@@ -183,7 +181,7 @@ class WatermarkReader:
                     raise
                 except Exception as exc:
                     self._failed(exc, keys, fetches, resync=resync, checks=checks)
-                    await self._pause(self._backoff(self._failures))
+                    await self._pause(self._connections.backoff(self._failures))
                 finally:
                     self._busy = False
 
@@ -281,7 +279,7 @@ class WatermarkReader:
     ) -> None:
         self._failures += 1
         self.read_errors += 1
-        text = self._record_error(exc)
+        text = self._connections.record_error(exc)
         if not isinstance(exc, CONNECTION_ERRORS):  # a bug: loud every time, and retried
             self._logger.error("aiopurgatory.redis.read_failed", error=text, bug=True)
         elif self._failures == 1:  # once per outage

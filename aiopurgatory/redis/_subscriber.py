@@ -36,12 +36,13 @@ import asyncio
 import contextlib
 import math
 import secrets
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from redis.exceptions import RedisError
 
 from .._purgatory import Purgatory
+from ._connections import Connections
 from ._link import CONNECTION_ERRORS, CONNECTION_LOST
 from ._partitions import Partitions
 from ._publisher import Sender
@@ -72,9 +73,10 @@ class Subscriber:
         command_timeout: seconds for connecting and subscribing.
         linger: seconds a partition stays subscribed with no watched key.
         sweep_interval: seconds between sweeps of the purgatory's keys.
-        backoff: the wait before the n-th reconnection (n from 1), in seconds.
-        record_error: records a connection failure; returns its redacted text.
-        record_bug: records an unexpected failure; returns its redacted text.
+        connections: the owner's connections: the wait before the n-th
+            reconnection (``backoff``), and the record of failures
+            (``record_error`` for a lost connection, ``record_bug`` for anything
+            else; each returns the failure's redacted text).
         logger: the owner's bound logger.
     """
 
@@ -91,9 +93,7 @@ class Subscriber:
         command_timeout: float,
         linger: float,
         sweep_interval: float,
-        backoff: Callable[[int], float],
-        record_error: Callable[[BaseException], str],
-        record_bug: Callable[[BaseException], str],
+        connections: Connections,
         logger: Any,
     ) -> None:
         self._id = instance
@@ -106,9 +106,7 @@ class Subscriber:
         self._command_timeout = command_timeout
         self._linger = linger
         self._sweep_interval = sweep_interval
-        self._backoff = backoff
-        self._record_error = record_error
-        self._record_bug = record_bug
+        self._connections = connections
         self._logger = logger
         self._advance = purgatory.advance
         self._check = purgatory.check_and_complete
@@ -249,9 +247,10 @@ class Subscriber:
 
     # -- the task ------------------------------------------------------------------------
 
-    async def run(self, connection: Any, subscribe: Callable[[], Awaitable[Any]]) -> None:
+    async def run(self, connection: Any) -> None:
         """Listen until cancelled: on ``connection`` (from :meth:`subscribe`), then on
-        the connections ``subscribe`` makes after each loss."""
+        the connections :meth:`subscribe` makes after each loss (looked up on the
+        instance each time: tests replace it to hold re-subscriptions)."""
         attempt = 0
         logged_failure: str | None = None
         sweeping = asyncio.create_task(
@@ -262,16 +261,16 @@ class Subscriber:
                 if connection is None:
                     try:
                         with CONNECTION_LOST:
-                            connection = await subscribe()
+                            connection = await self.subscribe()
                     except CONNECTION_ERRORS as exc:
                         attempt += 1
-                        text = self._record_error(exc)
+                        text = self._connections.record_error(exc)
                         # Once per distinct cause (refused while Redis restarts, then
                         # a wrong password...): an outage is a few lines, not one per try.
                         log = self._logger.debug if text == logged_failure else self._logger.warning
                         logged_failure = text
                         log("aiopurgatory.redis.reconnect_failed", error=text, attempt=attempt)
-                        await asyncio.sleep(self._backoff(attempt))
+                        await asyncio.sleep(self._connections.backoff(attempt))
                         continue
                     self.reconnects += 1
                     self._logger.warning("aiopurgatory.redis.reconnected", attempts=attempt + 1)
@@ -281,10 +280,10 @@ class Subscriber:
                     with CONNECTION_LOST:
                         await self._listen(connection)
                 except CONNECTION_ERRORS as exc:
-                    text = self._record_error(exc)
+                    text = self._connections.record_error(exc)
                     self._logger.warning("aiopurgatory.redis.disconnected", error=text)
                 except Exception as exc:  # a bug: log it, reconnect, never end silently
-                    text = self._record_bug(exc)
+                    text = self._connections.record_bug(exc)
                     self._logger.error("aiopurgatory.redis.subscriber_failed", error=text)
                 self.connected = False
                 self._confirmed.clear()
@@ -293,7 +292,7 @@ class Subscriber:
                 # Even the first attempt waits a little, so a restarted Redis is
                 # not hit by every process at once.
                 attempt = 1
-                await asyncio.sleep(self._backoff(attempt))
+                await asyncio.sleep(self._connections.backoff(attempt))
         finally:
             sweeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -366,7 +365,8 @@ class Subscriber:
             try:
                 self.sweep()
             except Exception as exc:  # a bug: loud, and the sweeps go on
-                self._logger.error("aiopurgatory.redis.sweep_failed", error=self._record_bug(exc))
+                text = self._connections.record_bug(exc)
+                self._logger.error("aiopurgatory.redis.sweep_failed", error=text)
 
     async def _listen(self, connection: Any) -> None:
         """Apply messages until the connection fails (this only returns by raising).
@@ -512,7 +512,8 @@ class Subscriber:
             return
         exc = task.exception()
         if exc is not None:
-            self._logger.error("aiopurgatory.redis.watchdog_failed", error=self._record_bug(exc))
+            text = self._connections.record_bug(exc)
+            self._logger.error("aiopurgatory.redis.watchdog_failed", error=text)
 
     # -- messages ------------------------------------------------------------------------
 
@@ -547,6 +548,7 @@ class Subscriber:
             for key in checks:
                 completed += check(key)
         except Exception as exc:  # a bug (callbacks' failures are contained by the purgatory)
-            self._logger.error("aiopurgatory.redis.apply_failed", error=self._record_bug(exc))
+            text = self._connections.record_bug(exc)
+            self._logger.error("aiopurgatory.redis.apply_failed", error=text)
         self.applied += len(advances) + len(checks)
         self.completed += completed

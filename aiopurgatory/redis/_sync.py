@@ -18,8 +18,6 @@ every thread of a process.
 
 from __future__ import annotations
 
-import os
-import secrets
 import threading
 from collections.abc import Callable
 from types import TracebackType
@@ -32,14 +30,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.retry import Retry
 
-from ._cluster import CLUSTER_SCHEMES, parse_cluster_url
+from ._cluster import CLUSTER_SCHEMES, credentials, parse_cluster_url
+from ._errors import RedisTriggersClosedError, RedisTriggersError, connection_cause
+from ._options import check_channel, new_instance, positive_seconds
 from ._partitions import DEFAULT_PARTITIONS, Partitions, check_partitions
 from ._publisher import ADVANCE_SCRIPT
 from ._redact import Redactor, describe_client, describe_url, url_password
 from ._topology import SentinelURL, is_sentinel_url, parse_sentinel_url
-from ._triggers import RedisTriggersClosedError, RedisTriggersError, check_channel
-from ._triggers import _cause as _connection_cause
-from ._triggers import _positive as _seconds
 from ._wire import Batch, Key, Value, check_key, check_value, encode, stored
 
 _Parsed = TypeVar("_Parsed")
@@ -68,11 +65,7 @@ def _sentinel_client(
         parsed.hosts,
         sentinel_kwargs={"socket_connect_timeout": timeout, "socket_timeout": timeout},
     )
-    options: dict[str, object] = {}
-    if parsed.username is not None:
-        options["username"] = parsed.username
-    if parsed.password is not None:
-        options["password"] = parsed.password
+    options = credentials(parsed.username, parsed.password)
     if parsed.tls:
         options["ssl"] = True
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
@@ -91,7 +84,7 @@ def _sentinel_client(
 
 def _cause(exc: BaseException) -> str:
     """A short name for why a command failed, for the one-line error."""
-    cause = _connection_cause(exc)
+    cause = connection_cause(exc)
     if cause == "unreachable" and isinstance(exc, ResponseError):
         return "refused the command"
     return cause
@@ -159,11 +152,11 @@ class SyncPublisher:
         partitions: int = DEFAULT_PARTITIONS,
     ) -> None:
         channel = check_channel(channel)
-        ttl = _seconds(watermark_ttl, "watermark_ttl")
-        wait = _seconds(timeout, "timeout")
+        ttl = positive_seconds(watermark_ttl, "watermark_ttl")
+        wait = positive_seconds(timeout, "timeout")
         partition_count = check_partitions(partitions)
 
-        self._id = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self._id = new_instance()
         self._sentinels: list[redis.Redis] = []  # a Sentinel URL's, closed with the client
         given: object = url_or_client  # checked at run time, whatever the annotation says
         client: redis.Redis | RedisCluster

@@ -25,7 +25,14 @@ from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 
-from ._cluster import CLUSTER_SCHEMES, ClusterSeeds, nodes_url, parse_cluster_url, shown_auth
+from ._cluster import (
+    CLUSTER_SCHEMES,
+    ClusterSeeds,
+    credentials,
+    nodes_url,
+    parse_cluster_url,
+    shown_auth,
+)
 
 __all__ = [
     "SentinelURL",
@@ -131,10 +138,7 @@ def _sentinel(url: str, timeout: float) -> Target:
         socket_connect_timeout=timeout,
     )
     options: dict[str, Any] = {"db": db, "socket_connect_timeout": timeout}
-    if username is not None:
-        options["username"] = username
-    if password is not None:
-        options["password"] = password
+    options.update(credentials(username, password))
     if tls:
         options["ssl"] = True
     pool = SentinelConnectionPool(service, sentinel, **options)  # type: ignore[no-untyped-call]

@@ -1,9 +1,14 @@
 """RedisTriggers: a purgatory's triggers shared by every process through Redis.
 
 How it works (the docs page ``distributed.md`` has the user's view). The work is
-split by job, one module each, and this class ties them together and keeps the
-lifecycle (:class:`_State`):
+split by job, one module each; this class checks its arguments, wires the parts
+together and is the public face of them all:
 
+* :mod:`._connections`: where Redis is, the library's own connections (one per
+  job, never redis-py's pool), the reconnection backoff and the record of
+  failures; :mod:`._topology` and :mod:`._cluster` say where a URL points.
+* :mod:`._lifecycle`: the state (an Enum: NEW, RUNNING, CLOSING, CLOSED), the
+  start (``async with``) and the close (``aclose()``) of the parts and their tasks.
 * :mod:`._partitions`: which channel carries a key's triggers and which Redis
   key stores its watermark (a channel's keys are spread over partitions).
 * :mod:`._publisher`: ``check_and_complete(key)`` / ``advance(key, value)`` apply
@@ -16,9 +21,9 @@ lifecycle (:class:`_State`):
   renews it when it does not, and applies what other processes publish.
 * :mod:`._reader`: the one path that reads stored watermarks, for the catch-up
   of a new watch, the resync after a (re)subscription, and ``fetch_watermark()``.
-* :mod:`._link`: the library's own connections (one per job, never redis-py's
-  pool, which runs out under many concurrent callers and hands out connections
-  that died while Redis was away), every call bounded by ``command_timeout``.
+* :mod:`._link`: one connection, every call bounded by ``command_timeout``.
+* :mod:`._errors`, :mod:`._options`, :mod:`._statistics`: the errors, the
+  checks of the options shared with :class:`SyncPublisher`, the statistics.
 
 Every message carries the sender's instance id; a process's own messages come
 back to it only if it watches their keys, and are skipped (they were applied
@@ -28,169 +33,29 @@ locally already).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import enum
-import math
-import os
-import random
-import secrets
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Self
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.asyncio.connection import Connection
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import AuthenticationError, AuthorizationError
 
 from .._detect import current_backend
-from .._errors import PurgatoryError
 from .._logging import LazyLogger
 from .._operation import Outcome
 from .._purgatory import Purgatory
-from .._validation import as_seconds
-from ._cluster import ClusterLink, ShardedSubscription, SlotMap, seeds_of_client
-from ._link import CONNECTION_ERRORS, CONNECTION_LOST, Link, closed_transport
+from ._connections import Connections
+from ._errors import RedisTriggersClosedError, RedisTriggersError
+from ._lifecycle import Lifecycle, State
+from ._options import check_channel, new_instance, positive_seconds
 from ._partitions import DEFAULT_PARTITIONS, Partitions, check_partitions
-from ._publisher import MAX_MESSAGE_TRIGGERS, Sender
+from ._publisher import Sender
 from ._reader import WatermarkReader
-from ._redact import Redactor, describe_client, describe_url, url_password
+from ._statistics import RedisTriggersStatistics
 from ._subscriber import Subscriber
-from ._topology import Target, describe_pool, target_for_url
 from ._wire import Key, Value, check_key, check_value
 
-__all__ = [
-    "DEFAULT_CHANNEL",
-    "DEFAULT_PARTITIONS",
-    "MAX_MESSAGE_TRIGGERS",
-    "RedisTriggers",
-    "RedisTriggersClosedError",
-    "RedisTriggersError",
-    "RedisTriggersStatistics",
-]
-
-#: The channel used when none is given.
-DEFAULT_CHANNEL: Final = "aiopurgatory"
-
-# Kept under these names for the tests and the code that imported them from here.
-_CONNECTION_ERRORS: Final = CONNECTION_ERRORS
-_CONNECTION_LOST: Final = CONNECTION_LOST
-_closed_transport: Final = closed_transport
-
-
-class RedisTriggersError(PurgatoryError):
-    """Redis could not be reached or refused the connection (message redacted)."""
-
-
-class RedisTriggersClosedError(RedisTriggersError, RuntimeError):
-    """Use of a RedisTriggers before ``async with`` or after ``aclose()``."""
-
-
-class _State(enum.Enum):
-    """A RedisTriggers' lifecycle: NEW -> RUNNING -> CLOSING -> CLOSED (or NEW -> CLOSED)."""
-
-    NEW = "new"
-    RUNNING = "running"
-    CLOSING = "closing"
-    CLOSED = "closed"
-
-
-@dataclass(frozen=True, slots=True)
-class RedisTriggersStatistics:
-    """A snapshot of one RedisTriggers' counters (running totals since construction).
-
-    Attributes:
-        channel: the Redis channel.
-        instance: this instance's id (its messages carry it).
-        purgatory: the local purgatory's name, or None for a publisher only.
-        connected: the subscription is up (publisher only: the last command
-            to Redis succeeded).
-        reconnects: successful re-subscriptions after a lost connection.
-        connection_errors: connection attempts and connections that failed.
-        triggers: ``check_and_complete``/``advance`` calls on this instance.
-        pending: triggers gathered and not yet sent (distinct keys); after
-            ``aclose()``, those it could not send.
-        published: messages published (one per partition of a batch, or per
-            :data:`MAX_MESSAGE_TRIGGERS` triggers).
-        publish_errors: attempts to send a batch that failed (it is kept and retried).
-        received: messages from other processes (only those of the partitions
-            of keys watched here reach a process).
-        echoes: this instance's own messages coming back (skipped).
-        malformed: messages on the channel this version cannot read (skipped).
-        applied: triggers from other processes applied to the local purgatory.
-        completed: operations those triggers and the resyncs completed.
-        resyncs: times the stored watermarks of the watched keys were read and applied.
-        last_error: the last error, as ``"Type: message"`` without any password,
-            or None.
-        reads: round trips that read stored watermarks (the keys watched through
-            :meth:`RedisTriggers.watch` in one loop iteration, a resync, the
-            fetches of one iteration: one each).
-        read_errors: those that failed (each is retried; a failed fetch is the
-            caller's error).
-        subscribed: partition channels subscribed now (0 for a publisher only,
-            or a process watching nothing).
-        deaf_detected: times the subscription was found connected but not
-            delivering (its canary did not come back) and renewed.
-    """
-
-    channel: str
-    instance: str
-    purgatory: str | None
-    connected: bool
-    reconnects: int
-    connection_errors: int
-    triggers: int
-    pending: int
-    published: int
-    publish_errors: int
-    received: int
-    echoes: int
-    malformed: int
-    applied: int
-    completed: int
-    resyncs: int
-    last_error: str | None
-    reads: int = 0
-    read_errors: int = 0
-    subscribed: int = 0
-    deaf_detected: int = 0
-
-
-def check_channel(channel: object) -> str:
-    """``channel``, or :data:`DEFAULT_CHANNEL` for None; TypeError/ValueError otherwise."""
-    if channel is None:
-        return DEFAULT_CHANNEL
-    if not isinstance(channel, str):
-        raise TypeError(f"channel must be a str or None, got {type(channel).__name__}")
-    if not channel:
-        raise ValueError("channel must not be empty")
-    return channel
-
-
-def _positive(value: object, argument: str) -> float:
-    """:func:`as_seconds`, above zero: the timeouts and intervals of this package."""
-    try:
-        seconds = as_seconds(value, argument)
-    except ValueError:
-        seconds = math.nan  # NaN or infinite: the one message below
-    if not seconds > 0:
-        raise ValueError(f"{argument} must be positive and finite, got {value!r}")
-    return seconds
-
-
-def _cause(exc: BaseException) -> str:
-    """A short name for why a connection failed, for the one-line error."""
-    text = str(exc)
-    if isinstance(exc, AuthenticationError | AuthorizationError) or any(
-        marker in text for marker in ("WRONGPASS", "NOAUTH", "invalid password", "NOPERM")
-    ):
-        return "authentication failed"
-    if isinstance(exc, asyncio.TimeoutError) or "Timeout" in type(exc).__name__:
-        return "timed out"
-    return "unreachable"
+__all__ = ["RedisTriggers"]
 
 
 class RedisTriggers:
@@ -302,118 +167,57 @@ class RedisTriggers:
                 f"got {type(purgatory).__name__}"
             )
         channel = check_channel(channel)
-        ttl = _positive(watermark_ttl, "watermark_ttl")
-        health = _positive(health_check_interval, "health_check_interval")
+        ttl = positive_seconds(watermark_ttl, "watermark_ttl")
+        health = positive_seconds(health_check_interval, "health_check_interval")
         if not isinstance(reconnect_delay, tuple) or len(reconnect_delay) != 2:
             raise TypeError("reconnect_delay must be a tuple (first, longest) of seconds")
-        first = _positive(reconnect_delay[0], "reconnect_delay[0]")
-        longest = _positive(reconnect_delay[1], "reconnect_delay[1]")
+        first = positive_seconds(reconnect_delay[0], "reconnect_delay[0]")
+        longest = positive_seconds(reconnect_delay[1], "reconnect_delay[1]")
         if longest < first:
             raise ValueError(f"reconnect_delay must be (first, longest), got {reconnect_delay!r}")
-        close_wait = _positive(close_timeout, "close_timeout")
-        call_timeout = _positive(command_timeout, "command_timeout")
+        close_wait = positive_seconds(close_timeout, "close_timeout")
+        call_timeout = positive_seconds(command_timeout, "command_timeout")
         partition_count = check_partitions(partitions)
-        linger_for = _positive(linger, "linger")
-        sweep_every = _positive(sweep_interval, "sweep_interval")
+        linger_for = positive_seconds(linger, "linger")
+        sweep_every = positive_seconds(sweep_interval, "sweep_interval")
         if logger is not None and not callable(getattr(logger, "bind", None)):
             raise TypeError(
                 f"logger must be a structlog-compatible logger (with bind()), "
                 f"got {type(logger).__name__}"
             )
 
-        self._id = f"{os.getpid()}-{secrets.token_hex(4)}"
-        if isinstance(url_or_client, str):
-            self._redactor = Redactor(url_password(url_or_client))
-            self._where = describe_url(url_or_client)
-            try:
-                # Only the URL's settings are used (see _connection_factory): no
-                # connection is ever taken from this pool.
-                target = target_for_url(url_or_client, call_timeout)
-            except ValueError as exc:
-                raise ValueError(
-                    f"url_or_client: not a usable Redis URL ({self._redactor.error(exc)})"
-                ) from None
-            self._where = target.where or self._where
-        elif isinstance(url_or_client, aioredis.Redis):
-            pool = url_or_client.connection_pool
-            target = Target(pool, "")
-            kwargs = pool.connection_kwargs
-            self._redactor = Redactor(kwargs.get("password"))
-            self._where = describe_pool(pool) or describe_client(kwargs)
-        elif isinstance(url_or_client, AsyncRedisCluster):
-            seeds = seeds_of_client(url_or_client)
-            target = Target(None, seeds.where, cluster=seeds)
-            self._redactor = Redactor(seeds.options.get("password"))
-            self._where = seeds.where
-        else:
-            given: object = url_or_client  # type: ignore[unreachable]
-            kind = type(given).__name__
-            raise TypeError(
-                "url_or_client must be a Redis URL (str), a redis.asyncio.Redis or a "
-                f"redis.asyncio.cluster.RedisCluster client, got {kind}"
-            )
-        self._target = target
-        cluster = target.cluster
-        if cluster is None:
-            assert target.pool is not None
-            self._options = dict(target.pool.connection_kwargs)
-            self._connection_class: Any = target.pool.connection_class
-        else:
-            self._options = dict(cluster.options)
-            self._options.setdefault("socket_connect_timeout", call_timeout)
-            self._connection_class = self._options.pop("connection_class", None) or Connection
+        self._id = new_instance()
+        self._connections = connections = Connections(
+            url_or_client,
+            self._id,
+            command_timeout=call_timeout,
+            reconnect_delay=(first, longest),
+        )
         self._purgatory = purgatory
         self._advance_local: Callable[[Hashable, float], int] | None = (
             None if purgatory is None else purgatory.advance
         )
         self._channel = channel
         self._partitions = Partitions(channel, partition_count, self._id)
-        self._reconnect_first = first
-        self._reconnect_longest = longest
-        self._close_timeout = close_wait
-        self._command_timeout = call_timeout
         base_logger = LazyLogger() if logger is None else logger
         self._logger: Any = base_logger.bind(channel=channel, instance=self._id)
         # The library's own connections, one per job, none shared with the
         # application: the sender's, the reader's, and the subscriber's.
-        # On a cluster: one connection per master for each job, routed by slot.
-        self._slots: SlotMap | None = None
-        send_link: Link | ClusterLink
-        read_link: Link | ClusterLink
-        sub_factory: Callable[[], Any]
-        if cluster is None:
-            send_link = Link(self._connection_factory("pub"), call_timeout)
-            read_link = Link(self._connection_factory("read"), call_timeout)
-            sub_factory = self._connection_factory("sub")
-        else:
-            slots = self._slots = SlotMap(
-                cluster.seeds, self._node_connection_factory("map"), call_timeout
-            )
-            send_link = ClusterLink(slots, self._node_connection_factory("pub"), call_timeout)
-            read_link = ClusterLink(slots, self._node_connection_factory("read"), call_timeout)
-            sub_connect = self._node_connection_factory("sub")
-            sub_factory = lambda: ShardedSubscription(  # noqa: E731
-                slots, sub_connect, self._partitions.control, self._partitions.canary
-            )
         self._sender = Sender(
             self._id,
-            send_link,
+            connections.link("pub"),
             self._partitions,
             ttl_ms=str(max(1, round(ttl * 1000))).encode("ascii"),
-            publish=b"PUBLISH" if cluster is None else b"SPUBLISH",
-            backoff=lambda attempt: self._backoff(attempt),
-            record_error=self._record_error,
-            record_bug=self._record_bug,
-            on_result=self._published,
+            publish=connections.publish,
+            connections=connections,
             logger=self._logger,
         )
         self._reader = WatermarkReader(
             purgatory,
-            read_link,
+            connections.link("read"),
             self._partitions.stored_key,
-            partition_of=None if cluster is None else self._partitions.of,
-            backoff=lambda attempt: self._backoff(attempt),
-            record_error=self._record_error,
+            partition_of=self._partitions.of if connections.cluster else None,
+            connections=connections,
             logger=self._logger,
         )
         self._subscriber: Subscriber | None = (
@@ -423,26 +227,28 @@ class RedisTriggers:
                 self._id,
                 purgatory,
                 self._partitions,
-                sub_factory,
+                connections.subscription_factory(self._partitions),
                 self._reader,
                 self._sender,
                 health_check_interval=health,
                 command_timeout=call_timeout,
                 linger=linger_for,
                 sweep_interval=sweep_every,
-                backoff=lambda attempt: self._backoff(attempt),
-                record_error=self._record_error,
-                record_bug=self._record_bug,
+                connections=connections,
                 logger=self._logger,
             )
         )
-
-        self._state = _State.NEW
-        self._tasks: list[asyncio.Task[None]] = []
-        self._publisher_connected = False  # a publisher only: the last send succeeded
-        self._connection_errors = 0
+        self._lifecycle = Lifecycle(
+            self._id,
+            connections,
+            self._sender,
+            self._reader,
+            self._subscriber,
+            command_timeout=call_timeout,
+            close_timeout=close_wait,
+            logger=self._logger,
+        )
         self._triggers = 0
-        self._last_error: str | None = None
 
     # -- public API ------------------------------------------------------------------
 
@@ -465,16 +271,16 @@ class RedisTriggers:
     def connected(self) -> bool:
         """The subscription is up (publisher only: the last command to Redis succeeded)."""
         subscriber = self._subscriber
-        if self._state is not _State.RUNNING:
+        if self._lifecycle.state is not State.RUNNING:
             return False
-        return self._publisher_connected if subscriber is None else subscriber.connected
+        return self._sender.connected if subscriber is None else subscriber.connected
 
     def __repr__(self) -> str:
         role = "publisher" if self._purgatory is None else f"purgatory={self._purgatory.name!r}"
         link = "connected" if self.connected else "disconnected"
         return (
-            f"<RedisTriggers channel={self._channel!r} redis={self._where} {role} "
-            f"{self._state.value} {link}>"
+            f"<RedisTriggers channel={self._channel!r} redis={self._connections.where} {role} "
+            f"{self._lifecycle.state.value} {link}>"
         )
 
     def check_and_complete(self, key: Key) -> int:
@@ -489,7 +295,7 @@ class RedisTriggers:
             RedisTriggersClosedError: before ``async with`` or after ``aclose()``.
         """
         key = check_key(key)
-        self._check_running()
+        self._lifecycle.check_running()
         purgatory = self._purgatory
         completed = 0 if purgatory is None else purgatory.check_and_complete(key)
         sender = self._sender
@@ -517,7 +323,7 @@ class RedisTriggers:
         """
         key = check_key(key)
         value = check_value(value)
-        self._check_running()
+        self._lifecycle.check_running()
         advance_local = self._advance_local
         completed = 0 if advance_local is None else advance_local(key, value)
         sender = self._sender
@@ -535,11 +341,11 @@ class RedisTriggers:
         Raises:
             RedisTriggersClosedError: the instance was closed before they were sent.
         """
-        if self._state is _State.NEW:
+        if self._lifecycle.state is State.NEW:
             raise RedisTriggersClosedError("RedisTriggers is not started: use `async with`")
         if not self._sender:
             return
-        if self._state is _State.CLOSED:
+        if self._lifecycle.state is State.CLOSED:
             raise RedisTriggersClosedError("RedisTriggers is closed: pending triggers were dropped")
         await self._sender.wait_sent()
 
@@ -560,16 +366,18 @@ class RedisTriggers:
             RedisTriggersError: Redis could not be read (message redacted).
         """
         key = check_key(key)
-        self._check_running()
+        self._lifecycle.check_running()
+        connections = self._connections
         failure: str | None = None
         try:
             value = await self._reader.fetch(key)
         except RedisTriggersClosedError:
             raise
         except Exception as exc:
-            failure = self._redactor.error(exc)
+            failure = connections.redactor.error(exc)
         if failure is not None:
-            raise RedisTriggersError(f"cannot read the watermark from {self._where}: {failure}")
+            where = connections.where
+            raise RedisTriggersError(f"cannot read the watermark from {where}: {failure}")
         return value
 
     async def watch(self, op: Any, keys: Iterable[Hashable] | Mapping[Hashable, float]) -> Outcome:
@@ -598,7 +406,7 @@ class RedisTriggers:
             RedisTriggersClosedError: before ``async with`` or after ``aclose()``,
                 or on a publisher only (there is no purgatory to watch in).
         """
-        self._check_running()
+        self._lifecycle.check_running()
         purgatory = self._purgatory
         if purgatory is None:
             raise RedisTriggersClosedError("a publisher-only RedisTriggers has no purgatory")
@@ -633,7 +441,7 @@ class RedisTriggers:
             purgatory=None if self._purgatory is None else self._purgatory.name,
             connected=self.connected,
             reconnects=0 if sub is None else sub.reconnects,
-            connection_errors=self._connection_errors,
+            connection_errors=self._connections.errors,
             triggers=self._triggers,
             pending=len(sender),
             published=sender.published,
@@ -644,7 +452,7 @@ class RedisTriggers:
             applied=0 if sub is None else sub.applied,
             completed=reader.completed + (0 if sub is None else sub.completed),
             resyncs=reader.resyncs,
-            last_error=self._last_error,
+            last_error=self._connections.last_error,
             reads=reader.reads,
             read_errors=reader.read_errors,
             subscribed=0 if sub is None else sub.subscribed,
@@ -654,55 +462,7 @@ class RedisTriggers:
     async def __aenter__(self) -> Self:
         if current_backend() == "trio":
             raise RuntimeError("aiopurgatory.redis.RedisTriggers needs an asyncio event loop")
-        if self._state is not _State.NEW:
-            raise RedisTriggersClosedError("a RedisTriggers can be entered once")
-        failure: BaseException | None = None
-        connection: Any = None
-        try:
-            # The whole start is one call to Redis for command_timeout.
-            async with asyncio.timeout(self._command_timeout):
-                with CONNECTION_LOST:
-                    reply = (await self._sender.link.execute(("PING",)))[0]
-                    if isinstance(reply, Exception):
-                        raise reply
-                    if self._subscriber is not None:
-                        connection = await self._subscribe()
-                        await self._reader.serve(resync=True)
-        except TimeoutError:
-            failure = TimeoutError(f"no answer within {self._command_timeout:g} s")
-        except CONNECTION_ERRORS as exc:
-            failure = exc
-        except BaseException:  # cancelled while connecting: leave nothing open
-            if connection is not None:
-                await connection.disconnect(nowait=True)
-            await self._close_connections()
-            self._state = _State.CLOSED
-            raise
-        if failure is not None:
-            # Raised outside the except block: no chained redis-py exception
-            # (whose text we do not control) travels with ours.
-            message = (
-                f"cannot connect to Redis at {self._where}: {_cause(failure)} "
-                f"({self._redactor.error(failure)})"
-            )
-            self._last_error = self._redactor.error(failure)
-            self._connection_errors += 1
-            failure = None
-            if connection is not None:
-                await connection.disconnect(nowait=True)
-            await self._close_connections()
-            self._state = _State.CLOSED
-            raise RedisTriggersError(message)
-        # The resync done above is the start's; the one the subscription asked
-        # for would only repeat it.
-        self._reader.cancel_resync()
-        self._publisher_connected = True
-        self._state = _State.RUNNING
-        self._start_task(self._sender.run(), "send")
-        self._start_task(self._reader.run(), "read")
-        if self._subscriber is not None:
-            self._start_task(self._subscriber.run(connection, lambda: self._subscribe()), "sub")
-        self._logger.info("aiopurgatory.redis.started", redis=self._where)
+        await self._lifecycle.start()
         return self
 
     async def __aexit__(
@@ -721,139 +481,4 @@ class RedisTriggers:
         :class:`RedisTriggersClosedError`). A client passed in is left open.
         Takes at most ``close_timeout`` plus a few loop iterations.
         """
-        if self._state in (_State.CLOSING, _State.CLOSED):
-            return
-        if self._state is _State.NEW:
-            self._state = _State.CLOSED
-            return
-        self._state = _State.CLOSING
-        dropped = 0
-        sender = self._sender
-        try:
-            if sender:
-                try:
-                    await asyncio.wait_for(self._drain(), self._close_timeout)
-                except TimeoutError:
-                    dropped = len(sender)
-        finally:
-            # Also when the closing task is cancelled: nothing is left running.
-            tasks, self._tasks = self._tasks, []
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                # A task that died of a bug was logged by _task_ended already.
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            subscriber = self._subscriber
-            if subscriber is not None:
-                await subscriber.drop()
-            await self._close_connections()
-            self._reader.fail_fetches(
-                RedisTriggersClosedError("RedisTriggers closed before the watermark was read")
-            )
-            self._state = _State.CLOSED
-        sender.fail_waiters(
-            RedisTriggersClosedError("RedisTriggers closed before the triggers were sent")
-        )
-        if dropped:
-            self._logger.warning("aiopurgatory.redis.dropped_on_close", triggers=dropped)
-        self._logger.info("aiopurgatory.redis.closed")
-
-    # -- internals -------------------------------------------------------------------
-
-    def _check_running(self) -> None:
-        if self._state is not _State.RUNNING:
-            raise RedisTriggersClosedError(
-                "RedisTriggers is not started: use `async with`"
-                if self._state is _State.NEW
-                else "RedisTriggers is closed"
-            )
-
-    def _start_task(self, work: Any, role: str) -> None:
-        task = asyncio.create_task(work, name=f"aiopurgatory-redis-{role}-{self._id}")
-        task.add_done_callback(self._task_ended)
-        self._tasks.append(task)
-
-    async def _subscribe(self) -> Any:
-        """A new subscription, confirmed (the subscriber calls it through here: tests gate it)."""
-        assert self._subscriber is not None
-        return await self._subscriber.subscribe()
-
-    async def _close_connections(self) -> None:
-        """Close the sender's and the reader's connections (the subscriber's is apart),
-        and the clients made to ask the sentinels."""
-        await self._sender.link.drop()
-        await self._reader.drop()
-        await self._target.aclose()
-
-    def _task_ended(self, task: asyncio.Task[None]) -> None:
-        # The loops end only when aclose() cancels them; anything else is a bug,
-        # and must not go unnoticed.
-        if task.cancelled():
-            return
-        exc = task.exception()  # retrieved in every case: never "never retrieved"
-        if self._state is not _State.RUNNING:
-            return
-        self._last_error = "ended" if exc is None else self._redactor.error(exc)
-        self._logger.error(
-            "aiopurgatory.redis.task_ended", task=task.get_name(), error=self._last_error
-        )
-
-    def _record_error(self, exc: BaseException) -> str:
-        """A connection failure: counted, kept as the last error; its redacted text."""
-        text = self._redactor.error(exc)
-        self._last_error = text
-        self._connection_errors += 1
-        return text
-
-    def _record_bug(self, exc: BaseException) -> str:
-        """An unexpected failure: kept as the last error; its redacted text."""
-        text = self._redactor.error(exc)
-        self._last_error = text
-        return text
-
-    def _published(self, ok: bool) -> None:
-        self._publisher_connected = ok
-
-    def _backoff(self, attempt: int) -> float:
-        ceiling = min(self._reconnect_longest, self._reconnect_first * 2 ** min(attempt - 1, 30))
-        return random.uniform(ceiling / 2, ceiling)
-
-    async def _drain(self) -> None:
-        while self._sender:
-            await self._sender.wait_sent()
-
-    def _connection_options(self, role: str) -> dict[str, Any]:
-        """The settings of the library's connections for ``role``: the URL's (or the
-        client's), with what the library needs."""
-        options = dict(self._options)
-        options.update(
-            # The connections are ours: RESP2 replies, bytes, no retries inside
-            # redis-py (our loops retry, reconnect and resync), keep-alive, a
-            # name that shows in CLIENT LIST.
-            protocol=2,
-            decode_responses=False,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=0,
-            socket_keepalive=True,
-            client_name=f"aiopurgatory-{role}-{self._id}",
-            # No socket timeout of redis-py's: every call is bounded by our own
-            # asyncio.timeout (command_timeout). With one, redis-py wraps each
-            # write in asyncio.wait_for, which on Python 3.11 can swallow a
-            # cancellation that comes as the write completes (seen here: aclose()
-            # then waited forever for a task it had cancelled).
-            socket_timeout=None,
-        )
-        return options
-
-    def _connection_factory(self, role: str) -> Callable[[], Any]:
-        """Makes new connections for ``role`` with the URL's (or the client's) settings."""
-        options = self._connection_options(role)
-        connection_class = self._connection_class
-        return lambda: connection_class(**options)
-
-    def _node_connection_factory(self, role: str) -> Callable[[tuple[str, int]], Any]:
-        """Makes new connections for ``role`` to a cluster node ``(host, port)``."""
-        options = self._connection_options(role)
-        connection_class = self._connection_class
-        return lambda address: connection_class(**options, host=address[0], port=address[1])
+        await self._lifecycle.close()

@@ -39,7 +39,7 @@ async def test_a_deaf_subscription_is_found_by_its_canary_and_renewed(
     )
     assert sub._subscriber is not None
     to_real = sub._subscriber._new_connection
-    to_stale = RedisTriggers(None, stale.url)._connection_factory("sub")
+    to_stale = RedisTriggers(None, stale.url)._connections.factory("sub")
     made: list[str] = []
 
     def first_stale() -> Any:

@@ -60,13 +60,15 @@ def gate_reconnects(triggers: RedisTriggers) -> asyncio.Event:
     subscriber only through the resync.
     """
     gate = asyncio.Event()
-    subscribe = triggers._subscribe
+    subscriber = triggers._subscriber
+    assert subscriber is not None
+    subscribe = subscriber.subscribe
 
     async def gated() -> Any:
         await gate.wait()
         return await subscribe()
 
-    triggers._subscribe = gated  # type: ignore[method-assign]
+    subscriber.subscribe = gated  # type: ignore[method-assign]
     return gate
 
 
@@ -822,7 +824,7 @@ async def test_a_loop_that_dies_of_a_bug_is_not_silent(
         def broken(attempt: int) -> float:
             raise ZeroDivisionError("a bug")
 
-        monkeypatch.setattr(sub, "_backoff", broken)
+        monkeypatch.setattr(sub._connections, "backoff", broken)
         redis_server.kill()  # the subscriber reconnects: its backoff raises
         await eventually(lambda: "ZeroDivisionError" in (sub.statistics().last_error or ""))
         assert not sub.connected
@@ -912,16 +914,16 @@ def test_a_write_on_a_closed_uvloop_transport_is_a_lost_connection() -> None:
     import uvloop
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from aiopurgatory.redis._triggers import _CONNECTION_LOST, _closed_transport
+    from aiopurgatory.redis._link import CONNECTION_LOST, closed_transport
 
     raw = uvloop.run(write_on_a_closed_uvloop_transport(contextlib.nullcontext))
     assert type(raw) is RuntimeError
-    assert _closed_transport(raw)
-    mapped = uvloop.run(write_on_a_closed_uvloop_transport(lambda: _CONNECTION_LOST))
+    assert closed_transport(raw)
+    mapped = uvloop.run(write_on_a_closed_uvloop_transport(lambda: CONNECTION_LOST))
     assert isinstance(mapped, RedisConnectionError)
     assert mapped.__cause__ is not None
-    assert _closed_transport(mapped.__cause__)
+    assert closed_transport(mapped.__cause__)
     # Any other RuntimeError is left alone.
-    with pytest.raises(RuntimeError, match="a bug"), _CONNECTION_LOST:
+    with pytest.raises(RuntimeError, match="a bug"), CONNECTION_LOST:
         raise RuntimeError("a bug")
-    assert not _closed_transport(RuntimeError("a bug"))
+    assert not closed_transport(RuntimeError("a bug"))

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.realtime
 
 def link_to(server: RedisServer, timeout: float = 5.0) -> Link:
     """A Link made as RedisTriggers makes its own (same options), not entered."""
-    return Link(RedisTriggers(None, server.url)._connection_factory("test"), timeout)
+    return Link(RedisTriggers(None, server.url)._connections.factory("test"), timeout)
 
 
 async def test_a_cancellation_at_any_point_of_a_call_is_never_swallowed(

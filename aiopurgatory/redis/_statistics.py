@@ -1,0 +1,72 @@
+"""RedisTriggersStatistics: the snapshot ``RedisTriggers.statistics()`` returns.
+
+Its counters are kept where they are counted (the sender, the reader, the
+subscriber, the connections); ``statistics()`` gathers them into one frozen value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RedisTriggersStatistics"]
+
+
+@dataclass(frozen=True, slots=True)
+class RedisTriggersStatistics:
+    """A snapshot of one RedisTriggers' counters (running totals since construction).
+
+    Attributes:
+        channel: the Redis channel.
+        instance: this instance's id (its messages carry it).
+        purgatory: the local purgatory's name, or None for a publisher only.
+        connected: the subscription is up (publisher only: the last command
+            to Redis succeeded).
+        reconnects: successful re-subscriptions after a lost connection.
+        connection_errors: connection attempts and connections that failed.
+        triggers: ``check_and_complete``/``advance`` calls on this instance.
+        pending: triggers gathered and not yet sent (distinct keys); after
+            ``aclose()``, those it could not send.
+        published: messages published (one per partition of a batch, or per
+            :data:`MAX_MESSAGE_TRIGGERS` triggers).
+        publish_errors: attempts to send a batch that failed (it is kept and retried).
+        received: messages from other processes (only those of the partitions
+            of keys watched here reach a process).
+        echoes: this instance's own messages coming back (skipped).
+        malformed: messages on the channel this version cannot read (skipped).
+        applied: triggers from other processes applied to the local purgatory.
+        completed: operations those triggers and the resyncs completed.
+        resyncs: times the stored watermarks of the watched keys were read and applied.
+        last_error: the last error, as ``"Type: message"`` without any password,
+            or None.
+        reads: round trips that read stored watermarks (the keys watched through
+            :meth:`RedisTriggers.watch` in one loop iteration, a resync, the
+            fetches of one iteration: one each).
+        read_errors: those that failed (each is retried; a failed fetch is the
+            caller's error).
+        subscribed: partition channels subscribed now (0 for a publisher only,
+            or a process watching nothing).
+        deaf_detected: times the subscription was found connected but not
+            delivering (its canary did not come back) and renewed.
+    """
+
+    channel: str
+    instance: str
+    purgatory: str | None
+    connected: bool
+    reconnects: int
+    connection_errors: int
+    triggers: int
+    pending: int
+    published: int
+    publish_errors: int
+    received: int
+    echoes: int
+    malformed: int
+    applied: int
+    completed: int
+    resyncs: int
+    last_error: str | None
+    reads: int = 0
+    read_errors: int = 0
+    subscribed: int = 0
+    deaf_detected: int = 0
