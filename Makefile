@@ -87,8 +87,12 @@ LIB_EXTRAS := uvloop,trio,redis,prometheus,otel,bench,test
 # exporters reading its histograms, the ASGI middleware withdrawing its operations.
 # The Redis topologies (cluster, Sentinel, failover, routing, liveness) and the real
 # web servers are the same Python code on either core: compiled passes only.
+# So are the pytest plugin's tests (users' test files run by pytest in subprocesses:
+# a third of a pure-Python pass's CPU): the plugin hands the virtual-time loop to
+# pytest-asyncio, and the loop's behaviour on each core is tests/core's.
 PURE_TESTS := tests/core tests/metrics tests/asgi/test_asgi.py \
-	tests/redis/test_redis.py tests/redis/test_redis_watermarks.py
+	tests/redis/test_redis.py tests/redis/test_redis_watermarks.py \
+	--ignore=tests/core/test_pytest_plugin.py
 PYTEST_COMPILED := AIOPURGATORY_EXPECT=compiled
 PYTEST_PURE := AIOPURGATORY_NO_EXTENSIONS=1 AIOPURGATORY_EXPECT=python
 # No cache: passes running at once would write .pytest_cache together.
