@@ -2,7 +2,11 @@
 installed console script in a subprocess, stderr not a terminal, as in a CI log.
 
 Most tests here fail before any Spark session starts (and say so in one line);
-the few that run Spark are marked ``spark``.
+the few that run Spark are marked ``spark``. Of those, one ``analyze`` and one
+``replay`` run as subprocesses, each with a Spark driver JVM of its own (some 35
+CPU seconds each here); the other runs, whose point is what the command does
+rather than how its process starts, call the same entry point in this process on
+the tests' shared session (``spark`` in conftest.py).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pandas as pd
 import pytest
 
 from aiopurgatory._clitools import MARKER
+from aiopurgatory.cli import main as cli
 from aiopurgatory.pipeline.trace import TraceSpec, generate_trace_table, write_trace
 from tests.support.cli import ROOT, SPARK_BANNER, aiopurgatory, lines
 
@@ -232,10 +237,10 @@ def _acks_all_events(path: Path, scenario: str) -> list[dict[str, object]]:
 
 
 @pytest.mark.spark
-# Two analyze runs, each a Spark driver JVM: on the shared 2-core machine at load
-# 13-15 they took 299 s together, at the suite's 300 s limit.
+# A Spark driver JVM: on the shared 2-core machine at load 13-15 two analyze runs
+# took 299 s together, at the suite's 300 s limit.
 @pytest.mark.timeout(600)
-def test_analyze_shows_the_demos_error_answers(tmp_path: Path) -> None:
+def test_analyze_shows_the_demos_error_answers(spark: Any, tmp_path: Path) -> None:
     """Item 1: the two-down demo's NOT_ENOUGH_REPLICAS answers reach analyze's tables,
     report, plots and summary; a schema-1 log beside it still reads."""
     logs = tmp_path / "logs"
@@ -295,13 +300,14 @@ def test_analyze_shows_the_demos_error_answers(tmp_path: Path) -> None:
     by_ops = report.split("## Hot keys by ops (top 2)")[1].split("##")[0]
     assert sum(line.startswith("| observed | produce |") for line in by_ops.splitlines()) == 2
 
-    # Item 3: a second run into the same --out replaces it whole.
+    # Item 3: a second run into the same --out replaces it whole (in this process,
+    # on the shared session: the run above was the user's subprocess).
     assert sorted(p.name for p in out.glob("*.png"))
-    again = aiopurgatory(
-        "analyze", str(logs / "old.jsonl"), "--out", str(out), "--master", "local[1]",
+    again = cli([
+        "analyze", str(logs / "old.jsonl"), "--out", str(out), "--master", "local[2]",
         "--no-report", "--overwrite",
-    )  # fmt: skip
-    assert again.returncode == 0, again.stderr[-3000:]
+    ])  # fmt: skip
+    assert again == 0
     assert not (out / "report.md").exists()
     assert not list(out.glob("*.png"))
     assert pd.read_parquet(out / "summary")["purgatory"].tolist() == ["(all)", "old"]
@@ -309,22 +315,26 @@ def test_analyze_shows_the_demos_error_answers(tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
-def test_analyze_of_input_without_an_op_event_is_an_error(tmp_path: Path) -> None:
+def test_analyze_of_input_without_an_op_event_is_an_error(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In this process, on the shared session (see the module's docstring)."""
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "app.jsonl").write_text(
         '{"event": "http.request", "path": "/"}\n' * 5 + "not json\n" * 3
     )
     out = tmp_path / "out"
-    result = aiopurgatory("analyze", str(logs), "--out", str(out), "--master", "local[1]")
-    assert result.returncode == 1, result.stderr[-3000:]
-    errors = [line for line in lines(result.stderr) if line.startswith("aiopurgatory analyze: ")]
+    status = cli(["analyze", str(logs), "--out", str(out), "--master", "local[2]"])
+    stderr = capsys.readouterr().err
+    assert status == 1, stderr[-3000:]
+    errors = [line for line in lines(stderr) if line.startswith("aiopurgatory analyze: ")]
     assert errors == [
         "aiopurgatory analyze: no op event in the input (8 lines: 5 other events, "
         f"3 malformed; first: file:{logs / 'app.jsonl'}:6: not JSON, or a field of the "
         "wrong type); nothing written"
     ]
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in stderr
     assert not out.exists()
     assert not list(tmp_path.glob(".out.*"))
 
