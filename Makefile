@@ -135,8 +135,10 @@ test: check-pythons install-redis $(UV)
 	$(MAKE) --no-print-directory -j 4 --output-sync=target SCHEDULE=1 BG="$(IDLE)" \
 		step-spark step-$(lastword $(CHAIN))
 
+# At idle priority a saturated machine can pause the pass for minutes: its tests'
+# timeouts (pytest-timeout's, 300 s by default) guard against hangs, so longer here.
 step-spark: dist-3.11
-	$(IDLE) env $(spark_pass)
+	$(IDLE) env $(spark_pass) -o timeout=1800
 step-compiled-%: dist-%
 	$(call compiled_pass,$*)
 step-pure-%: $$(call venv_of,$$*)
