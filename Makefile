@@ -122,7 +122,9 @@ spark_pass = $(PYTEST_COMPILED) $(PY) -m pytest -q -p no:cacheprovider -m spark
 # for when it comes to it. The passes leave a third of the machine idle while their
 # servers and clients wait; that is what the background work uses.
 IDLE := $(if $(shell chrt --idle 0 true 2>/dev/null && echo ok),chrt --idle 0,nice -n 19)
-CHAIN := compiled-3.11 pure-3.11 $(foreach v,$(PYTHONS),compiled-$(v) pure-$(v))
+# Each Python's pure-Python pass first: it needs no compiled core, so that Python's
+# build (3.11's too) goes on in the background meanwhile.
+CHAIN := $(foreach v,3.11 $(PYTHONS),pure-$(v) compiled-$(v))
 # Each of a list's targets after the one before it (in `make test`'s schedule only).
 after = $(if $(word 2,$(1)),$(eval $(word 2,$(1)): | $(word 1,$(1)))$(call \
 	after,$(wordlist 2,$(words $(1)),$(1))))
@@ -172,10 +174,10 @@ test-fast: build
 # them again, so the core is compiled once per Python and pass. The wheel's modules
 # go into the checkout beside the other Pythons' (each file's name says its Python).
 # The build's log: .dist/3.X/build.log. BG: a command prefix, `make test`'s idle
-# priority for the Pythons after 3.11.
+# priority.
 dist-%: $$(call venv_of,$$*)
 	rm -rf .dist/$* && mkdir -p .dist/$*
-	$(if $(filter 3.11,$*),,$(BG)) $(BUILD_EXT) $(call python_of,$*) -m build --outdir .dist/$* . \
+	$(BG) $(BUILD_EXT) $(call python_of,$*) -m build --outdir .dist/$* . \
 		>.dist/$*/build.log 2>&1 || { tail -40 .dist/$*/build.log; exit 1; }
 	$(call python_of,$*) -c "$$TAKE_COMPILED" .dist/$*/aiopurgatory-*.whl
 

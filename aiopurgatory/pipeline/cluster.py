@@ -453,8 +453,12 @@ class LocalCluster:
             "spark.dynamicAllocation.executorIdleTimeout": "5s",
             # Also executors holding blocks: analyze keeps its small tables by a
             # local checkpoint, and such executors would otherwise never idle out
-            # (the default is never), starving spark:// applications for good.
-            "spark.dynamicAllocation.cachedExecutorIdleTimeout": "5s",
+            # (the default is never), starving spark:// applications for good. Not
+            # within seconds, though: a local checkpoint lives only in its executor,
+            # and a driver paused a few seconds between two jobs of one analyze
+            # (a loaded machine) found its checkpoint gone with the executor
+            # (CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND).
+            "spark.dynamicAllocation.cachedExecutorIdleTimeout": "60s",
             "spark.dynamicAllocation.minExecutors": "0",
             "spark.executor.cores": str(self.cores),
         }
