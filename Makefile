@@ -181,15 +181,18 @@ dist-%: $$(call venv_of,$$*)
 		>.dist/$*/build.log 2>&1 || { tail -40 .dist/$*/build.log; exit 1; }
 	$(call python_of,$*) -c "$$TAKE_COMPILED" .dist/$*/aiopurgatory-*.whl
 
-# The compiled modules of a wheel (argv[1]) into the checkout's aiopurgatory/.
+# The compiled modules of a wheel (argv[1]) into the checkout's aiopurgatory/, each
+# replaced at once (a process importing the package meanwhile never reads half a file).
 define TAKE_COMPILED
-import sys, zipfile
+import os, sys, zipfile
 wheel = zipfile.ZipFile(sys.argv[1])
 names = [n for n in wheel.namelist() if n.startswith("aiopurgatory/") and n.endswith(".so")]
 if not names:
     sys.exit(f"{sys.argv[1]} has no compiled module")
 for name in names:
-    wheel.extract(name, ".")
+    with open(name + ".part", "wb") as part:
+        part.write(wheel.read(name))
+    os.replace(name + ".part", name)
 endef
 export TAKE_COMPILED
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +30,20 @@ pytest.importorskip("pandas")
 
 #: JVM options of every Spark JVM of the tests (see the module's docstring).
 FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A module's Spark Connect runs after its other tests: the Connect server keeps
+    # an executor that holds blocks for a minute after its job (LocalCluster), and
+    # a spark:// application started meanwhile would wait for that core.
+    def connect(item: pytest.Item) -> bool:
+        callspec = getattr(item, "callspec", None)
+        return callspec is not None and callspec.params.get("kind") == "connect"
+
+    first: dict[Path, int] = {}
+    for index, item in enumerate(items):
+        first.setdefault(item.path, index)
+    items.sort(key=lambda item: (first[item.path], connect(item)))  # stable otherwise
 
 
 @pytest.fixture(scope="session", autouse=True)
