@@ -349,7 +349,14 @@ def get_spark(
             f"no Spark session could be made on {master}: {_first_line(exc)}"
         ) from exc
     if check and not master.startswith("local"):
-        check_executors(session, master)
+        try:
+            check_executors(session, master)
+        except SparkSetupError:
+            # A session whose executors cannot run the pipeline is of no use: stop
+            # it (and its executors' retries, whose Java errors would otherwise
+            # follow the caller's one-line message on stderr).
+            session.stop()
+            raise
     return session
 
 
