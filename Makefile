@@ -144,10 +144,12 @@ test: check-pythons install-redis $(UV)
 # timeouts (pytest-timeout's, 300 s by default) guard against hangs, so longer here.
 step-spark: dist-3.11
 	$(IDLE) env $(spark_pass) -o timeout=1800
-# The docs import the package: after 3.11's core is in place, as `make docs` alone.
-step-docs: dist-3.11
+# After the last build: idle-priority work shares the idle cores, and the builds
+# gate the compiled passes. The docs import the package, with 3.11's core in place.
+LAST_DIST := dist-$(lastword 3.11 $(PYTHONS))
+step-docs: dist-3.11 $(LAST_DIST)
 	$(IDLE) $(MAKE) --no-print-directory docs
-step-lint: $(STAMP)
+step-lint: $(LAST_DIST)
 	$(IDLE) $(MAKE) --no-print-directory lint
 step-compiled-%: dist-%
 	$(call compiled_pass,$*)

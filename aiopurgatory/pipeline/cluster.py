@@ -106,6 +106,12 @@ def _get_json(url: str, timeout: float = 5) -> Any:
         return json.load(response)
 
 
+#: How many times :meth:`LocalCluster.start` picks new ports when a process found
+#: one of its ports taken (the log line of Java's BindException).
+_START_ATTEMPTS = 3
+_PORT_TAKEN = "Address already in use"
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((_HOST, 0))
@@ -293,7 +299,9 @@ class LocalCluster:
             ClusterError: Java or pyspark is missing, a cluster recorded in the
                 directory is still running, or a process exited or was not ready in
                 time (the message has its log's tail). Whatever had started is
-                stopped again.
+                stopped again. A process that found a port taken (picked free, bound
+                by another process before it) is no failure: the cluster starts again
+                on new ports, up to 3 times.
         """
         if java_missing():
             raise ClusterError("Java is missing: put java (17 or later) on PATH or set JAVA_HOME")
@@ -307,6 +315,23 @@ class LocalCluster:
         for sub in ("conf", "logs", "work", "local"):
             (self.directory / sub).mkdir(parents=True, exist_ok=True)
         (self.directory / "conf" / "log4j2.properties").write_text(_LOG4J2)
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            try:
+                self._start_once(home)
+            except ClusterError as exc:
+                self.stop()
+                # A free port is free when picked, not when the JVM binds it:
+                # another process may take it in between. Start again on others.
+                if attempt == _START_ATTEMPTS or _PORT_TAKEN not in str(exc):
+                    raise
+            except BaseException:
+                self.stop()
+                raise
+            else:
+                return self
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start_once(self, home: Path) -> None:
         self._state = _State(
             directory=str(self.directory),
             python=self.python,
@@ -316,20 +341,15 @@ class LocalCluster:
             workers=self.workers,
             cores=self.cores,
         )
-        try:
-            self._launch_master(home)
-            # Workers started before the Master listens retry only after ~10 s.
-            self.wait_for_workers()
-            for index in range(1, self.workers + 1):
-                self._launch_worker(home, index)
-            self.wait_for_workers()
-            if self.connect:
-                self._launch_connect(home)
-                self._wait_for_connect()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        self._launch_master(home)
+        # Workers started before the Master listens retry only after ~10 s.
+        self.wait_for_workers()
+        for index in range(1, self.workers + 1):
+            self._launch_worker(home, index)
+        self.wait_for_workers()
+        if self.connect:
+            self._launch_connect(home)
+            self._wait_for_connect()
 
     def _env(self, home: Path) -> dict[str, str]:
         # A clean Spark environment: nothing of a driver set up in this process

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -218,6 +219,37 @@ def test_analyze_on_the_cluster_equals_local(
     assert quality["malformed"] == 4
     assert (out / "report.md").read_text().count("**malformed: 4**") == 1
     assert (out / "wait_by_outcome.png").stat().st_size > 0
+
+
+def test_a_port_taken_before_the_master_binds_it_is_picked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port is free when picked, not necessarily when the JVM binds it (another
+    process picking ports meanwhile may get and bind the same one): the start
+    picks new ports rather than failing."""
+    from aiopurgatory.pipeline import cluster as module
+    from tests.pipeline.conftest import FAST_JVM
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        picks = [taken]  # the Master's port, picked first
+        real = module._free_port
+        monkeypatch.setattr(module, "_free_port", lambda: picks.pop() if picks else real())
+        cluster = LocalCluster(
+            tmp_path / "cluster", workers=1, connect=False, java_options=FAST_JVM
+        )
+        with cluster:
+            assert cluster.master_url.startswith("spark://127.0.0.1:")
+            assert not cluster.master_url.endswith(f":{taken}")
+            data = cluster.master_json()
+            assert data["status"] == "ALIVE"
+            assert [w["state"] for w in data["workers"]] == ["ALIVE"]
+    # The first Master failed on the taken port (its log is appended to).
+    log = (tmp_path / "cluster" / "logs" / "master.log").read_text()
+    assert "Address already in use: Service 'sparkMaster' failed" in log
+    assert not picks
 
 
 def _bare_python(root: Path) -> Path:
