@@ -1574,7 +1574,10 @@ async def test_real_loop_watch_trigger_and_cancel() -> None:
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tasks = [start(tg, p.watch, op, ["k"]) for op in (completed, expired, cancelled)]
-            await anyio.sleep(0.002)
+            # Until every task has watched (a fixed short sleep was not enough
+            # for trio on a loaded machine: the trigger found no op to complete).
+            while p.pending + (expired.outcome is not None) < 3:  # noqa: ASYNC110 (no event to await)
+                await anyio.sleep(0.001)
             completed.completable = True
             assert p.check_and_complete("k") == 1
             tasks[2].cancel()
