@@ -40,6 +40,7 @@ from aiopurgatory import (
     _wheel,
     simulation,
 )
+from tests.support.dist import checkout_dist
 
 ROOT = Path(__file__).resolve().parents[2]
 TRIO_BENCH_FILES = ("__init__.py", "timer.py", "purgatory.py", "py.typed")
@@ -273,15 +274,7 @@ def test_wheel_is_compiled_and_sdist_installs_without_a_compiler(tmp_path: Path)
     # `make test` builds them once per Python with this very command, takes the
     # wheel's compiled modules for the checkout's tests (no second compilation of
     # the core) and says where (AIOPURGATORY_TEST_DIST); alone, the test builds.
-    given = os.environ.get("AIOPURGATORY_TEST_DIST")
-    dist = Path(given) if given else tmp_path / "dist"
-    if not given:
-        subprocess.run(
-            [sys.executable, "-m", "build", "--outdir", str(dist), str(ROOT)],
-            check=True,
-            capture_output=True,
-            timeout=900,
-        )
+    dist = checkout_dist(tmp_path / "dist")
     (sdist,) = dist.glob("aiopurgatory-*.tar.gz")
     (wheel,) = dist.glob("aiopurgatory-*.whl")
     # A platform wheel for this Python, holding every compiled module built for it.

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tarfile
 import tomllib
 import venv
 from pathlib import Path
 
 import pytest
+
+from tests.support.dist import checkout_dist
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,16 +45,7 @@ def test_the_sdist_carries_the_examples_and_an_editable_install_runs_them_anywhe
     env["AIOPURGATORY_NO_EXTENSIONS"] = "1"  # the compiled core is not the point here
     # `make test` built this checkout's sdist already (AIOPURGATORY_TEST_DIST, see
     # tests/core/test_compiled_core.py); alone, the test builds it.
-    given = os.environ.get("AIOPURGATORY_TEST_DIST")
-    dist = Path(given) if given else tmp_path / "dist"
-    if not given:
-        subprocess.run(
-            [sys.executable, "-m", "build", "--sdist", "--outdir", str(dist), str(ROOT)],
-            check=True,
-            capture_output=True,
-            timeout=900,
-            env=env,
-        )
+    dist = checkout_dist(tmp_path / "dist", sdist_only=True, env=env)
     (sdist,) = dist.glob("aiopurgatory-*.tar.gz")
     with tarfile.open(sdist) as tf:
         names = {name.split("/", 1)[1] for name in tf.getnames() if "/" in name}
