@@ -26,6 +26,7 @@ from ._purgatory import Purgatory, PurgatoryStatistics, WatermarkOperation
 from ._shared_timer import shared_timer, timeout, timeout_at
 from ._timeout import Timeout
 from ._timer import Timer, TimerHandle
+from ._transport import Triggers, TriggersStatistics
 
 if TYPE_CHECKING:
     from . import simulation as simulation
@@ -49,6 +50,8 @@ __all__ = [
     "Timer",
     "TimerClosedError",
     "TimerHandle",
+    "Triggers",
+    "TriggersStatistics",
     "WatermarkOperation",
     "__version__",
     "shared_timer",

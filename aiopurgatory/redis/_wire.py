@@ -25,7 +25,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Hashable, Iterable
-from typing import Final, TypeAlias
+from typing import Final
+
+from .._transport import MAX_EXACT_INT, Key, Value, check_key, check_value
 
 __all__ = [
     "MAX_EXACT_INT",
@@ -46,45 +48,14 @@ __all__ = [
     "wire_keys",
 ]
 
-Key: TypeAlias = str | bytes | int
-Value: TypeAlias = int | float
-
-VERSION: Final = 1
-#: Redis compares watermarks in Lua, whose numbers are doubles: larger ints
-#: would compare inexactly, so they are refused.
-MAX_EXACT_INT: Final = 2**53
-
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode
 _loads = json.loads
+
+VERSION: Final = 1
 
 
 class MalformedMessage(ValueError):
     """A message on the channel that this version cannot read (nothing applied)."""
-
-
-def check_key(key: object, argument: str = "key") -> Key:
-    """``key`` if it can cross the wire (str, bytes or int, not bool), else TypeError."""
-    if isinstance(key, str | bytes) or (isinstance(key, int) and not isinstance(key, bool)):
-        return key
-    raise TypeError(
-        f"{argument} must be a str, bytes or int to be sent to other processes, "
-        f"got {type(key).__name__}"
-    )
-
-
-def check_value(value: object, argument: str = "value") -> Value:
-    """``value`` if it is a finite int or float within +-2**53, else TypeError/ValueError."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{argument} must be an int or float, got {type(value).__name__}")
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{argument} must be finite, got {value!r}")
-    elif not -MAX_EXACT_INT <= value <= MAX_EXACT_INT:
-        raise ValueError(
-            f"{argument} must be within +-2**53 (Redis compares watermarks as doubles), "
-            f"got {value!r}"
-        )
-    return value
 
 
 class Batch:
