@@ -81,9 +81,7 @@ class OptionalBuildExt(build_ext):
             # is kept, so that an unchanged module is not translated again), else
             # in the build's own temporary directory (see _out_of_tree).
             build_dir = None if self.inplace else self.build_temp
-            translated = {
-                ext.name: ext.sources for ext in _cythonize(self.extensions, build_dir)
-            }
+            translated = {ext.name: ext.sources for ext in _cythonize(self.extensions, build_dir)}
             for ext in self.extensions:
                 ext.sources = translated[ext.name]
         super().build_extensions()
