@@ -29,7 +29,9 @@ pytestmark = [pytest.mark.realtime, pytest.mark.timeout(180)]
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "howto" / "web-frameworks.md"
-_FILE = re.compile(r"<!-- file: (?P<name>[\w.]+) -->\n```python\n(?P<body>.*?)^```$", re.S | re.M)
+_FILE = re.compile(
+    r"<!-- file: (?P<name>[\w.]+) -->\n```(?:python|json)\n(?P<body>.*?)^```$", re.S | re.M
+)
 
 
 def programs() -> dict[str, str]:
@@ -50,6 +52,7 @@ def test_the_page_has_its_programs() -> None:
         "jobs_fastapi.py",
         "jobs_redis.py",
         "jobs_worker.py",
+        "logging.json",
     }
 
 
@@ -255,7 +258,7 @@ def test_the_job_service_across_processes_through_a_hung_and_a_restarted_redis(
     env = {"JOBS_REDIS": redis_server.url, "JOBS_STEP": "0.05"}
     web = serve(
         *("-m", "uvicorn", "jobs_redis:app", "--port", str(port), "--workers", "2"),
-        *("--log-level", "warning"),
+        *("--log-config", "logging.json"),
         env=env,
     )
     web.wait_listening(port)
@@ -302,6 +305,13 @@ def test_the_job_service_across_processes_through_a_hung_and_a_restarted_redis(
     parked = [client.send("GET", f"/jobs/{third}/wait?timeout=30") for _ in range(4)]
     bodies, _ = timed_answers(parked, 30)
     assert bodies == [{"job": third, "percent": 100, "done": True}] * 4
+    # The library's warnings of the restart, through uvicorn's formatter: a time
+    # and a level on each line (logging.json of the page).
+    logged = web.log.read_text()
+    lines = [line for line in logged.splitlines() if "aiopurgatory.redis.disconnected" in line]
+    assert lines, logged[-3000:]
+    stamp = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING: +aiopurgatory")
+    assert all(stamp.match(line) for line in lines), lines
     # Done before the wait, asked with timeout=0: the stored watermark answers.
     assert client.call("GET", f"/jobs/{first}/wait?timeout=0")[1] == (
         f'{{"job":"{first}","percent":100,"done":true}}'.encode()
