@@ -229,7 +229,10 @@ def _docs_block(kind: str, name: str, language: str) -> str:
     return match[1]
 
 
-@pytest.mark.parametrize(("snippet", "tests"), [("testing-howto", 3), ("testing-howto-fixture", 1)])
+@pytest.mark.parametrize(
+    ("snippet", "tests"),
+    [("testing-howto", 3), ("testing-howto-fixture", 1), ("testing-howto-triggers", 2)],
+)
 def test_the_how_to_pages_tests_pass_as_shown(
     pytester: pytest.Pytester, snippet: str, tests: int
 ) -> None:
