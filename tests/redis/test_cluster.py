@@ -109,6 +109,34 @@ async def test_a_sync_publisher_reaches_ops_parked_on_every_master(
         assert [await sub.fetch_watermark(key) for key in keys] == [5] * len(keys)
 
 
+async def test_a_sync_publishers_kept_triggers_reach_every_master(
+    redis_cluster: ClusterServers,
+) -> None:
+    # What a SyncPublisher keeps through an outage leaves by its delivery path:
+    # per partition, the atomic-max script (advances) or SPUBLISH (checks), each
+    # routed to its slot's master. Sent here directly, as the delivery thread does.
+    from aiopurgatory.redis._wire import Batch
+
+    url = redis_cluster.url
+    channel = fresh_channel()
+    keys = keys_on_every_master(redis_cluster, channel, 2)
+    purgatory: ap.Purgatory[ap.WatermarkOperation] = ap.Purgatory("kept")
+    async with purgatory, RedisTriggers(purgatory, url, channel=channel) as sub:
+        ops = [asyncio.ensure_future(sub.watch(ap.WatermarkOperation(10), {k: 5})) for k in keys]
+        await eventually(lambda: sub.statistics().subscribed == len(keys))
+        publisher = SyncPublisher(url, channel=channel)
+        try:
+            batch = Batch()
+            for key in keys:
+                batch.advance(key, 5)
+                batch.check(key)
+            await asyncio.to_thread(publisher._send_batch, batch)
+        finally:
+            publisher.close()
+        assert set(await asyncio.wait_for(asyncio.gather(*ops), 5)) == {ap.Outcome.COMPLETED}
+        assert [await sub.fetch_watermark(key) for key in keys] == [5] * len(keys)
+
+
 async def test_a_watch_catches_up_with_an_advance_made_before_it(
     redis_cluster: ClusterServers,
 ) -> None:
