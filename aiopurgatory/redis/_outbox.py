@@ -258,14 +258,12 @@ class Outbox:
             if not self._batch and not self._inflight:
                 return False
             self._add(key, value, None)
-            if self._down_since is not None:
+            if not self.connected:  # the last attempt failed: Redis is away
                 return True
             generation = self._generation + 1  # the batch the thread takes next
             deadline = time.monotonic() + self._wait_bound
             while (
-                self._delivered_generation < generation
-                and self._down_since is None
-                and not self._stopping
+                self._delivered_generation < generation and self.connected and not self._closing()
             ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

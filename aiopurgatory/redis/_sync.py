@@ -575,6 +575,14 @@ class SyncPublisher:
                 self._agreement = None  # PUBSUB refused (an ACL): no more checks
         except _REDIS_ERRORS:
             pass  # Redis is away: the calls see it; the next check will tell
+        except Exception as exc:
+            # redis-py's client closed under the check (close() raced it) fails
+            # with anything; otherwise it is a bug: loud, never ending a thread
+            # with a traceback of its own.
+            if not self._closed:
+                self._logger.error(
+                    "aiopurgatory.redis.config_check_failed", error=self._redactor.error(exc)
+                )
         finally:
             self._checking = False
 
