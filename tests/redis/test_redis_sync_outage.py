@@ -410,3 +410,32 @@ def test_a_wrong_password_raises_at_first_and_is_an_outage_once_it_worked(
     assert admin.get(Partitions("jobs", DEFAULT_PARTITIONS).stored_key("k")) == b"2"
     admin.close()
     publisher.close()
+
+
+def test_what_is_kept_at_exit_gets_its_delivery_time_then_is_logged(
+    redis_server: RedisServer,
+) -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import time
+        from aiopurgatory.redis import SyncPublisher
+        publisher = SyncPublisher({redis_server.url!r}, channel="jobs", close_timeout=0.5)
+        publisher.advance("left", 1)
+        print(publisher.statistics().pending, flush=True)
+        # No close(): the interpreter's exit delivers, or says what it could not.
+        """
+    )
+    redis_server.kill()
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert done.stdout.strip() == "1"
+    assert "aiopurgatory.redis.publisher_dropped" in done.stderr
+    assert "triggers=1" in done.stderr
+    assert "reason='exit'" in done.stderr
+    assert time.monotonic() - started < 10
