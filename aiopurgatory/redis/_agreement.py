@@ -104,6 +104,7 @@ class Agreement:
         "_others",
         "_own",
         "_role",
+        "_scanned",
         "_scanning",
         "_silent",
         "last_mismatch",
@@ -120,6 +121,7 @@ class Agreement:
         self._silent = 0  # checks in a row that found nobody on the channel
         self._others = 0  # subscribers that do not agree, at the last probe
         self._scanning = ""  # what the scan asked for looks for
+        self._scanned: tuple[int, int] | None = None  # the counts the last scan explained
         self.reported: set[str] = set()
         self.mismatches = 0
         self.last_mismatch: str | None = None
@@ -131,15 +133,27 @@ class Agreement:
     def counted(self, reply: Any) -> tuple[Any, ...] | None:
         """The probe's reply: the scan to send next, or None (all agree, or reported)."""
         everyone, agreeing = _counts(reply)
+        # A scan walks every channel of the server: made when the counts say
+        # something is wrong and they changed since the last scan (nobody on the
+        # channel: on the second check in a row, then once a minute or so).
         if everyone == 0:
             self._silent += 1
-            if self._silent >= 2 and "channel" not in self.reported:
+            if (
+                self._silent >= 2
+                and (self._silent - 2) % 12 == 0
+                and "channel" not in self.reported
+            ):
                 self._scanning = "channel"
                 return ("PUBSUB", "CHANNELS", b"*:cfg:v*")
             return None
         self._silent = 0
         self._others = everyone - agreeing
-        if agreeing < everyone and not {"database", "partitions", "version"} <= self.reported:
+        if (
+            agreeing < everyone
+            and (everyone, agreeing) != self._scanned
+            and not {"database", "partitions", "version"} <= self.reported
+        ):
+            self._scanned = (everyone, agreeing)
             self._scanning = "mine"
             return ("PUBSUB", "CHANNELS", _glob_escape(self._control) + b":cfg:*")
         return None

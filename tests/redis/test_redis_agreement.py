@@ -158,8 +158,9 @@ async def test_a_publisher_on_another_database_is_reported(
 
 @one_loop
 async def test_a_publisher_with_other_partitions_is_reported(
-    redis_server: RedisServer, subscriber: RedisTriggers
+    redis_server: RedisServer, subscriber: RedisTriggers, redis_client: aioredis.Redis
 ) -> None:
+    await redis_client.config_resetstat()
     found: list[dict[str, Any]]
     for found in (
         await sync_finding(redis_server.url, channel="jobs", partitions=16),
@@ -167,6 +168,43 @@ async def test_a_publisher_with_other_partitions_is_reported(
     ):
         assert [f["kind"] for f in found] == ["partitions"]
         assert "use partitions=16384 and this publisher partitions=16" in found[0]["detail"]
+    # The scan of Redis's channels: once per publisher, not at every check.
+    stats = await redis_client.info("commandstats")
+    assert stats["cmdstat_pubsub|channels"]["calls"] == 2
+    assert stats["cmdstat_pubsub|numsub"]["calls"] >= 6
+
+
+def test_the_agreement_scans_only_when_the_counts_change() -> None:
+    from aiopurgatory.redis._agreement import Agreement, Config
+
+    agreement = Agreement("jobs", b"jobs", Config(1, 16384, 0), role="publisher")
+    assert agreement.probe() == ("PUBSUB", "NUMSUB", b"jobs", b"jobs:cfg:v1:p16384:d0")
+    assert agreement.counted([b"jobs", 2, b"jobs:cfg:v1:p16384:d0", 2]) is None  # all agree
+    scan = agreement.counted([b"jobs", 3, b"jobs:cfg:v1:p16384:d0", 2])
+    assert scan == ("PUBSUB", "CHANNELS", b"jobs:cfg:*")
+    [(kind, text)] = agreement.scanned([b"jobs:cfg:v1:p16384:d0", b"jobs:cfg:v1:p16384:d3"])
+    assert kind == "database"
+    assert "database 3 and this publisher database 0" in text
+    assert agreement.counted([b"jobs", 3, b"jobs:cfg:v1:p16384:d0", 2]) is None  # explained
+    assert agreement.counted([(b"jobs", 4), (b"jobs:cfg:v1:p16384:d0", 2)]) is not None
+    assert agreement.scanned(["jobs:cfg:v1:p16384:d3", "jobs:cfg:v1:p16384:d0"]) == []  # known
+    # Nobody on the channel: scanned on the second check in a row, then rarely.
+    other = Agreement("j[1]", b"j[1]", Config(1, 16384, 0), role="publisher")
+    assert other.counted([b"j[1]", 0, b"j[1]:cfg:v1:p16384:d0", 0]) is None
+    assert other.counted([b"j[1]", 0, b"j[1]:cfg:v1:p16384:d0", 0]) is not None
+    assert other.scanned([]) == []  # nobody anywhere: nothing to say
+    assert [other.counted([b"j[1]", 0, b"x", 0]) for _ in range(11)] == [None] * 11
+    assert other.counted([b"j[1]", 0, b"x", 0]) is not None
+    [(kind, text)] = other.scanned([b"jobs:cfg:v1:p16384:d0"])
+    assert kind == "channel"
+    assert "'jobs'" in text
+    assert other.mismatches == 1
+    # A channel name with glob characters is matched literally.
+    assert other.counted([b"j[1]", 2, b"j[1]:cfg:v1:p16384:d0", 1]) == (
+        "PUBSUB",
+        "CHANNELS",
+        b"j\\[1\\]:cfg:*",
+    )
 
 
 @one_loop
