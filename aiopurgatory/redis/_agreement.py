@@ -16,10 +16,11 @@ checks too, and a ``SyncPublisher``) checks every ``config_check_interval``
 seconds with one ``PUBSUB NUMSUB`` of two channels: the channel's control
 channel (every subscriber of the channel listens to it, whatever its
 configuration) and its own configuration channel (the subscribers that agree
-with it). Two numbers, O(1) for Redis. Only when they differ, or when nobody
-subscribes to the channel on two checks in a row, a ``PUBSUB CHANNELS`` with a
-pattern lists the configuration channels to say what differs (Redis scans its
-channels for that, once per finding: each mismatch is reported once).
+with it). Two numbers, O(1) for Redis. Only when they differ (and differ
+otherwise than at the last scan), or when nobody subscribes to the channel on
+two checks in a row (then about once a minute), a ``PUBSUB CHANNELS`` with a
+pattern lists the configuration channels to say what differs (Redis walks its
+channels for that). Each mismatch is reported once.
 
 :class:`Agreement` is the sans-IO part: it says which command to send next and
 turns the replies into findings; the publishers carry the commands out (the
