@@ -28,9 +28,14 @@ async sender's connection, or a short-lived thread of the sync publisher). A
 finding is logged once per kind (``aiopurgatory.redis.misconfigured``, warning,
 with ``kind``: ``channel``, ``database``, ``partitions`` or ``version``) and
 counted (``mismatches``, ``last_mismatch`` in ``statistics()``). A Redis whose
-ACL refuses ``PUBSUB`` ends the checks (logged once at info level). On a Redis
-Cluster the checks are not made (one database there; plain pub/sub counts are
-per node).
+ACL refuses ``PUBSUB`` ends the checks (logged once at info level).
+
+On a Redis Cluster plain pub/sub is counted per node, so the announcing
+channels are shard channels of one slot (:func:`announced`: the channel's name
+as a hash tag): ``{<channel>}:cfg`` counts every subscriber of the channel and
+``{<channel>}:cfg:v..:p..:d0`` those that agree, both with ``PUBSUB
+SHARDNUMSUB`` on that slot's master. An older version's subscriber is not
+counted there, and the look for other channels covers one node.
 """
 
 from __future__ import annotations
@@ -49,7 +54,9 @@ __all__ = [
     "DEFAULT_CHECK_INTERVAL",
     "Agreement",
     "Config",
+    "announced",
     "check_once",
+    "cluster_prefix",
     "config_channel",
     "keep_checking",
 ]
@@ -73,8 +80,30 @@ def config_channel(control: bytes, config: Config) -> bytes:
     return control + b":cfg:v%d:p%d:d%d" % config
 
 
+def cluster_prefix(control: bytes) -> bytes:
+    """On a cluster, the prefix of the announcing channels: the channel's name as a
+    hash tag, so that they are shard channels of one slot (one node counts them)."""
+    return b"{" + control + b"}"
+
+
+def announced(control: bytes, config: Config, *, cluster: bool) -> list[bytes]:
+    """The channels a subscriber subscribes to, besides its partitions, to announce
+    ``config``: its configuration channel; on a cluster also the channel every
+    subscriber of the channel subscribes to (the control channel is a plain,
+    node-local channel there)."""
+    if not cluster:
+        return [config_channel(control, config)]
+    prefix = cluster_prefix(control)
+    return [prefix + b":cfg", config_channel(prefix, config)]
+
+
 def _glob_escape(name: bytes) -> bytes:
     return re.sub(rb"([*?\[\]\\])", rb"\\\1", name)
+
+
+def _unbraced(name: bytes) -> bytes:
+    """A channel's name from its announcing prefix (a cluster's is a hash tag)."""
+    return name[1:-1] if name.startswith(b"{") and name.endswith(b"}") else name
 
 
 def _counts(reply: Any) -> list[int]:
@@ -94,13 +123,17 @@ class Agreement:
     Args:
         channel: the channel's name (as the user gave it).
         control: the channel's control channel.
+        cluster: the subscribers are on a Redis Cluster (sharded pub/sub: the
+            counts and the scans go to the node of one slot).
         mine: this publisher's configuration.
         role: ``"publisher"`` or ``"subscriber"``, for the messages.
     """
 
     __slots__ = (
         "_channel",
+        "_cluster",
         "_control",
+        "_everyone",
         "_mine",
         "_others",
         "_own",
@@ -113,11 +146,16 @@ class Agreement:
         "reported",
     )
 
-    def __init__(self, channel: str, control: bytes, mine: Config, *, role: str) -> None:
+    def __init__(
+        self, channel: str, control: bytes, mine: Config, *, role: str, cluster: bool = False
+    ) -> None:
         self._channel = channel
-        self._control = control
+        self._cluster = cluster
+        # The announcing channels' prefix, and the channel counting everyone.
+        self._control = cluster_prefix(control) if cluster else control
+        self._everyone = self._control + b":cfg" if cluster else control
         self._mine = mine
-        self._own = config_channel(control, mine)
+        self._own = config_channel(self._control, mine)
         self._role = role
         self._silent = 0  # checks in a row that found nobody on the channel
         self._others = 0  # subscribers that do not agree, at the last probe
@@ -129,7 +167,9 @@ class Agreement:
 
     def probe(self) -> tuple[Any, ...]:
         """The check's first command: the channel's subscribers, and those that agree."""
-        return ("PUBSUB", "NUMSUB", self._control, self._own)
+        if self._cluster:
+            return ("PUBSUB", "SHARDNUMSUB", self._everyone, self._own)
+        return ("PUBSUB", "NUMSUB", self._everyone, self._own)
 
     def counted(self, reply: Any) -> tuple[Any, ...] | None:
         """The probe's reply: the scan to send next, or None (all agree, or reported)."""
@@ -145,7 +185,8 @@ class Agreement:
                 and "channel" not in self.reported
             ):
                 self._scanning = "channel"
-                return ("PUBSUB", "CHANNELS", b"*:cfg:v*")
+                # On a cluster, one node's shard channels only: a partial look.
+                return ("PUBSUB", "SHARDCHANNELS" if self._cluster else "CHANNELS", b"*:cfg:v*")
             return None
         self._silent = 0
         self._others = everyone - agreeing
@@ -156,6 +197,8 @@ class Agreement:
         ):
             self._scanned = (everyone, agreeing)
             self._scanning = "mine"
+            if self._cluster:
+                return ("PUBSUB", "SHARDCHANNELS", _glob_escape(self._control) + b":cfg:*")
             return ("PUBSUB", "CHANNELS", _glob_escape(self._control) + b":cfg:*")
         return None
 
@@ -167,7 +210,7 @@ class Agreement:
         if self._scanning == "channel":
             others = sorted(
                 {
-                    match.group(1).decode("utf-8", "replace")
+                    _unbraced(match.group(1)).decode("utf-8", "replace")
                     for name in names
                     if (match := _CONFIG.match(name)) is not None
                 }

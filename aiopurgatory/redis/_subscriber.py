@@ -78,9 +78,8 @@ class Subscriber:
             (``record_error`` for a lost connection, ``record_bug`` for anything
             else; each returns the failure's redacted text).
         logger: the owner's bound logger.
-        config_channel: the channel that announces this subscriber's
-            configuration (:mod:`._agreement`), subscribed with the others;
-            None for none (a cluster).
+        config_channels: the channels that announce this subscriber's
+            configuration (:mod:`._agreement`), subscribed with the others.
     """
 
     def __init__(
@@ -98,10 +97,10 @@ class Subscriber:
         sweep_interval: float,
         connections: Connections,
         logger: Any,
-        config_channel: bytes | None = None,
+        config_channels: list[bytes] | None = None,
     ) -> None:
         self._id = instance
-        self._config_channel = config_channel
+        self._config_channels = config_channels or []
         self._purgatory = purgatory
         self._partitions = partitions
         self._new_connection = new_connection
@@ -312,8 +311,7 @@ class Subscriber:
         partitions = self._partitions
         wanted = list(self._wanted)
         channels = [partitions.control, partitions.canary]
-        if self._config_channel is not None:  # announced (see _agreement)
-            channels.append(self._config_channel)
+        channels += self._config_channels  # the configuration announced (_agreement)
         channels += [partitions.channels[n] for n in wanted]
         try:
             try:

@@ -190,8 +190,8 @@ class SyncPublisher:
             that reached Redis starts a check, in a thread of its own, that the
             channel's subscribers agree with this publisher on the Redis
             database, ``partitions`` and wire version, and that someone
-            subscribes to the channel at all (one ``PUBSUB NUMSUB``; not on a
-            cluster). A mismatch is logged once
+            subscribes to the channel at all (one ``PUBSUB NUMSUB``, or
+            ``SHARDNUMSUB`` on a cluster). A mismatch is logged once
             (``aiopurgatory.redis.misconfigured``) and counted in
             :meth:`statistics` (``mismatches``).
         logger: a structlog-compatible logger (default: the library's).
@@ -343,20 +343,24 @@ class SyncPublisher:
             name=self._outbox_name,
             logger=self._logger,
         )
-        # Checked against the channel's subscribers now and then (_agreement):
-        # not on a cluster (one database; pub/sub counts are per node).
-        self._agreement: Agreement | None = None
-        if isinstance(client, redis.Redis):
-            db = int(client.connection_pool.connection_kwargs.get("db") or 0)
-            self._agreement = Agreement(
-                channel,
-                self._partitions.control,
-                Config(VERSION, partition_count, db),
-                role="publisher",
-            )
+        # Checked against the channel's subscribers now and then (_agreement).
+        cluster = isinstance(client, RedisCluster)
+        db = (
+            0
+            if isinstance(client, RedisCluster)
+            else int(client.connection_pool.connection_kwargs.get("db") or 0)
+        )
+        self._agreement = Agreement(
+            channel,
+            self._partitions.control,
+            Config(VERSION, partition_count, db),
+            role="publisher",
+            cluster=cluster,
+        )
         self._check_every = check_every
         self._next_check = 0.0  # time.monotonic() of the next check
         self._checking = False
+        self._checks_off = False
         self._pid = os.getpid()
 
     @property
@@ -517,8 +521,8 @@ class SyncPublisher:
             errors=outbox.errors,
             outages=outbox.outages,
             last_error=outbox.last_error,
-            mismatches=0 if self._agreement is None else self._agreement.mismatches,
-            last_mismatch=None if self._agreement is None else self._agreement.last_mismatch,
+            mismatches=self._agreement.mismatches,
+            last_mismatch=self._agreement.last_mismatch,
         )
 
     def __enter__(self) -> Self:
@@ -551,8 +555,7 @@ class SyncPublisher:
     def _maybe_check(self) -> None:
         """Start a configuration check in a thread of its own if one is due (at
         most one at a time; the calling thread never waits for it)."""
-        agreement = self._agreement
-        if agreement is None:
+        if self._checks_off:
             return
         now = time.monotonic()
         if now < self._next_check:
@@ -566,13 +569,16 @@ class SyncPublisher:
             self._checking = True
             self._next_check = now + self._check_every
         threading.Thread(
-            target=self._check, args=(agreement,), name=f"{self._outbox_name}-check", daemon=True
+            target=self._check,
+            args=(self._agreement,),
+            name=f"{self._outbox_name}-check",
+            daemon=True,
         ).start()
 
     def _check(self, agreement: Agreement) -> None:
         try:
             if not check_once(agreement, self._execute, self._logger):
-                self._agreement = None  # PUBSUB refused (an ACL): no more checks
+                self._checks_off = True  # PUBSUB refused (an ACL): no more checks
         except _REDIS_ERRORS:
             pass  # Redis is away: the calls see it; the next check will tell
         except Exception as exc:
@@ -587,7 +593,12 @@ class SyncPublisher:
             self._checking = False
 
     def _execute(self, command: tuple[Any, ...]) -> Any:
-        return self._client.execute_command(*command)  # type: ignore[no-untyped-call]
+        client = self._client
+        if isinstance(client, RedisCluster):
+            # A shard channel's count or list: on the node of its slot.
+            node = client.get_node_from_key(command[2])  # type: ignore[no-untyped-call]
+            return client.execute_command(*command, target_nodes=node)  # type: ignore[no-untyped-call]
+        return client.execute_command(*command)  # type: ignore[no-untyped-call]
 
     def _attempt(self, command: Callable[..., object], *args: object) -> BaseException | None:
         """Run ``command``; the error it met, or None."""

@@ -44,7 +44,7 @@ from .._detect import current_backend
 from .._logging import LazyLogger
 from .._operation import Outcome
 from .._purgatory import Purgatory
-from ._agreement import DEFAULT_CHECK_INTERVAL, Agreement, Config, config_channel, keep_checking
+from ._agreement import DEFAULT_CHECK_INTERVAL, Agreement, Config, announced, keep_checking
 from ._connections import Connections
 from ._errors import RedisTriggersClosedError, RedisTriggersError
 from ._lifecycle import Lifecycle, State
@@ -164,8 +164,8 @@ class RedisTriggers:
         config_check_interval: seconds between two checks that the channel's
             subscribers agree with this instance on the Redis database,
             ``partitions`` and wire version, and that someone subscribes to the
-            channel at all (default 5; one ``PUBSUB NUMSUB`` each; not on a
-            cluster). A mismatch is logged once
+            channel at all (default 5; one ``PUBSUB NUMSUB``, or
+            ``SHARDNUMSUB`` on a cluster, each). A mismatch is logged once
             (``aiopurgatory.redis.misconfigured``) and counted in
             :meth:`statistics` (``mismatches``).
         catch_up_grace: seconds (default 0.1, at most ``command_timeout``): a
@@ -252,18 +252,14 @@ class RedisTriggers:
         base_logger = LazyLogger() if logger is None else logger
         self._logger: Any = base_logger.bind(channel=channel, instance=self._id)
         # Checked against the channel's subscribers, and announced to the others
-        # (_agreement); not on a cluster.
-        db = connections.db
-        config = None if db is None else Config(VERSION, partition_count, db)
-        self._agreement = (
-            None
-            if config is None
-            else Agreement(
-                channel,
-                self._partitions.control,
-                config,
-                role="publisher" if purgatory is None else "process",
-            )
+        # (_agreement).
+        config = Config(VERSION, partition_count, connections.db or 0)
+        self._agreement = Agreement(
+            channel,
+            self._partitions.control,
+            config,
+            role="publisher" if purgatory is None else "process",
+            cluster=connections.cluster,
         )
         # The library's own connections, one per job, none shared with the
         # application: the sender's, the reader's, and the subscriber's.
@@ -300,8 +296,8 @@ class RedisTriggers:
                 sweep_interval=sweep_every,
                 connections=connections,
                 logger=self._logger,
-                config_channel=(
-                    None if config is None else config_channel(self._partitions.control, config)
+                config_channels=announced(
+                    self._partitions.control, config, cluster=connections.cluster
                 ),
             )
         )
@@ -315,16 +311,12 @@ class RedisTriggers:
             command_timeout=call_timeout,
             close_timeout=close_wait,
             logger=self._logger,
-            checks=(
-                None
-                if agreement is None
-                else lambda: keep_checking(
-                    agreement,
-                    self._sender.probe,
-                    interval=check_every,
-                    bound=call_timeout,
-                    logger=self._logger,
-                )
+            checks=lambda: keep_checking(
+                agreement,
+                self._sender.probe,
+                interval=check_every,
+                bound=call_timeout,
+                logger=self._logger,
             ),
         )
         self._triggers = 0
@@ -585,8 +577,8 @@ class RedisTriggers:
             read_errors=reader.read_errors,
             subscribed=0 if sub is None else sub.subscribed,
             deaf_detected=0 if sub is None else sub.deaf_detected,
-            mismatches=0 if self._agreement is None else self._agreement.mismatches,
-            last_mismatch=None if self._agreement is None else self._agreement.last_mismatch,
+            mismatches=self._agreement.mismatches,
+            last_mismatch=self._agreement.last_mismatch,
         )
 
     async def __aenter__(self) -> Self:
