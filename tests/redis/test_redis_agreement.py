@@ -264,3 +264,31 @@ def test_config_check_interval_is_checked() -> None:
             SyncPublisher("redis://127.0.0.1:1/0", config_check_interval=bad)
         with pytest.raises(ValueError, match="config_check_interval must be positive"):
             RedisTriggers(None, "redis://127.0.0.1:1/0", config_check_interval=bad)
+
+
+@one_loop
+async def test_an_acl_without_pubsub_ends_the_checks_quietly(
+    redis_server_factory: Callable[..., RedisServer],
+) -> None:
+    server = redis_server_factory(
+        extra_args=["--user", "limited", "on", ">pw", "~*", "&*", "+@all", "-pubsub"]
+    )
+    url = server.url_for("limited", "pw")
+    log = Recorder()
+    publisher = SyncPublisher(url, channel="jobs", config_check_interval=EVERY, logger=log)
+    try:
+        await publish_until(publisher, lambda: False, QUIET)  # every call succeeds
+        assert publisher.statistics().sent > 0
+    finally:
+        publisher.close()
+    async_log = Recorder()
+    async with RedisTriggers(
+        None, url, channel="jobs", config_check_interval=EVERY, logger=async_log
+    ) as triggers:
+        await asyncio.sleep(QUIET)
+        assert triggers.statistics().mismatches == 0
+    for events in (log, async_log):
+        [(level, _, fields)] = events.named("aiopurgatory.redis.config_check_unavailable")
+        assert level == "info"
+        assert "NOPERM" in fields["error"] or "permission" in fields["error"]
+        assert [e for e in events.events if e[0] == "error"] == []  # no task ended
