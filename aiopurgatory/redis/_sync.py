@@ -39,6 +39,7 @@ from .._logging import LazyLogger
 from .._validation import as_seconds
 from ._agreement import DEFAULT_CHECK_INTERVAL, Agreement, Config, check_once
 from ._cluster import CLUSTER_SCHEMES, credentials, parse_cluster_url
+from ._compat import require_cluster_support
 from ._errors import RedisTriggersClosedError, RedisTriggersError, connection_cause
 from ._options import check_channel, new_instance, positive_seconds
 from ._outbox import DEFAULT_MAX_PENDING, Outbox
@@ -201,6 +202,8 @@ class SyncPublisher:
         ValueError: an unusable URL, an empty channel, a duration that is not
             positive and finite, ``partitions`` not from 1 to 16,384,
             ``max_pending`` below 1.
+        RuntimeError: a Redis Cluster on a redis-py older than 8.0 (one server
+            and Sentinel run on redis-py 5.3 and later).
     """
 
     def __init__(
@@ -245,6 +248,7 @@ class SyncPublisher:
         client: redis.Redis | RedisCluster
         self._publish = b"PUBLISH"
         if isinstance(given, str) and given.split("://", 1)[0].lower() in CLUSTER_SCHEMES:
+            require_cluster_support()
             seeds = self._parse(given, parse_cluster_url)
             self._where = seeds.where
             client = RedisCluster(
@@ -263,6 +267,7 @@ class SyncPublisher:
             self._publish = b"SPUBLISH"
             self._owns_client = True
         elif isinstance(given, RedisCluster):
+            require_cluster_support()
             client = given
             kwargs = client.nodes_manager.connection_kwargs
             self._redactor = Redactor(kwargs.get("password"))

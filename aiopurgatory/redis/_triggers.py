@@ -181,7 +181,9 @@ class RedisTriggers:
         RuntimeError: constructed under trio, or in a running virtual-time loop
             (:class:`aiopurgatory.simulation.VirtualTimeLoop`: Redis and its
             timeouts run in real time; tests on virtual time use
-            :class:`aiopurgatory.LocalTriggers`, the same interface in memory).
+            :class:`aiopurgatory.LocalTriggers`, the same interface in memory);
+            a Redis Cluster on a redis-py older than 8.0 (one server and
+            Sentinel run on redis-py 5.3 and later).
     """
 
     def __init__(
