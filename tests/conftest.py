@@ -51,6 +51,7 @@ NOT_LIBRARY = (
     "tests/pipeline/",  # the Spark pipeline (pyspark, Java): the spark extra
     "tests/examples/",  # the examples: the Kafka broker (Kafka clients), the long-poll
     # feed under real servers (web servers), the others, and how they are installed
+    "tests/jobs/",  # the job systems' integrations (Celery, RQ...): their extras
 )
 # They run once, on 3.11 and the compiled core: the library they use is checked on
 # both cores by the core's tests. A module of their kind, named otherwise, says so
@@ -152,6 +153,10 @@ def pytest_asyncio_loop_factories(
     factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
         "asyncio": asyncio.new_event_loop
     }
+    # The job systems' tests drive real workers for seconds each: the default loop
+    # only (what they test is the job systems' side; the loops are tests/redis's).
+    if _relative(item.path, config).startswith("tests/jobs/"):
+        return factories
     if _uvloop_factory is not None:
         factories["uvloop"] = _uvloop_factory
     return factories

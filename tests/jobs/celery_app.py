@@ -1,0 +1,88 @@
+"""The Celery app the tests' real workers run (``celery -A tests.jobs.celery_app worker``).
+
+Its broker, result backend and publisher are the Redis of
+``AIOPURGATORY_JOBS_REDIS`` (the test module's). The test process sends tasks by
+name from a client app of its own (:func:`client`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import Celery, signals
+
+from aiopurgatory.jobs.celery import publish_jobs, report_progress
+
+URL = os.environ.get("AIOPURGATORY_JOBS_REDIS", "redis://127.0.0.1:1/0")
+
+
+def configure(app: Celery, url: str) -> Celery:
+    app.conf.update(
+        broker_url=url,
+        result_backend=url,
+        broker_connection_retry_on_startup=True,
+        worker_prefetch_multiplier=1,
+        task_track_started=True,
+        # a Redis restarted under the worker: it reconnects and goes on
+        broker_connection_max_retries=None,
+        result_backend_always_retry=True,
+        result_backend_max_retries=30,
+        # fast redelivery of an unacknowledged message (acks_late, worker lost)
+        broker_transport_options={"visibility_timeout": 3600},
+    )
+    return app
+
+
+app = configure(Celery("tests.jobs.celery_app"), URL)
+publish_jobs(app, URL)
+
+
+def client(url: str) -> Celery:
+    """A client app of the tests' Redis: sends tasks by name, reads results."""
+    return configure(Celery("tests-client"), url)
+
+
+@signals.worker_ready.connect
+def _ready(**_: Any) -> None:
+    ready = os.environ.get("AIOPURGATORY_JOBS_READY")
+    if ready:
+        Path(ready).write_text(str(os.getpid()))
+
+
+@app.task
+def add(x: int, y: int) -> int:
+    return x + y
+
+
+@app.task
+def fail(message: str) -> None:
+    raise ValueError(message)
+
+
+@app.task
+def steps(count: int, seconds: float) -> int:
+    """Reports progress 1..count, one step every ``seconds``; returns ``count``."""
+    for step in range(1, count + 1):
+        time.sleep(seconds)
+        report_progress(step)
+    return count
+
+
+@app.task
+def die() -> None:
+    """Kills its own process (a prefork child): the worker loses the task."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(acks_late=True, reject_on_worker_lost=True)
+def die_once(marker: str) -> str:
+    """Dies the first time (``marker`` does not exist yet), succeeds when redelivered."""
+    path = Path(marker)
+    if not path.exists():
+        path.write_text("died")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "second run"
