@@ -11,12 +11,8 @@ Two halves, one module per job system (each needs its extra:
   timeout and an optional progress threshold, and returns the job system's own
   result, raises its own failure, or raises :class:`JobTimeoutError`.
 
-=========================  ====================================  ==================================
-system                     worker side (opt-in)                  web side
-=========================  ====================================  ==================================
-Celery                     ``celery.publish_jobs(app, url)``     ``celery.CeleryJobs(triggers, app)``
-RQ                         ``rq.PublishingWorker``               ``rq.RQJobs(triggers, redis)``
-=========================  ====================================  ==================================
+* Celery: ``celery.publish_jobs(app, url)`` in the worker,
+  ``celery.CeleryJobs(triggers, app)`` in the web process.
 
 The key layout (one watermark per job: its progress, then its end above every
 progress) is :mod:`aiopurgatory.jobs._layout`'s; see the documentation page

@@ -214,7 +214,16 @@ class JobWaiter(abc.ABC):
         the job's end, and once when a wait times out.
         """
 
-    async def wait(self, job_id: str, *, timeout: float, progress: float | None = None) -> Any:
+    # The timeout is the parked operation's own expiry (on the purgatory's
+    # wheel, never early), which a wrapping asyncio.timeout cannot replace: an
+    # expired wait still takes the job system's last look.
+    async def wait(
+        self,
+        job_id: str,
+        *,
+        timeout: float,  # noqa: ASYNC109
+        progress: float | None = None,
+    ) -> Any:
         """Wait for ``job_id`` to end (or reach ``progress``); return its result.
 
         Args:

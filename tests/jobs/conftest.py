@@ -6,6 +6,7 @@ Redis; each test uses its own job ids, so tests do not see each other's jobs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -96,10 +97,8 @@ class WorkerProcess:
         self._log_file.close()
 
     def _kill_group(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # the group is gone already
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def python() -> str:
