@@ -6,6 +6,7 @@ Redis; each test uses its own job ids, so tests do not see each other's jobs.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -18,7 +19,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from aiopurgatory import Purgatory
+from aiopurgatory import Purgatory, Triggers
+from aiopurgatory.jobs import END
 from aiopurgatory.redis import RedisTriggers
 from aiopurgatory.redis.testing import RedisServer, RedisServerMissing
 
@@ -110,3 +112,13 @@ async def triggers(jobs_redis: RedisServer) -> AsyncIterator[RedisTriggers]:
     """The web process's side: a purgatory and its RedisTriggers on the module's Redis."""
     async with RedisTriggers(Purgatory("jobs"), jobs_redis.url) as started:
         yield started
+
+
+async def published_end(triggers: Triggers, key: str | bytes | int) -> float:
+    """Wait (up to 10 s) until ``key``'s stored watermark says the job ended; that mark."""
+    for _ in range(200):
+        mark = await triggers.fetch_watermark(key)
+        if mark is not None and mark >= END:
+            return mark
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no end was published for {key!r}")

@@ -13,12 +13,12 @@ import pytest
 from celery import Celery
 from celery.exceptions import TaskRevokedError, WorkerLostError
 
-from aiopurgatory.jobs import JobProgress, JobTimeoutError
+from aiopurgatory.jobs import END, JobEnd, JobProgress, JobTimeoutError
 from aiopurgatory.jobs.celery import CeleryJobs
 from aiopurgatory.redis import RedisTriggers
 from aiopurgatory.redis.testing import RedisServer
 from tests.jobs import celery_app
-from tests.jobs.conftest import WorkerProcess, python
+from tests.jobs.conftest import WorkerProcess, published_end, python
 
 TASKS = "tests.jobs.celery_app"
 POOLS = ["prefork", "threads"]
@@ -112,7 +112,7 @@ async def test_a_task_that_ended_before_the_wait_answers_at_once(
     workers: dict[str, WorkerProcess], client: Celery, jobs: CeleryJobs
 ) -> None:
     task_id = await send(client, "add", 20, 22, queue="prefork")
-    await asyncio.to_thread(client.AsyncResult(task_id).get, timeout=20.0)
+    assert await published_end(jobs.triggers, jobs.key(task_id)) == END + JobEnd.SUCCEEDED.value
     # The end is a stored watermark: read when the wait starts, even with no time to wait.
     assert await jobs.wait(task_id, timeout=0) == 42
 
