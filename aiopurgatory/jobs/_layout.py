@@ -26,7 +26,15 @@ from typing import Final
 
 from .._transport import Key
 
-__all__ = ["END", "JobEnd", "check_job_id", "check_progress", "decode", "job_key"]
+__all__ = [
+    "END",
+    "JobEnd",
+    "check_job_id",
+    "check_namespace",
+    "check_progress",
+    "decode",
+    "job_key",
+]
 
 #: The watermark of an ended job is ``END + JobEnd.<kind>.value``. 2**52: every
 #: value up to it and the four ends above it are exact doubles (Redis's Lua and
@@ -63,6 +71,15 @@ def check_job_id(job_id: object) -> str:
     if not job_id:
         raise ValueError("job_id must not be empty")
     return job_id
+
+
+def check_namespace(namespace: object) -> str:
+    """``namespace`` if it is a non-empty str, else TypeError/ValueError naming the argument."""
+    if not isinstance(namespace, str):
+        raise TypeError(f"namespace must be a str, got {type(namespace).__name__}")
+    if not namespace:
+        raise ValueError("namespace must not be empty")
+    return namespace
 
 
 def check_progress(value: object, argument: str = "progress") -> float:

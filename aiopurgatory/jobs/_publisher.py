@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .._logging import LazyLogger
 from .._transport import Key, Value
-from ._layout import END, JobEnd, check_job_id, check_progress, job_key
+from ._layout import END, JobEnd, check_job_id, check_namespace, check_progress, job_key
 
 __all__ = ["Advancer", "JobPublisher"]
 
@@ -67,10 +67,7 @@ class JobPublisher:
         namespace: str,
         channel: str | None = None,
     ) -> None:
-        if not isinstance(namespace, str):
-            raise TypeError(f"namespace must be a str, got {type(namespace).__name__}")
-        if not namespace:
-            raise ValueError("namespace must not be empty")
+        namespace = check_namespace(namespace)
         self._factory: Callable[[], Advancer] | None
         self._publisher: Advancer | None
         if isinstance(publisher, str):

@@ -31,7 +31,7 @@ from .._errors import PurgatoryError
 from .._operation import Outcome
 from .._purgatory_core import WatermarkOperation
 from .._transport import Key, Triggers
-from ._layout import END, JobEnd, check_job_id, check_progress, decode, job_key
+from ._layout import END, JobEnd, check_job_id, check_namespace, check_progress, decode, job_key
 
 __all__ = [
     "JobAnswer",
@@ -184,10 +184,7 @@ class JobWaiter(abc.ABC):
             )
         if namespace is None:
             namespace = self.system
-        if not isinstance(namespace, str):
-            raise TypeError(f"namespace must be a str, got {type(namespace).__name__}")
-        if not namespace:
-            raise ValueError("namespace must not be empty")
+        namespace = check_namespace(namespace)
         self._triggers = triggers
         self._namespace = namespace
 

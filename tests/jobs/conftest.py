@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -42,7 +42,15 @@ def jobs_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer
 class WorkerProcess:
     """A job system's worker, started as its users start it, ended by its pid."""
 
-    def __init__(self, args: Sequence[str], *, url: str, log: Path, ready: Path) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        url: str,
+        log: Path,
+        ready: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.args = list(args)
         self.log = log
         self.ready = ready
@@ -51,6 +59,7 @@ class WorkerProcess:
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             "AIOPURGATORY_JOBS_REDIS": url,
             "AIOPURGATORY_JOBS_READY": str(ready),
+            **(env or {}),
         }
         ready.unlink(missing_ok=True)
         self._log_file = log.open("ab")
