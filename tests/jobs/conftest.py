@@ -50,13 +50,14 @@ class WorkerProcess:
         log: Path,
         ready: Path,
         env: Mapping[str, str] | None = None,
+        cwd: Path = ROOT,
     ) -> None:
         self.args = list(args)
         self.log = log
         self.ready = ready
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT), os.environ.get("PYTHONPATH", "")]),
             "AIOPURGATORY_JOBS_REDIS": url,
             "AIOPURGATORY_JOBS_READY": str(ready),
             **(env or {}),
@@ -65,7 +66,7 @@ class WorkerProcess:
         self._log_file = log.open("ab")
         self.process = subprocess.Popen(
             self.args,
-            cwd=ROOT,
+            cwd=cwd,
             env=env,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
