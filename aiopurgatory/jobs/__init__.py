@@ -1,4 +1,4 @@
-"""Await the background jobs of Celery, RQ, Dramatiq, arq and saq without polling.
+"""Await the background jobs of Celery, RQ, Dramatiq and saq without polling.
 
 Two halves, one module per job system (each needs its extra:
 ``pip install 'aiopurgatory[celery]'``...):
@@ -12,7 +12,11 @@ Two halves, one module per job system (each needs its extra:
   result, raises its own failure, or raises :class:`JobTimeoutError`.
 
 * Celery: ``celery.publish_jobs(app, url)`` in the worker,
-  ``celery.CeleryJobs(triggers, app)`` in the web process.
+  ``celery.CeleryJobs(triggers, app)`` in the web process;
+* RQ: ``rq worker -w aiopurgatory.jobs.rq.PublishingWorker``, ``rq.RQJobs(triggers, redis)``;
+* Dramatiq: ``dramatiq.publish_jobs(broker, url)`` (after ``Results``),
+  ``dramatiq.DramatiqJobs(triggers, backend).wait_message(message, ...)``;
+* saq: ``saq.publish_jobs(settings, url)``, ``saq.SaqJobs(triggers, queue)``.
 
 The key layout (one watermark per job: its progress, then its end above every
 progress) is :mod:`aiopurgatory.jobs._layout`'s; see the documentation page

@@ -86,3 +86,14 @@ def die_once(marker: str) -> str:
         path.write_text("died")
         os.kill(os.getpid(), signal.SIGKILL)
     return "second run"
+
+
+@app.task(autoretry_for=(RuntimeError,), max_retries=3, default_retry_delay=0.1)
+def flaky(marker: str, failures: int) -> int:
+    """Fails ``failures`` times (counted in ``marker``), then returns the attempt number."""
+    path = Path(marker)
+    attempt = int(path.read_text()) + 1 if path.exists() else 1
+    path.write_text(str(attempt))
+    if attempt <= failures:
+        raise RuntimeError(f"attempt {attempt} failed")
+    return attempt

@@ -13,7 +13,7 @@ import pytest
 from celery import Celery
 from celery.exceptions import TaskRevokedError, WorkerLostError
 
-from aiopurgatory.jobs import END, JobEnd, JobProgress, JobTimeoutError
+from aiopurgatory.jobs import END, JobEnd, JobProgress, JobResultMissingError, JobTimeoutError
 from aiopurgatory.jobs.celery import CeleryJobs
 from aiopurgatory.redis import RedisTriggers
 from aiopurgatory.redis.testing import RedisServer
@@ -153,3 +153,21 @@ async def test_with_acks_late_a_lost_task_is_redelivered_and_its_rerun_answers(
     task_id = await send(client, "die_once", str(tmp_path / "marker"), queue="prefork")
     assert await jobs.wait(task_id, timeout=20.0) == "second run"
     assert (tmp_path / "marker").exists()
+
+
+async def test_a_retried_task_answers_once_its_last_attempt_ends(
+    workers: dict[str, WorkerProcess], client: Celery, jobs: CeleryJobs, tmp_path: Path
+) -> None:
+    task_id = await send(client, "flaky", str(tmp_path / "attempts"), 2, queue="threads")
+    assert await jobs.wait(task_id, timeout=20.0) == 3  # not woken by the failed attempts
+
+
+async def test_an_expired_result_is_result_missing(
+    workers: dict[str, WorkerProcess], client: Celery, jobs: CeleryJobs
+) -> None:
+    task_id = await send(client, "add", 1, 2, queue="threads")
+    assert await jobs.wait(task_id, timeout=20.0) == 3
+    await asyncio.to_thread(client.AsyncResult(task_id).forget)  # as result_expires does
+    with pytest.raises(JobResultMissingError) as caught:
+        await jobs.wait(task_id, timeout=20.0)
+    assert caught.value.end is JobEnd.SUCCEEDED

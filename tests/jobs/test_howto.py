@@ -33,6 +33,7 @@ WORKERS = {
     "celery": ["-m", "celery", "-A", "celery_tasks", "worker", "-P", "prefork", "-c", "2"],
     "rq": ["-m", "rq.cli", "worker", "-w", "aiopurgatory.jobs.rq.PublishingWorker", "renders"],
     "saq": ["-m", "saq", "saq_tasks.settings"],
+    "dramatiq": ["-m", "dramatiq", "dramatiq_tasks", "-p", "1", "-t", "4"],
 }
 
 
@@ -48,6 +49,7 @@ def test_the_page_has_a_worker_and_a_web_program_per_system() -> None:
     assert "celery -A celery_tasks worker -P prefork -c 2" in text
     assert "rq worker -w aiopurgatory.jobs.rq.PublishingWorker" in text
     assert "saq saq_tasks.settings" in text
+    assert "dramatiq dramatiq_tasks -p 1 -t 4" in text
 
 
 @pytest.fixture(scope="module")

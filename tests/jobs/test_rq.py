@@ -13,7 +13,14 @@ from rq import Queue, Retry
 from rq.command import send_stop_job_command
 from rq.job import Job
 
-from aiopurgatory.jobs import END, JobEnd, JobFailedError, JobProgress, JobTimeoutError
+from aiopurgatory.jobs import (
+    END,
+    JobEnd,
+    JobFailedError,
+    JobProgress,
+    JobResultMissingError,
+    JobTimeoutError,
+)
 from aiopurgatory.jobs.rq import RQJobs
 from aiopurgatory.redis import RedisTriggers
 from aiopurgatory.redis.testing import RedisServer
@@ -138,3 +145,14 @@ async def test_a_killed_work_horse_ends_the_wait_as_lost(
     with pytest.raises(JobFailedError, match="Work-horse terminated unexpectedly") as caught:
         await jobs.wait(job_id, timeout=20.0)
     assert caught.value.end is JobEnd.LOST
+
+
+async def test_an_expired_result_is_result_missing(
+    worker: WorkerProcess, connection: redis.Redis, jobs: RQJobs
+) -> None:
+    job_id = await enqueue(connection, rq_app.add, 1, 2)
+    assert await jobs.wait(job_id, timeout=20.0) == 3
+    job = await asyncio.to_thread(Job.fetch, job_id, connection=connection)
+    await asyncio.to_thread(job.delete)  # as its result_ttl does
+    with pytest.raises(JobResultMissingError):
+        await jobs.wait(job_id, timeout=20.0)
