@@ -84,7 +84,8 @@ class WorkerProcess:
             time.sleep(0.05)
 
     def tail(self, lines: int = 40) -> str:
-        self._log_file.flush()
+        if not self._log_file.closed:
+            self._log_file.flush()
         text = self.log.read_text(errors="replace")
         return "\n".join(text.splitlines()[-lines:])
 
@@ -101,7 +102,7 @@ class WorkerProcess:
         self._log_file.close()
 
     def kill(self) -> None:
-        """SIGKILL the worker and every process of its group."""
+        """SIGKILL the worker and every process of its group (again: nothing more)."""
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()

@@ -171,3 +171,27 @@ async def test_an_expired_result_is_result_missing(
     with pytest.raises(JobResultMissingError) as caught:
         await jobs.wait(task_id, timeout=20.0)
     assert caught.value.end is JobEnd.SUCCEEDED
+
+
+async def test_a_whole_worker_killed_mid_task_leaves_the_wait_to_its_timeout(
+    jobs_redis: RedisServer, client: Celery, jobs: CeleryJobs, tmp_path: Path
+) -> None:
+    # A worker of its own, on a queue of its own, SIGKILLed with its pool: nothing
+    # is left to record the task's end.
+    lone = WorkerProcess(
+        [python(), "-m", "celery", "-A", TASKS, "worker", "-P", "threads", "-c", "1",
+         "-Q", "lone", "-n", "lone@%h", "--without-gossip", "--without-mingle",
+         "--without-heartbeat"],
+        url=jobs_redis.url, log=tmp_path / "lone.log", ready=tmp_path / "lone.ready",
+    )  # fmt: skip
+    try:
+        lone.wait_ready()
+        task_id = await send(client, "steps", 100, 0.05, queue="lone")
+        assert isinstance(await jobs.wait(task_id, timeout=20.0, progress=1), JobProgress)
+        lone.kill()
+        with pytest.raises(JobTimeoutError):
+            await jobs.wait(task_id, timeout=1.0)
+        state = await asyncio.to_thread(lambda: client.AsyncResult(task_id).state)
+        assert state == "STARTED"  # what Celery knows: it started, nothing since
+    finally:
+        lone.kill()
