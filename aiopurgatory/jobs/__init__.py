@@ -14,7 +14,7 @@ Two halves, one module per job system (each needs its extra:
 * Celery: ``celery.publish_jobs(app, url)`` in the worker,
   ``celery.CeleryJobs(triggers, app)`` in the web process;
 * RQ: ``rq worker -w aiopurgatory.jobs.rq.PublishingWorker``, ``rq.RQJobs(triggers, redis)``;
-* Dramatiq: ``dramatiq.publish_jobs(broker, url)`` (after ``Results``),
+* Dramatiq: ``dramatiq.publish_jobs(broker, url)`` (once ``Results`` is added),
   ``dramatiq.DramatiqJobs(triggers, backend).wait_message(message, ...)``;
 * saq: ``saq.publish_jobs(settings, url)``, ``saq.SaqJobs(triggers, queue)``.
 

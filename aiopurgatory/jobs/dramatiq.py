@@ -1,7 +1,7 @@
 """Dramatiq: publish messages' ends from the worker, await them from async code.
 
-Worker side, where the broker is set up (every worker process imports it), after
-Dramatiq's ``Results`` middleware, no code in the actors::
+Worker side, where the broker is set up (every worker process imports it), once
+Dramatiq's ``Results`` middleware is added, no code in the actors::
 
     broker.add_middleware(Results(backend=RedisBackend(url=url)))
     aiopurgatory.jobs.dramatiq.publish_jobs(broker, url)
@@ -17,9 +17,11 @@ the queue, the actor and the message id): a wait takes the ``Message`` (the one
 ``send()`` returned, or ``dramatiq.Message(queue_name=..., actor_name=...,
 message_id=..., args=(), kwargs={}, options={})`` rebuilt in another request).
 
-:class:`PublishJobs` is a middleware placed *after* ``Results``, so each of its
-hooks runs after ``Results`` stored what the hook is about (checked in Dramatiq
-1.17-2.2's ``results/middleware.py``): ``after_process_message`` without an
+:class:`PublishJobs` is a middleware placed just *before* ``Results`` in the
+broker's list: Dramatiq runs the ``after_*`` hooks in reverse order
+(``Broker.emit_after``), so each of ours runs after ``Results`` stored what the
+hook is about (checked in Dramatiq 1.17-2.2's ``broker.py`` and
+``results/middleware.py``): ``after_process_message`` without an
 exception: SUCCEEDED; ``after_nack`` of a message that failed for good (its
 retries spent, ``Retries`` re-enqueues the same message id meanwhile): FAILED;
 ``after_skip_message`` (skipped, not failed): REVOKED. Needs the ``dramatiq``
@@ -58,7 +60,8 @@ _running = threading.local()
 class PublishJobs(dramatiq.Middleware):
     """Dramatiq middleware publishing every message's end after ``Results`` stored it.
 
-    Add it with :func:`publish_jobs` (which places it after ``Results``).
+    Add it with :func:`publish_jobs` (which places it where its hooks run after
+    ``Results``').
 
     Args:
         publisher: a Redis URL (a ``SyncPublisher`` is made from it in each
@@ -114,7 +117,11 @@ def publish_jobs(
     namespace: str = "dramatiq",
     channel: str | None = None,
 ) -> PublishJobs:
-    """Add a :class:`PublishJobs` middleware to ``broker``, right after its ``Results``.
+    """Add a :class:`PublishJobs` middleware to ``broker``, its hooks after ``Results``'.
+
+    It goes just before ``Results`` in the broker's middleware list: Dramatiq
+    runs ``after_*`` hooks in reverse order, so ``Results`` stores a result or
+    a failure before this middleware publishes the end.
 
     Returns:
         The middleware added.
@@ -134,7 +141,8 @@ def publish_jobs(
     if any(isinstance(m, PublishJobs) for m in broker.middleware):
         raise ValueError("broker: publish_jobs() was called for this broker already")
     middleware = PublishJobs(publisher, namespace=namespace, channel=channel)
-    broker.add_middleware(middleware, after=Results)
+    # Before, in the list: the after_* hooks run in reverse (Broker.emit_after).
+    broker.add_middleware(middleware, before=Results)
     return middleware
 
 

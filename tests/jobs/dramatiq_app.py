@@ -33,7 +33,7 @@ class Ready(dramatiq.Middleware):
 broker = RedisBroker(url=URL)
 backend = RedisBackend(url=URL)
 broker.add_middleware(Results(backend=backend))
-publish_jobs(broker, URL)  # after Results: the opt-in
+publish_jobs(broker, URL)  # the opt-in, once Results is there
 broker.add_middleware(Ready())
 dramatiq.set_broker(broker)
 

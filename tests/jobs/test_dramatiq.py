@@ -9,10 +9,11 @@ from typing import Any
 
 import dramatiq
 import pytest
-from dramatiq.results import ResultFailure
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.results import ResultFailure, Results
 
 from aiopurgatory.jobs import END, JobEnd, JobProgress, JobTimeoutError
-from aiopurgatory.jobs.dramatiq import DramatiqJobs
+from aiopurgatory.jobs.dramatiq import DramatiqJobs, PublishJobs, publish_jobs
 from aiopurgatory.redis import RedisTriggers
 from aiopurgatory.redis.testing import RedisServer
 from tests.jobs.conftest import WorkerProcess, published_end, python
@@ -118,3 +119,13 @@ async def test_a_killed_worker_leaves_the_waiter_to_its_timeout(
             await jobs.wait_message(message, timeout=1.5)
     finally:
         process.kill()
+
+
+async def test_the_middleware_publishes_after_results_stored(app: Any) -> None:
+    # Dramatiq runs after_* hooks in reverse order: ours must come before Results.
+    kinds = [type(m) for m in app.broker.middleware]
+    assert kinds.index(PublishJobs) == kinds.index(Results) - 1
+    with pytest.raises(ValueError, match="already"):
+        publish_jobs(app.broker, "redis://127.0.0.1:1/0")
+    with pytest.raises(ValueError, match="Results"):
+        publish_jobs(StubBroker(), "redis://127.0.0.1:1/0")
