@@ -1,12 +1,15 @@
-"""``aiopurgatory bench jobs``: from a Celery task's end to the waiting HTTP request's answer.
+"""``aiopurgatory bench jobs``: from a background job's end to the waiting request's answer.
 
 Usage::
 
-    aiopurgatory bench jobs [--waits 1000] [--web-workers 2] [--rate 250]
-        [--poll 0.25] [--modes triggers,poll] [--count-seconds 5] [--json PATH]
+    aiopurgatory bench jobs [--systems celery,rq,saq,dramatiq] [--waits 1000]
+        [--web-workers 2] [--rate 250] [--poll 0.25] [--modes triggers,poll]
+        [--count-seconds 5] [--json PATH]
 
-For each mode, on a Redis of its own (``redis-server``, started here): a Celery
-worker (threads pool), ``uvicorn --workers N`` serving ``GET /wait/{id}``
+For each job system and mode, on a Redis of its own (``redis-server``, started
+here): the system's worker (:mod:`._jobs_systems` says how: Celery's threads
+pool, RQ's ``SimpleWorker``, saq's worker, Dramatiq's with 8 threads),
+``uvicorn --workers N`` serving ``GET /wait/{id}``
 (:mod:`._jobs_app`), and a load client in a process of its own
 (:mod:`._jobs_client`, raw sockets, so its CPU is apart from the servers').
 The client parks ``--waits`` requests, one per task id, *before* the tasks
@@ -15,10 +18,10 @@ exist; the commands Redis processes per second are counted over
 per second, and each returns the time it ended (``time.time()``). The latency
 of a request is the time its answer had arrived at the client minus its task's
 end: the result stored, the end published, the request woken, the result read
-back through Celery, the answer sent. Modes: ``triggers``
-(``aiopurgatory.jobs.celery``) and ``poll`` (reading ``AsyncResult.state``
-every ``--poll`` seconds, what applications write without it). Needs the
-``celery`` extra, uvicorn and starlette, and ``redis-server``.
+back through the job system, the answer sent. Modes: ``triggers``
+(``aiopurgatory.jobs``) and ``poll`` (asking the job system every ``--poll``
+seconds, what applications write without it). Needs the systems' extras,
+uvicorn and starlette, and ``redis-server``.
 """
 
 from __future__ import annotations
@@ -122,13 +125,22 @@ def _round(
 
 
 def run(
-    mode: str, *, waits: int, web_workers: int, rate: float, poll: float, count_s: float = 5.0
+    system: str,
+    mode: str,
+    *,
+    waits: int,
+    web_workers: int,
+    rate: float,
+    poll: float,
+    count_s: float = 5.0,
 ) -> dict[str, Any]:
-    """One mode's run, on a Redis and servers of its own; its measurements."""
+    """One system's and mode's run, on a Redis and servers of its own; its measurements."""
     import redis
-    from celery import Celery
 
     from ..redis.testing import RedisServer
+    from ._jobs_systems import SYSTEMS
+
+    driver = SYSTEMS[system]()
 
     with tempfile.TemporaryDirectory(prefix="aiopurgatory-bench-jobs-") as tmp:
         server = RedisServer(Path(tmp) / "redis", appendfsync="everysec")
@@ -138,28 +150,27 @@ def run(
             "AIOPURGATORY_BENCH_REDIS": server.url,
             "AIOPURGATORY_BENCH_MODE": mode,
             "AIOPURGATORY_BENCH_POLL": str(poll),
+            "AIOPURGATORY_BENCH_SYSTEM": system,
         }
         log = (Path(tmp) / "servers.log").open("wb")
         port = _free_port()
         worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "aiopurgatory.bench._jobs_tasks", "worker",
-             "-P", "threads", "-c", "8", "--without-gossip", "--without-mingle",
-             "--without-heartbeat", "-l", "warning"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            driver.worker_argv(server.url),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         web = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "aiopurgatory.bench._jobs_app:app",
              "--workers", str(web_workers), "--port", str(port), "--log-level", "warning",
              "--no-access-log", "--backlog", "4096"],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-        celery = Celery("bench-client", broker=server.url, backend=server.url)
+        send, close_sender = driver.sender(server.url)
         redis_client = redis.Redis.from_url(server.url)
         try:
             _wait_listening(web, port)
-
-            def send(task_id: str) -> None:
-                celery.send_task("bench.stamp", task_id=task_id)
 
             # Warm-up (not measured): worker, servers' threads and connections.
             warm = [str(uuid.uuid4()) for _ in range(20)]
@@ -169,25 +180,33 @@ def run(
         finally:
             _stop(web)
             _stop(worker)
-            celery.close()
+            close_sender()
             redis_client.close()
             server.kill()
             log.close()
-    return {"mode": mode, "web_workers": web_workers, "rate": rate, "poll_s": poll, **result}
+    return {
+        "system": system,
+        "mode": mode,
+        "web_workers": web_workers,
+        "rate": rate,
+        "poll_s": poll,
+        **result,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``aiopurgatory bench jobs``; returns the exit status."""
     parser = argparse.ArgumentParser(
         prog="aiopurgatory bench jobs",
-        description="From a Celery task's end to the waiting HTTP request's answer: "
-        "aiopurgatory.jobs against polling.",
+        description="From a background job's end to the waiting HTTP request's answer: "
+        "aiopurgatory.jobs against polling, per job system.",
     )
     parser.add_argument("--waits", type=int, default=1000, help="requests waiting (1000)")
     parser.add_argument("--web-workers", type=int, default=2, help="uvicorn --workers (2)")
     parser.add_argument("--rate", type=float, default=250.0, help="tasks sent per second (250)")
     parser.add_argument("--poll", type=float, default=0.25, help="poll mode's interval (0.25 s)")
     parser.add_argument("--modes", default=",".join(MODES), help="triggers,poll")
+    parser.add_argument("--systems", default="celery", help="of celery,rq,saq,dramatiq (celery)")
     parser.add_argument(
         "--count-seconds",
         type=float,
@@ -203,9 +222,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--waits and --web-workers must be >= 1; --rate, --poll, --count-seconds > 0")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+    from ._jobs_systems import SYSTEMS
+
+    systems = [s for s in args.systems.split(",") if s]
+    if not systems or set(systems) - set(SYSTEMS):
+        parser.error(f"--systems: a comma-separated list of {', '.join(SYSTEMS)}")
     results = []
-    for mode in modes:
+    for system, mode in ((system, mode) for system in systems for mode in modes):
         result = run(
+            system,
             mode,
             waits=args.waits,
             web_workers=args.web_workers,

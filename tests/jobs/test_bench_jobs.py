@@ -17,13 +17,13 @@ pytestmark = pytest.mark.timeout(180)
 def test_a_small_run_answers_every_wait_in_both_modes(tmp_path: Path) -> None:
     out = tmp_path / "jobs.json"
     result = subprocess.run(
-        [sys.executable, "-m", "aiopurgatory.cli", "bench", "jobs", "--waits", "40",
-         "--rate", "200", "--count-seconds", "0.5", "--json", str(out)],
+        [sys.executable, "-m", "aiopurgatory.cli", "bench", "jobs", "--systems", "rq",
+         "--waits", "40", "--rate", "200", "--count-seconds", "0.5", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=170,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     runs = json.loads(out.read_text())
-    assert [run["mode"] for run in runs] == ["triggers", "poll"]
+    assert [(run["system"], run["mode"]) for run in runs] == [("rq", "triggers"), ("rq", "poll")]
     for run in runs:
         assert run["answered"] == run["waits"] == 40
         assert 0 < run["p50_ms"] <= run["p99_ms"] <= run["max_ms"]
