@@ -132,8 +132,11 @@ async def test_a_task_revoked_before_it_runs_raises_task_revoked_error(
 ) -> None:
     task_id = str(uuid.uuid4())
     waiter = asyncio.create_task(jobs.wait(task_id, timeout=20.0))
-    await asyncio.to_thread(client.control.revoke, task_id)
-    await asyncio.sleep(0.3)  # the broadcast reaches the workers (no reply asked)
+    # Each of the two workers says it has the revoke before the task is sent.
+    replies = await asyncio.to_thread(
+        lambda: client.control.revoke(task_id, reply=True, timeout=10.0, limit=2)
+    )
+    assert len(replies) == 2
     await send(client, "add", 1, 1, queue="threads", task_id=task_id)
     with pytest.raises(TaskRevokedError):
         await waiter
