@@ -7,6 +7,7 @@ name from a client app of its own (:func:`client`).
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -31,8 +32,14 @@ def configure(app: Celery, url: str) -> Celery:
         broker_connection_max_retries=None,
         result_backend_always_retry=True,
         result_backend_max_retries=30,
-        # fast redelivery of an unacknowledged message (acks_late, worker lost)
-        broker_transport_options={"visibility_timeout": 3600},
+        # A message a worker had fetched when Redis went away is redelivered
+        # after visibility_timeout (an hour by default): 5 s here, looked for
+        # every second, so that the Redis restart test's tasks all run.
+        broker_transport_options={
+            "visibility_timeout": 5,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        },
     )
     return app
 
@@ -42,8 +49,19 @@ publish_jobs(app, URL)
 
 
 def client(url: str) -> Celery:
-    """A client app of the tests' Redis: sends tasks by name, reads results."""
+    """A client app of the tests' Redis, to read results (CeleryJobs) and control workers."""
     return configure(Celery("tests-client"), url)
+
+
+@functools.cache
+def sender(url: str) -> Celery:
+    """An app that sends tasks by name, with no result backend: Celery's Redis backend
+    subscribes the sending process to each task's result channel (for a later
+    ``get()``) and unsubscribes when the ``AsyncResult`` is collected, which
+    fails if that is after Redis went away (an error in ``__del__``)."""
+    app = configure(Celery("tests-sender"), url)
+    app.conf.result_backend = None
+    return app
 
 
 @signals.worker_ready.connect

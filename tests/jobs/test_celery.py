@@ -59,8 +59,9 @@ def jobs(triggers: RedisTriggers, client: Celery) -> CeleryJobs:
 
 async def send(client: Celery, name: str, *args: Any, queue: str, **options: Any) -> str:
     """Send a task by name (Celery's send is blocking: in a thread); its id."""
+    sending = celery_app.sender(client.conf.broker_url)
     result = await asyncio.to_thread(
-        client.send_task, f"{TASKS}.{name}", args=args, queue=queue, **options
+        sending.send_task, f"{TASKS}.{name}", args=args, queue=queue, **options
     )
     return str(result.id)
 
@@ -85,14 +86,14 @@ async def test_a_failure_is_raised_as_celery_raises_it(
 async def test_a_progress_threshold_returns_before_the_end(
     workers: dict[str, WorkerProcess], client: Celery, jobs: CeleryJobs
 ) -> None:
-    task_id = await send(client, "steps", 4, 0.2, queue="threads")
+    task_id = await send(client, "steps", 10, 0.2, queue="threads")
     reached = await jobs.wait(task_id, timeout=20.0, progress=2)
     assert isinstance(reached, JobProgress)
     assert reached.job_id == task_id
-    assert 2 <= reached.progress < 4
+    assert 2 <= reached.progress < 10
     # An end meets every progress threshold: past the last step, the result.
-    assert await jobs.wait(task_id, timeout=20.0, progress=4.5) == 4
-    assert await jobs.wait(task_id, timeout=0) == 4
+    assert await jobs.wait(task_id, timeout=20.0, progress=10.5) == 10
+    assert await jobs.wait(task_id, timeout=0) == 10
 
 
 async def test_a_task_that_does_not_end_in_time_is_a_timeout(

@@ -55,7 +55,10 @@ async def test_a_redis_restart_mid_run_fails_no_task_and_answers_every_waiter(
         ids = []
         for _ in range(COUNT):
             result = await asyncio.to_thread(
-                client.send_task, f"{TASKS}.steps", args=(5, 0.1), queue="restart"
+                celery_app.sender(jobs_redis.url).send_task,
+                f"{TASKS}.steps",
+                args=(5, 0.1),
+                queue="restart",
             )
             ids.append(str(result.id))
         waits = [asyncio.create_task(jobs.wait(task_id, timeout=60.0)) for task_id in ids]

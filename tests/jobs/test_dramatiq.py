@@ -77,11 +77,11 @@ async def test_a_retried_message_ends_once_after_its_last_attempt(
 
 
 async def test_a_progress_threshold_returns_before_the_end(app: Any, jobs: DramatiqJobs) -> None:
-    message = await send(app.steps, 4, 0.2)
+    message = await send(app.steps, 10, 0.2)
     reached = await jobs.wait_message(message, timeout=20.0, progress=2)
     assert isinstance(reached, JobProgress)
-    assert 2 <= reached.progress < 4
-    assert await jobs.wait_message(message, timeout=20.0, progress=4.5) == 4
+    assert 2 <= reached.progress < 10
+    assert await jobs.wait_message(message, timeout=20.0, progress=10.5) == 10
 
 
 async def test_a_message_that_does_not_end_in_time_is_a_timeout(

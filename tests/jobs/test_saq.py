@@ -89,11 +89,11 @@ async def test_a_retried_job_ends_once_after_its_last_attempt(
 async def test_a_progress_threshold_returns_before_the_end(
     worker: WorkerProcess, queue: Queue, jobs: SaqJobs
 ) -> None:
-    key = await enqueue(queue, "steps", count=4, seconds=0.2)
+    key = await enqueue(queue, "steps", count=10, seconds=0.2)
     reached = await jobs.wait(key, timeout=20.0, progress=2)
     assert isinstance(reached, JobProgress)
-    assert 2 <= reached.progress < 4
-    assert await jobs.wait(key, timeout=20.0, progress=4.5) == 4
+    assert 2 <= reached.progress < 10
+    assert await jobs.wait(key, timeout=20.0, progress=10.5) == 10
 
 
 async def test_a_job_that_does_not_end_in_time_is_a_timeout(
