@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .._errors import PurgatoryError
+from .._logging import LazyLogger
 from .._operation import Outcome
 from .._purgatory_core import WatermarkOperation
 from .._transport import Key, Triggers
@@ -42,6 +43,8 @@ __all__ = [
     "JobWaitCancelledError",
     "JobWaiter",
 ]
+
+_log = LazyLogger()
 
 
 class JobTimeoutError(PurgatoryError, TimeoutError):
@@ -208,7 +211,9 @@ class JobWaiter(abc.ABC):
 
         Reads through the job system's own API without blocking the event loop
         (a blocking client's call goes to a thread). Called once when a wait sees
-        the job's end, and once when a wait times out.
+        the job's end, and once when a wait times out; a call that raises is
+        made once more at once (logged, ``aiopurgatory.jobs.read_retried``), and
+        a second failure is raised to the waiter.
         """
 
     # The timeout is the parked operation's own expiry (on the purgatory's
@@ -255,18 +260,33 @@ class JobWaiter(abc.ABC):
             end = decode(mark)
             if end is None:
                 return JobProgress(job_id, mark)
-            answer = await self.read(job_id)
+            answer = await self._read_retrying(job_id)
             if answer is None:
                 raise JobResultMissingError(job_id, end)
             return answer.unwrap()
         if outcome is Outcome.EXPIRED:
             # The last look: an end whose trigger never came (published while
             # the transport was down and not kept, its watermark expired).
-            answer = await self.read(job_id)
+            answer = await self._read_retrying(job_id)
             if answer is not None:
                 return answer.unwrap()
             raise JobTimeoutError(job_id, timeout)
         raise JobWaitCancelledError(f"the wait for job {job_id!r} was withdrawn: {outcome.name}")
+
+    async def _read_retrying(self, job_id: str) -> JobAnswer | None:
+        """:meth:`read`, once more at once if it fails: a job system's client whose
+        pooled connection died with a restarted Redis fails the first command on
+        it (and replaces it); a second failure is raised."""
+        try:
+            return await self.read(job_id)
+        except Exception as exc:
+            _log.warning(
+                "aiopurgatory.jobs.read_retried",
+                system=self.system,
+                job_id=job_id,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+        return await self.read(job_id)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} namespace={self._namespace!r}>"

@@ -235,3 +235,35 @@ async def test_a_failed_error_shows_the_last_line_of_the_detail() -> None:
     error = JobFailedError("j1", JobEnd.FAILED, "Traceback...\n  ...\nValueError: boom\n")
     assert str(error) == "job 'j1' failed: ValueError: boom"
     assert str(JobFailedError("j1", JobEnd.LOST)) == "job 'j1' lost"
+
+
+class FlakyJobs(MemoryJobs):
+    """Its first read fails, as a client's pooled connection that died with Redis does."""
+
+    async def read(self, job_id: str) -> JobAnswer | None:
+        self.reads += 1
+        if self.reads == 1:
+            raise ConnectionError("Connection closed by server.")
+        return self.stored.get(job_id)
+
+
+async def test_a_read_that_fails_is_made_once_more_and_a_second_failure_raised(
+    system: System, caplog: pytest.LogCaptureFixture
+) -> None:
+    flaky = FlakyJobs(system.web.triggers)
+    flaky.stored["j1"] = JobAnswer(JobEnd.SUCCEEDED, "kept")
+    assert system.worker.ended("j1", JobEnd.SUCCEEDED)
+    with caplog.at_level(logging.WARNING, logger="aiopurgatory"):
+        assert await flaky.wait("j1", timeout=5) == "kept"
+    assert flaky.reads == 2
+    assert "aiopurgatory.jobs.read_retried" in caplog.text
+
+    class Down(MemoryJobs):
+        async def read(self, job_id: str) -> JobAnswer | None:
+            self.reads += 1
+            raise ConnectionError("Redis is down")
+
+    down = Down(system.web.triggers)
+    with pytest.raises(ConnectionError, match="down"):
+        await down.wait("j1", timeout=5)
+    assert down.reads == 2
