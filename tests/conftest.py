@@ -51,6 +51,7 @@ NOT_LIBRARY = (
     "tests/pipeline/",  # the Spark pipeline (pyspark, Java): the spark extra
     "tests/examples/",  # the examples: the Kafka broker (Kafka clients), the long-poll
     # feed under real servers (web servers), the others, and how they are installed
+    "tests/jobs/",  # the job systems' integrations (Celery, RQ...): their extras
 )
 # They run once, on 3.11 and the compiled core: the library they use is checked on
 # both cores by the core's tests. A module of their kind, named otherwise, says so
@@ -74,6 +75,7 @@ SLOW = (
     "tests/examples/longpoll/test_longpoll_soak.py::test_a_short_soak_with_every_fault_keeps_the_ledger",
     "tests/examples/longpoll/test_longpoll_program.py::test_a_small_load_test_run_compares_both_waiters",
     "tests/pipeline/test_cli_user.py::test_an_unusable_out_is_refused_before_spark",
+    "tests/jobs/test_bench_jobs.py::test_a_small_run_answers_every_wait_in_both_modes",
     *(
         f"tests/examples/longpoll/test_longpoll_redis.py::{name}"
         for name in (
@@ -153,6 +155,10 @@ def pytest_asyncio_loop_factories(
     factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
         "asyncio": asyncio.new_event_loop
     }
+    # The job systems' tests drive real workers for seconds each: the default loop
+    # only (what they test is the job systems' side; the loops are tests/redis's).
+    if _relative(item.path, config).startswith("tests/jobs/"):
+        return factories
     if _uvloop_factory is not None:
         factories["uvloop"] = _uvloop_factory
     return factories

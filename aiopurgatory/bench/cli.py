@@ -8,6 +8,7 @@ Usage::
     aiopurgatory bench scale [--pending 1000,10000,...] [--ops N] ...
     aiopurgatory bench all [--quick]
     aiopurgatory bench redis-fanout [--processes 2,4,8] [--baseline CHECKOUT] ...
+    aiopurgatory bench jobs [--waits 1000] [--web-workers 2] ...
 
 Every implementation runs in the same invocation, interleaved: repeat ``r`` runs
 each implementation once, in an order rotated by ``r``, so drifts of the machine
@@ -141,6 +142,14 @@ def _parser() -> argparse.ArgumentParser:
         add_help=False,
     )
 
+    # Its options are its own too: main() hands them to aiopurgatory.bench.jobs.
+    sub.add_parser(
+        "jobs",
+        help="from a Celery task's end to the waiting HTTP request's answer under "
+        "uvicorn --workers 2: aiopurgatory.jobs against polling",
+        add_help=False,
+    )
+
     p = command("all", "the default set (a few minutes)")
     p.add_argument(
         "--quick",
@@ -251,6 +260,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .redis_fanout import main as fanout_main
 
         return fanout_main(arguments[1:])
+    if arguments[:1] == ["jobs"]:
+        from .jobs import main as jobs_main
+
+        return jobs_main(arguments[1:])
     parser = _parser()
     args = parser.parse_args(arguments)
     if args.repeat is None:

@@ -36,6 +36,7 @@ PUBLIC_MODULES = [
     "aiopurgatory.simulation",
     "aiopurgatory.events",
     "aiopurgatory.asgi",
+    "aiopurgatory.jobs",
 ]
 
 # Never imported by ``import aiopurgatory`` (STYLE.md: heavy imports only lazily).

@@ -102,6 +102,7 @@ PUBLIC_MODULES = [
     "aiopurgatory.simulation",
     "aiopurgatory.events",
     "aiopurgatory.asgi",
+    "aiopurgatory.jobs",
     "aiopurgatory.metrics.prometheus",
     "aiopurgatory.metrics.otel",
     "aiopurgatory.redis",

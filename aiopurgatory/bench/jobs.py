@@ -1,0 +1,249 @@
+"""``aiopurgatory bench jobs``: from a background job's end to the waiting request's answer.
+
+Usage::
+
+    aiopurgatory bench jobs [--systems celery,rq,saq,dramatiq] [--waits 1000]
+        [--web-workers 2] [--rate 250] [--poll 0.25] [--modes triggers,poll]
+        [--count-seconds 5] [--json PATH]
+
+For each job system and mode, on a Redis of its own (``redis-server``, started
+here): the system's worker (:mod:`._jobs_systems` says how: Celery's threads
+pool, RQ's ``SimpleWorker``, saq's worker, Dramatiq's with 8 threads),
+``uvicorn --workers N`` serving ``GET /wait/{id}``
+(:mod:`._jobs_app`), and a load client in a process of its own
+(:mod:`._jobs_client`, raw sockets, so its CPU is apart from the servers').
+The client parks ``--waits`` requests, one per task id, *before* the tasks
+exist; the commands Redis processes per second are counted over
+``--count-seconds`` while they all wait; then the tasks are sent, ``--rate``
+per second, and each returns the time it ended (``time.time()``). The latency
+of a request is the time its answer had arrived at the client minus its task's
+end: the result stored, the end published, the request woken, the result read
+back through the job system, the answer sent. Modes: ``triggers``
+(``aiopurgatory.jobs``) and ``poll`` (asking the job system every ``--poll``
+seconds, what applications write without it). Needs the systems' extras,
+uvicorn and starlette, and ``redis-server``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "run"]
+
+MODES = ("triggers", "poll")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_listening(process: subprocess.Popen[bytes], port: int, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the web server exited ({process.returncode})")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"the web server did not listen within {seconds} s")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _commands(client: Any) -> int:
+    return int(client.info("stats")["total_commands_processed"])
+
+
+def _round(
+    port: int, ids: list[str], send: Any, rate: float, redis_client: Any, count_s: float
+) -> dict[str, Any]:
+    """Park a request per id, count Redis's commands, send the tasks; the measurements."""
+    client = subprocess.Popen(
+        [sys.executable, "-m", "aiopurgatory.bench._jobs_client", str(port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert client.stdin is not None
+    assert client.stdout is not None
+    client.stdin.write(("\n".join(ids) + "\n\n").encode())
+    client.stdin.flush()
+    if client.stdout.readline().strip() != b"parked":
+        raise RuntimeError("the load client failed")
+    time.sleep(min(2.0, count_s))  # every request reached a server and is parked
+    before, started = _commands(redis_client), time.monotonic()
+    time.sleep(count_s)
+    waiting_rate = (_commands(redis_client) - before) / (time.monotonic() - started)
+    interval = 1.0 / rate
+    next_at = time.monotonic()
+    for task_id in ids:
+        send(task_id)
+        next_at += interval
+        pause = next_at - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+    answers = json.loads(client.stdout.readline())
+    client.wait(timeout=30)
+    latencies = []
+    for task_id in ids:
+        answered_at, body = answers[task_id]
+        latencies.append(answered_at - float(json.loads(body)["end"]))
+    latencies.sort()
+    return {
+        "waits": len(ids),
+        "answered": len(answers),
+        "redis_commands_per_s_while_waiting": round(waiting_rate, 1),
+        "p50_ms": round(1000 * statistics.median(latencies), 2),
+        "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 2),
+        "max_ms": round(1000 * latencies[-1], 2),
+    }
+
+
+def run(
+    system: str,
+    mode: str,
+    *,
+    waits: int,
+    web_workers: int,
+    rate: float,
+    poll: float,
+    count_s: float = 5.0,
+) -> dict[str, Any]:
+    """One system's and mode's run, on a Redis and servers of its own; its measurements."""
+    import redis
+
+    from ..redis.testing import RedisServer
+    from ._jobs_systems import SYSTEMS
+
+    driver = SYSTEMS[system]()
+
+    with tempfile.TemporaryDirectory(prefix="aiopurgatory-bench-jobs-") as tmp:
+        server = RedisServer(Path(tmp) / "redis", appendfsync="everysec")
+        server.start()
+        env = {
+            **os.environ,
+            "AIOPURGATORY_BENCH_REDIS": server.url,
+            "AIOPURGATORY_BENCH_MODE": mode,
+            "AIOPURGATORY_BENCH_POLL": str(poll),
+            "AIOPURGATORY_BENCH_SYSTEM": system,
+        }
+        log = (Path(tmp) / "servers.log").open("wb")
+        port = _free_port()
+        worker = subprocess.Popen(
+            driver.worker_argv(server.url),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        web = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "aiopurgatory.bench._jobs_app:app",
+             "--workers", str(web_workers), "--port", str(port), "--log-level", "warning",
+             "--no-access-log", "--backlog", "4096"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        send, close_sender = driver.sender(server.url)
+        redis_client = redis.Redis.from_url(server.url)
+        try:
+            _wait_listening(web, port)
+
+            # Warm-up (not measured): worker, servers' threads and connections.
+            warm = [str(uuid.uuid4()) for _ in range(20)]
+            _round(port, warm, send, 100.0, redis_client, min(count_s, 0.5))
+            ids = [str(uuid.uuid4()) for _ in range(waits)]
+            result = _round(port, ids, send, rate, redis_client, count_s)
+        finally:
+            _stop(web)
+            _stop(worker)
+            close_sender()
+            redis_client.close()
+            server.kill()
+            log.close()
+    return {
+        "system": system,
+        "mode": mode,
+        "web_workers": web_workers,
+        "rate": rate,
+        "poll_s": poll,
+        **result,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``aiopurgatory bench jobs``; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="aiopurgatory bench jobs",
+        description="From a background job's end to the waiting HTTP request's answer: "
+        "aiopurgatory.jobs against polling, per job system.",
+    )
+    parser.add_argument("--waits", type=int, default=1000, help="requests waiting (1000)")
+    parser.add_argument("--web-workers", type=int, default=2, help="uvicorn --workers (2)")
+    parser.add_argument("--rate", type=float, default=250.0, help="tasks sent per second (250)")
+    parser.add_argument("--poll", type=float, default=0.25, help="poll mode's interval (0.25 s)")
+    parser.add_argument("--modes", default=",".join(MODES), help="triggers,poll")
+    parser.add_argument("--systems", default="celery", help="of celery,rq,saq,dramatiq (celery)")
+    parser.add_argument(
+        "--count-seconds",
+        type=float,
+        default=5.0,
+        help="seconds Redis's commands are counted while the requests wait (5)",
+    )
+    parser.add_argument("--json", type=Path, help="write the results there too")
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - set(MODES):
+        parser.error(f"--modes: a comma-separated list of {', '.join(MODES)}")
+    if args.waits < 1 or args.web_workers < 1 or min(args.rate, args.poll, args.count_seconds) <= 0:
+        parser.error("--waits and --web-workers must be >= 1; --rate, --poll, --count-seconds > 0")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+    from ._jobs_systems import SYSTEMS
+
+    systems = [s for s in args.systems.split(",") if s]
+    if not systems or set(systems) - set(SYSTEMS):
+        parser.error(f"--systems: a comma-separated list of {', '.join(SYSTEMS)}")
+    results = []
+    for system, mode in ((system, mode) for system in systems for mode in modes):
+        result = run(
+            system,
+            mode,
+            waits=args.waits,
+            web_workers=args.web_workers,
+            rate=args.rate,
+            poll=args.poll,
+            count_s=args.count_seconds,
+        )
+        results.append(result)
+        print(json.dumps(result), flush=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Fixtures of the job systems' tests: one Redis and real workers per test module.
+
+A worker is started once per module (seconds each) and shares the module's
+Redis; each test uses its own job ids, so tests do not see each other's jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from aiopurgatory import Purgatory, Triggers
+from aiopurgatory.jobs import END
+from aiopurgatory.redis import RedisTriggers
+from aiopurgatory.redis.testing import RedisServer, RedisServerMissing
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def jobs_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server for the module's job system (broker, results, triggers)."""
+    try:
+        server = RedisServer(tmp_path_factory.mktemp("redis"))
+    except RedisServerMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    server.start()
+    yield server
+    server.kill()
+
+
+class WorkerProcess:
+    """A job system's worker, started as its users start it, ended by its pid."""
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        url: str,
+        log: Path,
+        ready: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path = ROOT,
+    ) -> None:
+        self.args = list(args)
+        self.log = log
+        self.ready = ready
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "AIOPURGATORY_JOBS_REDIS": url,
+            "AIOPURGATORY_JOBS_READY": str(ready),
+            **(env or {}),
+        }
+        ready.unlink(missing_ok=True)
+        self._log_file = log.open("ab")
+        self.process = subprocess.Popen(
+            self.args,
+            cwd=cwd,
+            env=env,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its pool's children are ended with it
+        )
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.ready.exists():
+            if self.process.poll() is not None:
+                pytest.fail(f"the worker exited at start:\n{self.tail()}", pytrace=False)
+            if time.monotonic() > deadline:
+                self.kill()
+                pytest.fail(f"the worker was not ready in {timeout} s:\n{self.tail()}")
+            time.sleep(0.05)
+
+    def tail(self, lines: int = 40) -> str:
+        if not self._log_file.closed:
+            self._log_file.flush()
+        text = self.log.read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM (a warm shutdown) the worker's process group; SIGKILL if it lingers."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._kill_group()
+        self._log_file.close()
+
+    def kill(self) -> None:
+        """SIGKILL the worker and every process of its group (again: nothing more)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self._kill_group()
+        self._log_file.close()
+
+    def _kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError):  # the group is gone already
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def python() -> str:
+    return sys.executable
+
+
+@pytest_asyncio.fixture
+async def triggers(jobs_redis: RedisServer) -> AsyncIterator[RedisTriggers]:
+    """The web process's side: a purgatory and its RedisTriggers on the module's Redis."""
+    async with RedisTriggers(Purgatory("jobs"), jobs_redis.url) as started:
+        yield started
+
+
+async def published_end(triggers: Triggers, key: str | bytes | int) -> float:
+    """Wait (up to 10 s) until ``key``'s stored watermark says the job ended; that mark."""
+    for _ in range(200):
+        mark = await triggers.fetch_watermark(key)
+        if mark is not None and mark >= END:
+            return mark
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no end was published for {key!r}")

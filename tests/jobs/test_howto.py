@@ -1,0 +1,143 @@
+"""docs/jobs.md: each job system's how-to, as written: its worker as the page starts
+it, its web application under ``uvicorn --workers 2``, on a real Redis.
+
+A program is a ```python block preceded by ``<!-- file: NAME.py -->``; each is
+written to a temporary directory under its name, and run from there.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiopurgatory.redis.testing import RedisServer
+from tests.jobs.conftest import WorkerProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "jobs.md"
+_FILE = re.compile(r"<!-- file: (?P<name>[\w.]+) -->\n```python\n(?P<body>.*?)^```$", re.S | re.M)
+
+# How the page starts each system's worker (its "console" blocks).
+WORKERS = {
+    "celery": ["-m", "celery", "-A", "celery_tasks", "worker", "-P", "prefork", "-c", "2"],
+    "rq": ["-m", "rq.cli", "worker", "-w", "aiopurgatory.jobs.rq.PublishingWorker", "renders"],
+    "saq": ["-m", "saq", "saq_tasks.settings"],
+    "dramatiq": ["-m", "dramatiq", "dramatiq_tasks", "-p", "1", "-t", "4"],
+}
+
+
+def programs() -> dict[str, str]:
+    return {m["name"]: m["body"] for m in _FILE.finditer(PAGE.read_text(encoding="utf-8"))}
+
+
+def test_the_page_has_a_worker_and_a_web_program_per_system() -> None:
+    assert set(programs()) == {
+        f"{system}_{part}.py" for system in WORKERS for part in ("tasks", "web")
+    }
+    text = PAGE.read_text(encoding="utf-8")
+    assert "celery -A celery_tasks worker -P prefork -c 2" in text
+    assert "rq worker -w aiopurgatory.jobs.rq.PublishingWorker" in text
+    assert "saq saq_tasks.settings" in text
+    assert "dramatiq dramatiq_tasks -p 1 -t 4" in text
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("jobs-howto")
+    for name, body in programs().items():
+        (directory / name).write_text(body, encoding="utf-8")
+    return directory
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def call(port: int, method: str, path: str, timeout: float = 30.0) -> tuple[int, Any]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request(method, path)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+    finally:
+        connection.close()
+
+
+def wait_listening(server: WorkerProcess, port: int, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            pytest.fail(f"the server exited:\n{server.tail()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    pytest.fail(f"the server did not listen in {seconds} s:\n{server.tail()}")
+
+
+@pytest.fixture
+def running(
+    written: Path, jobs_redis: RedisServer, request: pytest.FixtureRequest
+) -> Iterator[int]:
+    """The system's worker and web application, started as the page says; the web port."""
+    system: str = request.param
+    port = free_port()
+    env = {"REDIS_URL": jobs_redis.url}
+    extra = ["--url", jobs_redis.url] if system == "rq" else []
+    worker = WorkerProcess(
+        [sys.executable, *WORKERS[system], *extra], url=jobs_redis.url,
+        log=written / f"{system}-worker.log", ready=written / f"{system}.ready",
+        env=env, cwd=written,
+    )  # fmt: skip
+    web = WorkerProcess(
+        [sys.executable, "-m", "uvicorn", f"{system}_web:app", "--workers", "2",
+         "--port", str(port), "--log-level", "warning"],
+        url=jobs_redis.url, log=written / f"{system}-web.log",
+        ready=written / f"{system}-web.ready", env=env, cwd=written,
+    )  # fmt: skip
+    try:
+        wait_listening(web, port)
+        yield port
+    finally:
+        web.stop()
+        worker.stop()
+
+
+@pytest.mark.parametrize("running", list(WORKERS), indirect=True)
+def test_the_how_to_answers_results_progress_and_failures(running: int) -> None:
+    port = running
+    status, created = call(port, "POST", "/renders?pages=10")
+    assert status == 201
+    job = created["job"]
+    # Progress: answered when the job gets there (or ended, if the worker was fast).
+    status, body = call(port, "GET", f"/renders/{job}?progress=2&timeout=30")
+    assert status == 200
+    assert body["done"] or body["progress"] >= 2
+    status, body = call(port, "GET", f"/renders/{job}?timeout=30")
+    assert (status, body) == (200, {"job": job, "done": True, "result": "10 pages rendered"})
+    # Ended already: at once, even with no time to wait.
+    assert call(port, "GET", f"/renders/{job}?timeout=0")[1]["done"] is True
+    # A task that raises: the job system's failure, as the application reports it.
+    status, created = call(port, "POST", "/renders?pages=0")
+    status, body = call(port, "GET", f"/renders/{created['job']}?timeout=30")
+    assert status == 502
+    assert "nothing to render: 0 pages" in json.dumps(body)
+    # Not ended in time: said so.
+    status, created = call(port, "POST", "/renders?pages=40")
+    started = time.monotonic()
+    assert call(port, "GET", f"/renders/{created['job']}?timeout=0.3")[1]["done"] is False
+    assert time.monotonic() - started < 5.0
