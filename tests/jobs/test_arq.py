@@ -36,9 +36,13 @@ from aiopurgatory.jobs import (
 from aiopurgatory.jobs.arq import ArqJobs, publish_jobs, report_progress
 from aiopurgatory.redis import RedisTriggers
 from aiopurgatory.redis.testing import RedisServer
-from tests.jobs import arq_app
+from tests.jobs import arq_app, test_howto
 from tests.jobs.conftest import WorkerProcess, published_end, python
 from tests.jobs.test_restart import start, through_a_restart
+
+# The how-to's fixtures (its programs written out; its worker and web servers).
+written = test_howto.written
+running = test_howto.running
 
 SETTINGS = "tests.jobs.arq_app.WorkerSettings"
 QUEUE = "arq:queue"
@@ -230,3 +234,11 @@ async def test_bad_arguments_are_refused_by_name(jobs_redis: RedisServer) -> Non
                 ArqJobs(triggers, pool, deserializer=wrong(1))
         finally:
             await pool.aclose()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("running", ["arq"], indirect=True)
+def test_the_how_to_as_written(running: int) -> None:
+    # docs/jobs.md's arq programs, its worker and `uvicorn --workers 2` (test_howto's
+    # test, which the main venv cannot run for arq).
+    test_howto.test_the_how_to_answers_results_progress_and_failures(running)
