@@ -12,7 +12,9 @@ Web side::
 
 The worker publishes from saq's ``after_process`` hook, which saq runs after it
 wrote the job's status (``Worker.process``: ``job.finish`` or ``job.retry``,
-then ``after_process`` in its ``finally``; checked in saq 0.22-0.26): COMPLETE
+then ``after_process`` in its ``finally``; checked in saq 0.22-0.26), and
+publishes what saq stored (read back, one round trip: saq catches its own
+failure to write, e.g. while Redis is away, and runs the hook anyway): COMPLETE
 is SUCCEEDED, FAILED is FAILED, ABORTED (``queue.abort`` of a running job) is
 REVOKED; a job saq retries publishes nothing until its last attempt. The worker
 is async: it publishes through a publish-only
@@ -32,6 +34,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is part of the test install
     raise ImportError("aiopurgatory.jobs.saq needs saq: pip install 'aiopurgatory[saq]'") from exc
 
+from .._logging import LazyLogger
 from .._namespace import public_dir as _public_dir
 from .._transport import Triggers
 from ._layout import JobEnd, check_namespace
@@ -39,6 +42,8 @@ from ._publisher import JobPublisher
 from ._waiter import JobAnswer, JobFailedError, JobWaiter
 
 __all__ = ["CONTEXT_KEY", "SaqJobs", "publish_jobs", "report_progress"]
+
+_log = LazyLogger()
 
 #: Where the worker's context (saq's ``ctx``) holds the :class:`JobPublisher`.
 CONTEXT_KEY = "aiopurgatory_jobs"
@@ -112,9 +117,24 @@ def publish_jobs(
     async def after_process(ctx: dict[str, Any]) -> None:
         job = ctx.get("job")
         jobs: JobPublisher | None = ctx.get(CONTEXT_KEY)
-        if job is None or jobs is None:
+        if job is None or jobs is None or job.status not in _ENDS:
             return
-        end = _ENDS.get(job.status)
+        # The status in hand is what saq meant to write; saq's own failure to
+        # write it (Redis away) is caught inside saq and not ours to see. Read
+        # what it stored: an end is published only for an end saq has.
+        try:
+            stored = await job.get_queue().job(job.key)
+        except Exception as exc:
+            # Not published: the job's waiters find saq's answer at their
+            # timeout (their last look), whatever saq makes of the job.
+            _log.warning(
+                "aiopurgatory.jobs.end_unconfirmed",
+                namespace=jobs.namespace,
+                job_id=job.key,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            return
+        end = None if stored is None else _ENDS.get(stored.status)
         if end is not None:
             jobs.ended(job.key, end)
 

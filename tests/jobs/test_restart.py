@@ -78,6 +78,8 @@ async def through_a_restart(
         assert (answer.end, answer.value) == (JobEnd.SUCCEEDED, 5), log[-3000:]
         assert result == 5, (result, log[-3000:])
         assert seconds < TIMEOUT - 1.0, seconds
+    kinds = [type(result).__name__ for result, _ in outcomes]
+    print(f"{ended} of {COUNT} ended:", {kind: kinds.count(kind) for kind in set(kinds)})
     assert ended >= 1  # some ended before Redis went away, at least
     assert "aiopurgatory.jobs.publish_failed" not in log
 
