@@ -17,7 +17,8 @@ Web side::
 The worker publishes from arq's ``after_job_end`` hook, which arq runs after it
 stored the job's result (``Worker.run_job``: ``finish_job``'s transaction, then
 ``after_job_end``; checked in arq 0.28). The hook reads that stored result
-(``Job(job_id, redis).result_info()``, one GET): a success is SUCCEEDED, a
+(``Job(job_id, redis).result_info()``, one GET; a read that fails publishes
+nothing and is logged, ``aiopurgatory.jobs.end_unconfirmed``): a success is SUCCEEDED, a
 stored ``CancelledError`` (``Job.abort`` of a running job) REVOKED, any other
 failure FAILED. An attempt arq will run again (``Retry``, a cancelled job with
 ``retry_jobs``) stores nothing and publishes nothing. arq ends some jobs
@@ -45,6 +46,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is part of the arq venv's install
     raise ImportError("aiopurgatory.jobs.arq needs arq: pip install 'aiopurgatory[arq]'") from exc
 
+from .._logging import LazyLogger
 from .._namespace import public_dir as _public_dir
 from .._transport import Triggers
 from ._layout import JobEnd, check_namespace
@@ -52,6 +54,8 @@ from ._publisher import JobPublisher
 from ._waiter import JobAnswer, JobFailedError, JobWaiter
 
 __all__ = ["CONTEXT_KEY", "ArqJobs", "publish_jobs", "report_progress"]
+
+_log = LazyLogger()
 
 #: Where the worker's context (arq's ``ctx``) holds the :class:`JobPublisher`.
 CONTEXT_KEY = "aiopurgatory_jobs"
@@ -147,7 +151,18 @@ def publish_jobs(
             return
         # What arq stored a moment ago (finish_job ran): none for an attempt it
         # runs again, or a job whose function keeps no result (keep_result=0).
-        result = await Job(job_id, ctx["redis"], _deserializer=deserializer).result_info()
+        try:
+            result = await Job(job_id, ctx["redis"], _deserializer=deserializer).result_info()
+        except Exception as exc:
+            # Not published (and the hook does not fail arq's job, which ended):
+            # the job's waiters find arq's answer at their timeout (last look).
+            _log.warning(
+                "aiopurgatory.jobs.end_unconfirmed",
+                namespace=namespace,
+                job_id=job_id,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            return
         if result is not None:
             jobs.ended(job_id, _end_of(result))
 
