@@ -175,17 +175,18 @@ test-spark-3.11: dist-3.11
 test-pure-%: $$(call venv_of,$$*)
 	$(call pure_pass,$*)
 
-# arq 0.28 pins redis-py below 6, the project's venv has redis-py 8 (the redis extra):
-# aiopurgatory.jobs.arq and aiopurgatory.redis on one server under redis-py 5 are
-# tested in a venv of their own, .venv-arq (3.11, pure-Python core: `.[arq,...]`),
-# where the main venv's passes skip tests/jobs/test_arq.py (arq is not importable).
+# arq 0.28 pins redis-py below 6, the project's venv has redis-py 8 (the redis extra).
+# So aiopurgatory.jobs.arq, and aiopurgatory.redis on one server and behind Sentinel
+# (what it supports on redis-py 5; a cluster needs 8), are tested under redis-py 5 in
+# a venv of their own, .venv-arq (3.11, pure-Python core: `.[arq,...]`); the main
+# venv's passes skip tests/jobs/test_arq.py (arq is not importable there).
 ARQ_VENV := .venv-arq
 ARQ_STAMP := $(ARQ_VENV)/.installed
 ARQ_EXTRAS := arq,uvloop,trio,prometheus,otel,test
 ARQ_TESTS := tests/jobs/test_arq.py tests/redis/test_redis_compat.py \
 	tests/redis/test_redis.py tests/redis/test_redis_watermarks.py tests/redis/test_redis_sync.py \
 	tests/redis/test_redis_sync_outage.py tests/redis/test_redis_transport.py \
-	tests/redis/test_redis_reads.py tests/redis/test_redis_link.py
+	tests/redis/test_redis_reads.py tests/redis/test_redis_link.py tests/redis/test_sentinel.py
 arq_pass = $(PYTEST_PURE) $(ARQ_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(ARQ_TESTS)
 .PRECIOUS: $(ARQ_STAMP)
 $(ARQ_STAMP): pyproject.toml setup.py | $(UV)
