@@ -169,6 +169,22 @@ async def test_an_aborted_job_is_revoked(
     assert caught.value.end is JobEnd.REVOKED
 
 
+async def test_a_job_aborted_before_it_ran_is_found_at_the_waits_timeout(
+    worker: WorkerProcess, pool: ArqRedis, jobs: ArqJobs
+) -> None:
+    # arq ends it without its hooks (finish_failed_job): nothing is published, and
+    # the wait's last look at its timeout reads arq's stored CancelledError.
+    job = await pool.enqueue_job("add", 1, 2, _defer_by=30)
+    assert job is not None
+    assert await job.abort(timeout=10.0, poll_delay=0.05) is True
+    started = time.monotonic()
+    with pytest.raises(JobFailedError) as caught:
+        await jobs.wait(job.job_id, timeout=0.5)
+    assert caught.value.end is JobEnd.REVOKED
+    assert time.monotonic() - started >= 0.5
+    assert await jobs.triggers.fetch_watermark(jobs.key(job.job_id)) is None
+
+
 async def test_a_killed_worker_leaves_the_waiter_to_its_timeout(
     jobs_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory, jobs: ArqJobs
 ) -> None:
