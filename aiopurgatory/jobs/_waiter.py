@@ -27,6 +27,8 @@ import abc
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import anyio
+
 from .._errors import PurgatoryError
 from .._logging import LazyLogger
 from .._operation import Outcome
@@ -212,8 +214,9 @@ class JobWaiter(abc.ABC):
         Reads through the job system's own API without blocking the event loop
         (a blocking client's call goes to a thread). Called once when a wait sees
         the job's end, and once when a wait times out; a call that raises is
-        made once more at once (logged, ``aiopurgatory.jobs.read_retried``), and
-        a second failure is raised to the waiter.
+        made again (at once, then with a backoff up to 1 s) until the wait's
+        timeout, logged once (``aiopurgatory.jobs.read_retried``); the failure
+        after it is raised to the waiter.
         """
 
     # The timeout is the parked operation's own expiry (on the purgatory's
@@ -254,39 +257,54 @@ class JobWaiter(abc.ABC):
         key = self.key(job_id)
         threshold = END if progress is None else check_progress(progress)
         op = _JobMark(timeout)
+        deadline = anyio.current_time() + op.timeout
         outcome = await self._triggers.watch(op, {key: threshold})
         if outcome is Outcome.COMPLETED:
             mark = op.mark if op.mark is not None else END
             end = decode(mark)
             if end is None:
                 return JobProgress(job_id, mark)
-            answer = await self._read_retrying(job_id)
+            answer = await self._read_retrying(job_id, deadline)
             if answer is None:
                 raise JobResultMissingError(job_id, end)
             return answer.unwrap()
         if outcome is Outcome.EXPIRED:
             # The last look: an end whose trigger never came (published while
             # the transport was down and not kept, its watermark expired).
-            answer = await self._read_retrying(job_id)
+            answer = await self._read_retrying(job_id, deadline)
             if answer is not None:
                 return answer.unwrap()
             raise JobTimeoutError(job_id, timeout)
         raise JobWaitCancelledError(f"the wait for job {job_id!r} was withdrawn: {outcome.name}")
 
-    async def _read_retrying(self, job_id: str) -> JobAnswer | None:
-        """:meth:`read`, once more at once if it fails: a job system's client whose
-        pooled connection died with a restarted Redis fails the first command on
-        it (and replaces it); a second failure is raised."""
-        try:
-            return await self.read(job_id)
-        except Exception as exc:
-            _log.warning(
-                "aiopurgatory.jobs.read_retried",
-                system=self.system,
-                job_id=job_id,
-                error=f"{type(exc).__name__}: {exc}",
-            )
-        return await self.read(job_id)
+    async def _read_retrying(self, job_id: str, deadline: float) -> JobAnswer | None:
+        """:meth:`read`, tried again while it fails, until ``deadline`` (anyio time).
+
+        A job system's client whose pooled connection died with a restarted
+        Redis fails the first command on it (and replaces it); a wait woken just
+        before Redis went away reads while it is away. So a failed read is made
+        again at once, then after 50 ms, doubling to 1 s, until the wait's own
+        deadline; the failure after it is raised. The first failure is logged.
+        """
+        delay = 0.0
+        attempts = 0
+        while True:
+            try:
+                return await self.read(job_id)
+            except Exception as exc:
+                attempts += 1
+                remaining = deadline - anyio.current_time()
+                if attempts > 1 and remaining <= 0:
+                    raise
+                if attempts == 1:
+                    _log.warning(
+                        "aiopurgatory.jobs.read_retried",
+                        system=self.system,
+                        job_id=job_id,
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
+            await anyio.sleep(min(delay, max(remaining, 0.0)))
+            delay = min(1.0, max(0.05, 2 * delay))
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} namespace={self._namespace!r}>"
