@@ -93,6 +93,8 @@ _COMPLETED = Outcome.COMPLETED
 _EXPIRED = Outcome.EXPIRED
 _CANCELLED = Outcome.CANCELLED
 _INTERNAL = SpanKind.INTERNAL
+_current = otel_context.get_current
+_span_in = trace.get_current_span
 _NO_TRIGGER: Any = object()  # no check_and_complete/advance is running
 _W3C = TraceContextTextMapPropagator()
 _log = LazyLogger()
@@ -122,16 +124,18 @@ class _Hooks:
 
     def watched(self, op: DelayedOperation) -> None:
         try:
-            parent = trace.get_current_span().get_span_context()
+            # The context read once (the SDK reads it for each of its own steps
+            # when not given it: a third of the cost of a span).
+            context = _current()
             start = time.time_ns()
+            # Its attributes are set at its end, at once: one pass of the SDK's
+            # checks of attributes rather than two (a fifth of its cost).
             span = self._tracing._tracer.start_span(
-                self._name,
-                kind=_INTERNAL,
-                attributes={ATTRIBUTE_KEYS: len(op._keys)},
-                start_time=start,
+                self._name, context, _INTERNAL, start_time=start
             )
             if span.is_recording():  # not sampled: nothing more to do for it
-                self._spans[id(op)] = (span, start, self._purgatory.timer.time(), parent.span_id)
+                parent = _span_in(context).get_span_context().span_id
+                self._spans[id(op)] = (span, start, self._purgatory.timer.time(), parent)
         except Exception as exc:
             self._tracing._failed(exc)
 
@@ -155,27 +159,32 @@ class _Hooks:
             recorder(op)  # its failures are the core's to log (recorder_failed)
 
     def _end(self, op: DelayedOperation, span: Span, start: int, since: float, parent: int) -> None:
-        end = start + max(0, round((self._purgatory.timer.time() - since) * 1e9))
+        now = self._purgatory.timer.time()
+        end = start + max(0, round((now - since) * 1e9))
         outcome = op._outcome
         assert outcome is not None
-        span.set_attribute(ATTRIBUTE_OUTCOME, outcome.value)
-        if outcome is _COMPLETED:
-            if op._joined:  # else its own first check completed it
-                key = self._key
-                if key is not _NO_TRIGGER and key in op._keys:
-                    span.set_attribute(ATTRIBUTE_COMPLETED_BY, str(key))
-                # Still inside the completing call: its span is current (a remote
-                # trigger's, attached around its delivery).
-                where = trace.get_current_span().get_span_context()
-                if where.is_valid and where.span_id != parent:
-                    span.add_link(where)
+        attributes: dict[str, str | int] = {
+            ATTRIBUTE_OUTCOME: outcome.value,
+            ATTRIBUTE_KEYS: len(op._keys),
+        }
+        if outcome is _COMPLETED and op._joined:  # else its own first check completed it
+            key = self._key
+            # Not inside a trigger of a key it does not watch (another op's callback).
+            if key is not _NO_TRIGGER and key in op._keys:
+                attributes[ATTRIBUTE_COMPLETED_BY] = str(key)
+            # Still inside the completing call: its span is current (a remote
+            # trigger's, attached around its delivery).
+            where = _span_in().get_span_context()
+            if where.is_valid and where.span_id != parent:
+                span.add_link(where)
         elif outcome is _EXPIRED:
             deadline = op._when
             if deadline is not None:
-                late = self._purgatory.timer.time() - deadline
+                late = now - deadline
                 span.add_event(EVENT_EXPIRED, {ATTRIBUTE_LATENESS: late}, timestamp=end)
         elif outcome is _CANCELLED:
             span.add_event(EVENT_CANCELLED, timestamp=end)
+        span.set_attributes(attributes)
         failure = op._exception  # try_complete's (FAILED) or a callback's
         if failure is not None:
             exc = failure[0]
