@@ -418,7 +418,9 @@ class LocalTriggers:
         loop = self._loop
         if loop is None or self._state is not _State.RUNNING:
             return
-        self._on_loop(self._resync)
+        # The process's own catch-up after an outage: nothing of the context of
+        # the code that resumed the bus (its span would be linked to).
+        self._on_loop(self._resync, context=contextvars.Context())
 
     def _resync(self) -> None:
         if self._state is not _State.RUNNING:

@@ -431,3 +431,46 @@ async def test_the_global_tracer_provider_is_the_default(
     with trace_waits(purgatory):
         assert await purgatory.watch(ap.DelayedOperation(0.25), ["k"]) is ap.Outcome.EXPIRED
     assert [span.name for span in waits(exporter)] == ["wait fetch"]
+
+
+async def test_a_trigger_from_another_thread_links_to_that_threads_span(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    # check_and_complete_threadsafe runs on the loop in the calling thread's context
+    # (asyncio's and uvloop's call_soon_threadsafe copy it): a worker's task span.
+    purgatory: ap.Purgatory[Ready] = ap.Purgatory("jobs")
+    tracer = provider.get_tracer("worker")
+    parked = Ready()
+
+    def worker() -> int:
+        with tracer.start_as_current_span("job") as job:
+            parked.ready = True
+            purgatory.check_and_complete_threadsafe("job-1").result(timeout=10)
+            return job.get_span_context().span_id
+
+    with trace_waits(purgatory, tracer_provider=provider):
+        purgatory.try_complete_else_watch(parked, ["job-1"])
+        job_span_id = await asyncio.to_thread(worker)
+        assert await parked is ap.Outcome.COMPLETED
+    (wait,) = waits(exporter)
+    assert wait.attributes is not None
+    assert wait.attributes[ATTRIBUTE_COMPLETED_BY] == "job-1"
+    assert [link.context.span_id for link in wait.links] == [job_span_id]
+
+
+@pytest.mark.virtual_time
+async def test_a_first_check_that_raises_ends_its_span_failed(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    class Raising(ap.DelayedOperation):
+        def try_complete(self) -> bool:
+            raise KeyError("gone")
+
+    purgatory: ap.Purgatory = ap.Purgatory("fetch")
+    with trace_waits(purgatory, tracer_provider=provider):
+        with pytest.raises(KeyError):
+            await purgatory.watch(Raising(5.0), ["k"])
+    (wait,) = waits(exporter)
+    assert wait.attributes is not None
+    assert wait.attributes[ATTRIBUTE_OUTCOME] == "failed"
+    assert wait.status.status_code is StatusCode.ERROR

@@ -152,3 +152,25 @@ async def test_a_delivered_trigger_runs_in_a_context_of_its_own() -> None:
         posting.advance("k", 1)
         assert await task is ap.Outcome.COMPLETED
     assert seen == ["none"]
+
+
+@pytest.mark.virtual_time
+async def test_the_catch_up_after_an_outage_links_to_nothing(server: Process) -> None:
+    # A watch completed by the stored watermarks read after the bus resumes was
+    # woken by the process's own resync, not by the code that resumed the bus.
+    bus = ap.LocalBus()
+    here: ap.Purgatory = ap.Purgatory("feed")
+    async with ap.LocalTriggers(here, bus=bus), ap.LocalTriggers(None, bus=bus) as posting:
+        posting.advance("k", 2)  # stored; nothing watches k here yet
+        await posting.flush()
+        with trace_waits(here, tracer_provider=server.provider):
+            op = ap.WatermarkOperation(30.0)
+            here.try_complete_else_watch(op, {"k": 2})  # directly: no catch-up read
+            bus.pause()
+            with server.tracer.start_as_current_span("operator"):
+                bus.resume()
+            assert await op is ap.Outcome.COMPLETED
+    (wait,) = server.spans("wait feed")
+    assert wait.attributes is not None
+    assert wait.attributes[ATTRIBUTE_COMPLETED_BY] == "k"
+    assert wait.links == ()
