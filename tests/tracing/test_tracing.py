@@ -467,9 +467,8 @@ async def test_a_first_check_that_raises_ends_its_span_failed(
             raise KeyError("gone")
 
     purgatory: ap.Purgatory = ap.Purgatory("fetch")
-    with trace_waits(purgatory, tracer_provider=provider):
-        with pytest.raises(KeyError):
-            await purgatory.watch(Raising(5.0), ["k"])
+    with trace_waits(purgatory, tracer_provider=provider), pytest.raises(KeyError):
+        await purgatory.watch(Raising(5.0), ["k"])
     (wait,) = waits(exporter)
     assert wait.attributes is not None
     assert wait.attributes[ATTRIBUTE_OUTCOME] == "failed"
