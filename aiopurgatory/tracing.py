@@ -236,7 +236,11 @@ class WaitTracing:
 
     def close(self) -> None:
         """Stop tracing; idempotent. Spans of operations still pending end now,
-        with the event ``aiopurgatory.tracing_closed`` and no outcome."""
+        with the event ``aiopurgatory.tracing_closed`` and no outcome.
+
+        Call it on the purgatories' loop (or once it has stopped), as
+        :func:`trace_waits`: the spans are kept by code that runs on the loop.
+        """
         hooks, self._hooks = self._hooks, []
         for hook in hooks:
             hook.close()
