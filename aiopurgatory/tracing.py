@@ -27,9 +27,9 @@ event ``aiopurgatory.cancelled``; a failure (``try_complete`` or a callback
 raised) is recorded as an exception with the status ERROR. A watch completed
 by its own first check is a span with no ``completed_by`` and no link.
 
-The span's times are the loop's clock: its start is the wall clock at the watch
-and its duration the loop time waited, so on virtual time
-(:mod:`aiopurgatory.simulation`) a span lasts the virtual wait.
+A span starts at the wall-clock time of the watch and lasts the time the loop's
+clock says it waited, so on virtual time (:mod:`aiopurgatory.simulation`) it
+lasts the virtual wait. It works the same on asyncio, uvloop and trio.
 
 Off, it costs nothing but one test per watch and per trigger; on, it never
 breaks a wait: a tracer or exporter that raises is logged once

@@ -473,3 +473,36 @@ async def test_a_first_check_that_raises_ends_its_span_failed(
     assert wait.attributes is not None
     assert wait.attributes[ATTRIBUTE_OUTCOME] == "failed"
     assert wait.status.status_code is StatusCode.ERROR
+
+
+def test_a_wait_on_trio_is_traced_alike(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    import trio
+    import trio.testing
+
+    purgatory: ap.Purgatory = ap.Purgatory("fetch")
+    tracer = provider.get_tracer("app")
+
+    async def main() -> None:
+        op = ap.WatermarkOperation(30.0)
+
+        async def get() -> None:
+            with tracer.start_as_current_span("GET"):
+                assert await purgatory.watch(op, {"k": 1}) is ap.Outcome.COMPLETED
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(get)
+            await trio.testing.wait_all_tasks_blocked()  # the GET parked
+            with tracer.start_as_current_span("POST"):
+                assert purgatory.advance("k", 1) == 1
+
+    with trace_waits(purgatory, tracer_provider=provider):
+        trio.run(main)
+    (wait,) = waits(exporter)
+    get, post = named(exporter, "GET"), named(exporter, "POST")
+    assert wait.parent is not None
+    assert wait.parent.span_id == get.context.span_id
+    assert [link.context.span_id for link in wait.links] == [post.context.span_id]
+    assert wait.attributes is not None
+    assert wait.attributes[ATTRIBUTE_COMPLETED_BY] == "k"
