@@ -434,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"port must be in [0, 65535], got {args.port}")
         bounded_protocol(args.header_timeout, args.max_header_bytes, {})  # checks them
         loop_name, factory = loop_factory(args.loop)
+        if args.otel is not None:
+            from . import tracing  # noqa: F401 - ImportError: the SDK is missing
     except (TypeError, ValueError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
