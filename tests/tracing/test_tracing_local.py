@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -174,3 +176,29 @@ async def test_the_catch_up_after_an_outage_links_to_nothing(server: Process) ->
     assert wait.attributes is not None
     assert wait.attributes[ATTRIBUTE_COMPLETED_BY] == "k"
     assert wait.links == ()
+
+
+def test_triggers_made_without_opentelemetry_do_not_import_it() -> None:
+    # A trigger asks for its trace context only once OpenTelemetry's API is imported
+    # by someone else: before, no span can be current.
+    code = """
+import asyncio, sys
+import aiopurgatory as ap
+
+async def main():
+    bus = ap.LocalBus()
+    here = ap.Purgatory()
+    waiting, posting = ap.LocalTriggers(here, bus=bus), ap.LocalTriggers(None, bus=bus)
+    async with waiting, posting:
+        task = asyncio.ensure_future(waiting.watch(ap.WatermarkOperation(5.0), {"k": 1}))
+        await asyncio.sleep(0)
+        posting.advance("k", 1)
+        assert await task is ap.Outcome.COMPLETED
+
+asyncio.run(main())
+print(sorted(m for m in sys.modules if m.startswith(("opentelemetry", "aiopurgatory.tracing"))))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"
