@@ -29,6 +29,8 @@ from opentelemetry.trace import Span
 import aiopurgatory as ap
 from aiopurgatory.redis import RedisTriggers, SyncPublisher
 from aiopurgatory.redis._partitions import Partitions
+from aiopurgatory.redis._publisher import publish_commands
+from aiopurgatory.redis._wire import Batch, decode, sender_field, split_sender
 from aiopurgatory.redis.testing import RedisServer
 from aiopurgatory.tracing import ATTRIBUTE_COMPLETED_BY, trace_waits
 from tests.support.redis import Worker, encode_key
@@ -365,3 +367,62 @@ print(sorted(otel() - before))
         timeout=120,
     )
     assert out.stdout.strip() == "[]"
+
+
+async def test_through_an_outage_the_sender_keeps_a_trace_context_and_the_outbox_drops_it(
+    redis_server: RedisServer,
+) -> None:
+    # Both publishers meet a killed Redis with a trigger made in a sampled span.
+    # RedisTriggers keeps its batch with its trace context and sends it when Redis
+    # is back (its retry comes 1.5 s to 3 s after the failure: the wire is read by
+    # then). SyncPublisher keeps its trigger in the outbox, delivered (at flush()) without it.
+    poster = Process()
+    publisher = SyncPublisher(redis_server.url, channel="chan", partitions=1)
+    client = aioredis.from_url(redis_server.url)
+    try:
+        async with RedisTriggers(
+            None, redis_server.url, channel="chan", partitions=1, reconnect_delay=(3.0, 3.0)
+        ) as triggers:
+            redis_server.kill()
+            with poster.tracer.start_as_current_span("job") as job:
+                triggers.advance("a", 1)
+                await asyncio.to_thread(publisher.advance, "b", 1)  # the span goes along
+                triggers.advance("c", 1)
+            triggers.advance("c", 2)  # no span: a group of its own
+            await asyncio.sleep(0.1)
+            assert triggers.statistics().publish_errors == 1
+            assert publisher.statistics().kept == 1
+            redis_server.start()
+            async with Wire(client) as wire:
+                assert triggers.statistics().published == 0
+                assert publisher.flush(5) == 0
+                await asyncio.wait_for(triggers.flush(), 10)
+                messages = await wire.collect(3)
+    finally:
+        publisher.close()
+        await client.aclose()
+    trace_id, span_id = ids(job)
+    by_sender = {message[1]: message[2:] for message in messages}
+    assert len(by_sender) == 3
+    assert by_sender.pop(publisher.instance) == [[], ["b", 1]]
+    assert by_sender.pop(triggers.instance) == [[], ["c", 2]]
+    ((traced, rest),) = by_sender.items()
+    assert carried(triggers.instance, trace_id, span_id).fullmatch(traced)
+    assert rest == [[], ["a", 1, "c", 1]]
+    poster.provider.shutdown()
+
+
+def test_the_sender_field_splits_at_the_first_space_only() -> None:
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert split_sender("4242-1a2b3c4d") == ("4242-1a2b3c4d", None)
+    assert split_sender(sender_field("4242-1a2b3c4d", parent)) == ("4242-1a2b3c4d", parent)
+    assert split_sender("4242-1a2b3c4d a b") == ("4242-1a2b3c4d", "a b")
+    assert sender_field("4242-1a2b3c4d", None) == "4242-1a2b3c4d"
+    # A cluster's commands (one per partition) carry it as the batch script's do.
+    batch = Batch()
+    batch.check("k")
+    partitions = Partitions("chan", 4, "4242-1a2b3c4d")
+    for command in publish_commands(
+        sender_field("4242-1a2b3c4d", parent), batch, partitions, b"1000", b"SPUBLISH"
+    ):
+        assert decode(command[-1]) == (f"4242-1a2b3c4d {parent}", ["k"], [])
