@@ -117,7 +117,11 @@ class Lifecycle:
                         raise reply
                     if subscriber is not None:
                         connection = await subscriber.subscribe()
-                        await self._reader.serve(resync=True)
+                        # The process's own catch-up, in a context of its own:
+                        # not done in the span of the code entering the instance.
+                        await asyncio.create_task(
+                            self._reader.serve(resync=True), context=contextvars.Context()
+                        )
         except TimeoutError:
             failure = TimeoutError(f"no answer within {self._command_timeout:g} s")
         except CONNECTION_ERRORS as exc:

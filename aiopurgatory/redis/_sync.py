@@ -58,17 +58,7 @@ from ._redact import Redactor, describe_client, describe_url, url_password
 from ._statistics import SyncPublisherStatistics
 from ._topology import SentinelURL, is_sentinel_url, parse_sentinel_url
 from ._trace import traceparent
-from ._wire import (
-    VERSION,
-    Batch,
-    Key,
-    Value,
-    check_key,
-    check_value,
-    encode,
-    sender_field,
-    stored,
-)
+from ._wire import VERSION, Batch, Key, Value, check_key, check_value, encode, sender_field, stored
 
 _Parsed = TypeVar("_Parsed")
 
@@ -168,6 +158,10 @@ class SyncPublisher:
     delivery thread. Usable at once after construction (it connects on the
     first call); ``with SyncPublisher(...) as publisher:`` checks the
     connection on entering and closes on leaving.
+
+    A call made where a sampled OpenTelemetry span is current (a job worker's
+    task span) carries its trace context, as ``RedisTriggers`` does; a trigger
+    kept in the outbox is delivered without it (kept triggers coalesce per key).
 
     Timeouts (a URL's client): connecting and each reply may take up to
     ``timeout`` seconds (default 5). A connection that breaks (a Redis

@@ -111,7 +111,10 @@ class RedisTriggers:
     also stored in Redis (atomic max, expiring ``watermark_ttl`` seconds after
     their last advance) and re-read for every watched key whenever the
     subscription (re)starts, so a message missed while disconnected costs a
-    delay until the reconnect, never more.
+    delay until the reconnect, never more. A trigger made where a sampled
+    OpenTelemetry span is current carries that span's trace context, so a wait
+    traced elsewhere (:mod:`aiopurgatory.tracing`) links to it; what other
+    processes publish is applied in a context of its own.
 
     Use as an async context manager (``async with RedisTriggers(...) as t:``): entering
     connects (and subscribes) once and raises :class:`RedisTriggersError` if Redis is

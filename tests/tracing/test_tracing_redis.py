@@ -244,7 +244,12 @@ async def test_a_message_is_applied_outside_the_context_the_instance_was_entered
             seen.append(REQUEST_ID.get())
 
     purgatory: ap.Purgatory[Any] = ap.Purgatory("feed")
+    await worker.request("advance", key=encode_key("s"), value=1)  # stored in Redis
+    await worker.request("flush")
     with trace_waits(purgatory, tracer_provider=here.provider):
+        # Watched before the start, completed by the start's catch-up read.
+        early = ap.WatermarkOperation(30.0)
+        purgatory.try_complete_else_watch(early, {"s": 1})
         with here.tracer.start_as_current_span("startup"):
             REQUEST_ID.set("startup")
             triggers = RedisTriggers(purgatory, redis_server.url, channel="chan")
@@ -262,6 +267,8 @@ async def test_a_message_is_applied_outside_the_context_the_instance_was_entered
     assert seen == ["none", "none"]
     waits_done = {span.attributes[ATTRIBUTE_COMPLETED_BY]: span for span in here.spans("wait feed")}  # type: ignore[index]
     (startup,) = here.spans("startup")
+    assert early.outcome is ap.Outcome.COMPLETED
+    assert waits_done["s"].links == ()
     assert waits_done["a"].links == ()
     assert linked_to(waits_done["b"]) == [(post["trace_id"], post["span_id"])]
     assert startup.context.span_id != int(post["span_id"], 16)
