@@ -4,15 +4,22 @@ Instances that share a :class:`LocalBus` stand for processes that share a Redis
 channel (or a PostgreSQL one): a trigger made on one applies to its own purgatory
 at once and reaches the others on a later loop iteration (or after the bus's
 ``latency``), and the bus stores every key's highest watermark, which a watch
-reads to catch up, as the real transports do. Nothing here does I/O or reads a
-clock, so it runs on virtual time (:mod:`aiopurgatory.simulation`): it is the
-test double that application code written against ``Triggers`` is handed, not a
-mock. ``LocalBus.pause()`` and ``resume()`` stand for an outage of the server.
+reads to catch up, as the real transports do. A trigger made where a sampled
+OpenTelemetry span is current carries that span's W3C ``traceparent`` and is
+applied elsewhere with it as the current span (so :mod:`aiopurgatory.tracing`
+links what it completes to it), in a context of its own, as in another process.
+Nothing here does I/O or reads a clock, so it runs on virtual time
+(:mod:`aiopurgatory.simulation`): it is the test double that application code
+written against ``Triggers`` is handed, not a mock. ``LocalBus.pause()`` and
+``resume()`` stand for an outage of the server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
+import sys
 import threading
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -76,8 +83,8 @@ class LocalBus:
         self._watermarks: dict[Key, Value] = {}
         self._members: list[LocalTriggers] = []
         self._paused = False
-        # Triggers made while paused, in order: (sender, kind, key, value).
-        self._held: list[tuple[LocalTriggers, str, Key, Value | None]] = []
+        # Triggers made while paused, in order: (sender, kind, key, value, traceparent).
+        self._held: list[tuple[LocalTriggers, str, Key, Value | None, str | None]] = []
 
     @property
     def latency(self) -> float:
@@ -112,8 +119,8 @@ class LocalBus:
             return
         self._paused = False
         held, self._held = self._held, []
-        for sender, kind, key, value in held:
-            self._publish(sender, kind, key, value)
+        for sender, kind, key, value, traceparent in held:
+            self._publish(sender, kind, key, value, traceparent)
         for member in list(self._members):
             member._resync_soon()
 
@@ -133,9 +140,16 @@ class LocalBus:
                 self._members.remove(member)
         self._held = [item for item in self._held if item[0] is not member]
 
-    def _publish(self, sender: LocalTriggers, kind: str, key: Key, value: Value | None) -> None:
+    def _publish(
+        self,
+        sender: LocalTriggers,
+        kind: str,
+        key: Key,
+        value: Value | None,
+        traceparent: str | None,
+    ) -> None:
         if self._paused:
-            self._held.append((sender, kind, key, value))
+            self._held.append((sender, kind, key, value, traceparent))
             return
         with self._lock:
             if value is not None:
@@ -145,7 +159,7 @@ class LocalBus:
             receivers = [m for m in self._members if m is not sender and m._purgatory is not None]
         sender._sending += len(receivers)
         for receiver in receivers:
-            receiver._deliver_later(sender, kind, key, value, self._latency)
+            receiver._deliver_later(sender, kind, key, value, traceparent, self._latency)
         sender._check_flushed()
 
 
@@ -237,7 +251,7 @@ class LocalTriggers:
         purgatory = self._purgatory
         completed = 0 if purgatory is None else purgatory.check_and_complete(key)
         self._triggers += 1
-        self._bus._publish(self, "check", key, None)
+        self._bus._publish(self, "check", key, None, _traceparent())
         return completed
 
     def advance(self, key: Key, value: Value) -> int:
@@ -257,7 +271,7 @@ class LocalTriggers:
         purgatory = self._purgatory
         completed = 0 if purgatory is None else purgatory.advance(key, value)
         self._triggers += 1
-        self._bus._publish(self, "advance", key, value)
+        self._bus._publish(self, "advance", key, value, _traceparent())
         return completed
 
     async def watch(
@@ -404,7 +418,9 @@ class LocalTriggers:
         loop = self._loop
         if loop is None or self._state is not _State.RUNNING:
             return
-        self._on_loop(self._resync)
+        # The process's own catch-up after an outage: nothing of the context of
+        # the code that resumed the bus (its span would be linked to).
+        self._on_loop(self._resync, context=contextvars.Context())
 
     def _resync(self) -> None:
         if self._state is not _State.RUNNING:
@@ -422,28 +438,48 @@ class LocalTriggers:
         await _event(self, "_resumed").wait()
 
     def _deliver_later(
-        self, sender: LocalTriggers, kind: str, key: Key, value: Value | None, latency: float
+        self,
+        sender: LocalTriggers,
+        kind: str,
+        key: Key,
+        value: Value | None,
+        traceparent: str | None,
+        latency: float,
     ) -> None:
         loop = self._loop
         assert loop is not None  # members are running
+        # Applied in a context of its own, as in another process: nothing of the
+        # sender's context variables (its current span, its bound log fields) is seen.
+        args = (sender, kind, key, value, traceparent)
+        apart = contextvars.Context()
         if latency <= 0:
-            self._on_loop(self._apply, sender, kind, key, value)
+            self._on_loop(self._apply, *args, context=apart)
         elif _running_loop() is loop:
-            loop.call_later(latency, self._apply, sender, kind, key, value)
+            loop.call_later(latency, self._apply, *args, context=apart)
         else:
             loop.call_soon_threadsafe(
-                loop.call_later, latency, self._apply, sender, kind, key, value
+                functools.partial(loop.call_later, latency, self._apply, *args, context=apart)
             )
 
-    def _apply(self, sender: LocalTriggers, kind: str, key: Key, value: Value | None) -> None:
+    def _apply(
+        self,
+        sender: LocalTriggers,
+        kind: str,
+        key: Key,
+        value: Value | None,
+        traceparent: str | None,
+    ) -> None:
         try:
             purgatory = self._purgatory
             if self._state is _State.RUNNING and purgatory is not None:
                 self._received += 1
-                if value is None:
-                    self._completed += purgatory.check_and_complete(key)
+                if traceparent is None:
+                    self._completed += _trigger(purgatory, key, value)
                 else:
-                    self._completed += purgatory.advance(key, value)
+                    from .tracing import _triggered_from  # carried: OpenTelemetry is there
+
+                    with _triggered_from(traceparent):
+                        self._completed += _trigger(purgatory, key, value)
         finally:
             sender._on_loop(sender._delivered)
 
@@ -456,14 +492,33 @@ class LocalTriggers:
         if flushed is not None and not self._sending and not self._holds():
             flushed.set()
 
-    def _on_loop(self, callback: Any, *args: Any) -> None:
+    def _on_loop(
+        self, callback: Any, *args: Any, context: contextvars.Context | None = None
+    ) -> None:
         # Instances may stand for processes on loops of their own, in other threads.
         loop = self._loop
         assert loop is not None
         if _running_loop() is loop:
-            loop.call_soon(callback, *args)
+            loop.call_soon(callback, *args, context=context)
         else:
-            loop.call_soon_threadsafe(callback, *args)
+            loop.call_soon_threadsafe(callback, *args, context=context)
+
+
+def _trigger(purgatory: Purgatory[Any], key: Key, value: Value | None) -> int:
+    if value is None:
+        return purgatory.check_and_complete(key)
+    return purgatory.advance(key, value)
+
+
+def _traceparent() -> str | None:
+    """The W3C traceparent a trigger made here carries: the current span's if sampled."""
+    # No span can be current before OpenTelemetry's API is imported: then nothing
+    # is carried, and nothing of OpenTelemetry is imported here.
+    if sys.modules.get("opentelemetry.trace") is None:
+        return None
+    from .tracing import _sampled_traceparent
+
+    return _sampled_traceparent()
 
 
 def _event(owner: LocalTriggers, name: str) -> asyncio.Event:

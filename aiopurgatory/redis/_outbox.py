@@ -111,6 +111,17 @@ def failure_kind(exc: BaseException) -> Kind:
     return "transient"
 
 
+# A log line decided under the lock and emitted after it: a slow log handler
+# never holds the callers of the publisher.
+_Log = tuple[Callable[..., Any], str, dict[str, Any]]
+
+
+def _emit(log: _Log | None) -> None:
+    if log is not None:
+        method, event, fields = log
+        method(event, **fields)
+
+
 # Every live outbox, for the fork and exit hooks (weakly: a publisher dropped
 # without close() is not kept alive by them).
 _LIVE: weakref.WeakSet[Outbox] = weakref.WeakSet()
@@ -258,14 +269,12 @@ class Outbox:
             if not self._batch and not self._inflight:
                 return False
             self._add(key, value, None)
-            if self._down_since is not None:
+            if not self.connected:  # the last attempt failed: Redis is away
                 return True
             generation = self._generation + 1  # the batch the thread takes next
             deadline = time.monotonic() + self._wait_bound
             while (
-                self._delivered_generation < generation
-                and self._down_since is None
-                and not self._stopping
+                self._delivered_generation < generation and self.connected and not self._closing()
             ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -275,12 +284,14 @@ class Outbox:
 
     def sent_now(self) -> None:
         """A call was sent at once (in the caller's thread)."""
+        log = None
         with self._cond:
             self.sent += 1
             self.ever_sent = True
             self.connected = True
             if self._down_since is not None and not self._batch and not self._inflight:
-                self._end_outage()
+                log = self._end_outage()
+        _emit(log)
 
     def keep(self, exc: BaseException, key: Key, value: Value | None) -> None:
         """The caller's send of a trigger (an advance, or a check if ``value`` is
@@ -293,6 +304,7 @@ class Outbox:
         """
         kind = failure_kind(exc)
         text = self._error_text(exc)
+        log = None
         with self._cond:
             self.errors += 1
             self.last_error = text
@@ -302,10 +314,11 @@ class Outbox:
                 raise RedisTriggersClosedError("SyncPublisher is closed")
             self.connected = False
             self._add(key, value, exc)
-            self._start_outage(text, kind)
+            log = self._start_outage(text, kind)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
+        _emit(log)
 
     def flush(self, timeout: float | None) -> int:
         """Wait until nothing is kept (or ``timeout`` seconds); how many are still kept.
@@ -387,6 +400,7 @@ class Outbox:
                 failure = exc
             if failure is not None and failure_kind(failure) == "refused":
                 batch, failure = self._one_by_one(batch)
+            log = None
             with self._cond:
                 if self._closing():  # close() counted the batch as not delivered
                     self._thread = None
@@ -401,7 +415,7 @@ class Outbox:
                     self.connected = True
                     self._delivered_generation = generation
                     if self._down_since is not None and not self._batch:
-                        self._end_outage()
+                        log = self._end_outage()
                 else:
                     failures += 1
                     self.errors += 1
@@ -409,8 +423,9 @@ class Outbox:
                     self.connected = False
                     batch.merge(self._batch)  # ahead of what came since
                     self._batch = batch
-                    self._start_outage(self.last_error, failure_kind(failure))
+                    log = self._start_outage(self.last_error, failure_kind(failure))
                 self._cond.notify_all()
+            _emit(log)
 
     def _one_by_one(self, batch: Batch) -> tuple[Batch, BaseException | None]:
         """``batch`` refused as a whole: each trigger alone. Those refused alone are
@@ -475,23 +490,26 @@ class Outbox:
         # A method, not the attribute: it changes while the thread sends.
         return self._stopping
 
-    def _start_outage(self, text: str, kind: Kind) -> None:
+    def _start_outage(self, text: str, kind: Kind) -> _Log | None:
+        """Mark an outage's start; the log line to emit (outside the lock), if it is new."""
         if self._down_since is not None:
-            return
+            return None
         self._down_since = time.monotonic()
         self._outage_delivered = 0
         self.outages += 1
+        # Credentials refused after they worked: someone must act, so an error.
         log = self._logger.error if kind == "auth" else self._logger.warning
-        log("aiopurgatory.redis.publisher_outage", error=text, kept=self.pending)
+        return log, "aiopurgatory.redis.publisher_outage", {"error": text, "kept": self.pending}
 
-    def _end_outage(self) -> None:
+    def _end_outage(self) -> _Log:
+        """Mark the outage's end; the log line to emit (outside the lock)."""
         since, self._down_since = self._down_since, None
         assert since is not None
-        self._logger.warning(
-            "aiopurgatory.redis.publisher_recovered",
-            delivered=self._outage_delivered,
-            seconds=round(time.monotonic() - since, 3),
-        )
+        fields = {
+            "delivered": self._outage_delivered,
+            "seconds": round(time.monotonic() - since, 3),
+        }
+        return self._logger.warning, "aiopurgatory.redis.publisher_recovered", fields
 
     def _backoff(self, attempt: int) -> float:
         ceiling = min(self._longest, self._first * 2 ** min(attempt - 1, 30))

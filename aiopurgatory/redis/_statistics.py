@@ -47,6 +47,10 @@ class RedisTriggersStatistics:
             or a process watching nothing).
         deaf_detected: times the subscription was found connected but not
             delivering (its canary did not come back) and renewed.
+        mismatches: misconfigurations found between this instance and the
+            channel's subscribers (another channel, database, ``partitions`` or
+            wire version), each counted and logged once.
+        last_mismatch: the last of them, in words, or None.
     """
 
     channel: str
@@ -70,6 +74,8 @@ class RedisTriggersStatistics:
     read_errors: int = 0
     subscribed: int = 0
     deaf_detected: int = 0
+    mismatches: int = 0
+    last_mismatch: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +104,10 @@ class SyncPublisherStatistics:
             start), each logged once.
         last_error: the last error, as ``"Type: message"`` without any
             password, or None.
+        mismatches: misconfigurations found between this publisher and the
+            channel's subscribers (another channel, database, ``partitions`` or
+            wire version), each counted and logged once.
+        last_mismatch: the last of them, in words, or None.
     """
 
     channel: str
@@ -111,3 +121,5 @@ class SyncPublisherStatistics:
     errors: int
     outages: int
     last_error: str | None
+    mismatches: int = 0
+    last_mismatch: str | None = None

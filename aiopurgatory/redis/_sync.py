@@ -21,7 +21,9 @@ process; a forked child (a Celery prefork worker) may use its parent's.
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Final, Self, TypeVar
@@ -35,6 +37,7 @@ from redis.retry import Retry
 
 from .._logging import LazyLogger
 from .._validation import as_seconds
+from ._agreement import DEFAULT_CHECK_INTERVAL, Agreement, Config, check_once
 from ._cluster import CLUSTER_SCHEMES, credentials, parse_cluster_url
 from ._errors import RedisTriggersClosedError, RedisTriggersError, connection_cause
 from ._options import check_channel, new_instance, positive_seconds
@@ -50,7 +53,7 @@ from ._publisher import (
 from ._redact import Redactor, describe_client, describe_url, url_password
 from ._statistics import SyncPublisherStatistics
 from ._topology import SentinelURL, is_sentinel_url, parse_sentinel_url
-from ._wire import Batch, Key, Value, check_key, check_value, encode, stored
+from ._wire import VERSION, Batch, Key, Value, check_key, check_value, encode, stored
 
 _Parsed = TypeVar("_Parsed")
 
@@ -183,6 +186,14 @@ class SyncPublisher:
             wait is drawn between half and all of ``min(longest, first * 2**attempt)``.
         close_timeout: seconds :meth:`close` (and the interpreter's exit) waits
             for kept triggers to be delivered (default 5).
+        config_check_interval: at most how often (seconds, default 5) a call
+            that reached Redis starts a check, in a thread of its own, that the
+            channel's subscribers agree with this publisher on the Redis
+            database, ``partitions`` and wire version, and that someone
+            subscribes to the channel at all (one ``PUBSUB NUMSUB``, or
+            ``SHARDNUMSUB`` on a cluster). A mismatch is logged once
+            (``aiopurgatory.redis.misconfigured``) and counted in
+            :meth:`statistics` (``mismatches``).
         logger: a structlog-compatible logger (default: the library's).
 
     Raises:
@@ -203,6 +214,7 @@ class SyncPublisher:
         max_pending: int = DEFAULT_MAX_PENDING,
         reconnect_delay: tuple[float, float] = (0.1, 2.0),
         close_timeout: float = 5.0,
+        config_check_interval: float = DEFAULT_CHECK_INTERVAL,
         logger: Any | None = None,
     ) -> None:
         channel = check_channel(channel)
@@ -220,6 +232,7 @@ class SyncPublisher:
         if longest < first:
             raise ValueError(f"reconnect_delay must be (first, longest), got {reconnect_delay!r}")
         close_wait = positive_seconds(close_timeout, "close_timeout")
+        check_every = positive_seconds(config_check_interval, "config_check_interval")
         if logger is not None and not callable(getattr(logger, "bind", None)):
             raise TypeError(
                 f"logger must be a structlog-compatible logger (with bind()), "
@@ -316,6 +329,7 @@ class SyncPublisher:
         self._close_lock = threading.Lock()
         base_logger = LazyLogger() if logger is None else logger
         self._logger: Any = base_logger.bind(channel=channel, instance=self._id)
+        self._outbox_name = f"aiopurgatory-syncpub-{self._id}"
         self._outbox = Outbox(
             self._send_batch,
             error_text=self._redactor.error,
@@ -326,9 +340,28 @@ class SyncPublisher:
             # a hung Redis ends after its timeout (twice: connect, then reply).
             wait_bound=2 * wait + 1.0,
             close_timeout=close_wait,
-            name=f"aiopurgatory-syncpub-{self._id}",
+            name=self._outbox_name,
             logger=self._logger,
         )
+        # Checked against the channel's subscribers now and then (_agreement).
+        cluster = isinstance(client, RedisCluster)
+        db = (
+            0
+            if isinstance(client, RedisCluster)
+            else int(client.connection_pool.connection_kwargs.get("db") or 0)
+        )
+        self._agreement = Agreement(
+            channel,
+            self._partitions.control,
+            Config(VERSION, partition_count, db),
+            role="publisher",
+            cluster=cluster,
+        )
+        self._check_every = check_every
+        self._next_check = 0.0  # time.monotonic() of the next check
+        self._checking = False
+        self._checks_off = False
+        self._pid = os.getpid()
 
     @property
     def channel(self) -> str:
@@ -381,6 +414,7 @@ class SyncPublisher:
         failure = self._attempt(self._send_advance, key, value)
         if failure is None:
             outbox.sent_now()
+            self._maybe_check()
         else:
             outbox.keep(failure, key, value)
 
@@ -404,6 +438,7 @@ class SyncPublisher:
         failure = self._attempt(self._send_check, key)
         if failure is None:
             outbox.sent_now()
+            self._maybe_check()
         else:
             outbox.keep(failure, key, None)
 
@@ -486,6 +521,8 @@ class SyncPublisher:
             errors=outbox.errors,
             outages=outbox.outages,
             last_error=outbox.last_error,
+            mismatches=self._agreement.mismatches,
+            last_mismatch=self._agreement.last_mismatch,
         )
 
     def __enter__(self) -> Self:
@@ -514,6 +551,54 @@ class SyncPublisher:
     def _check_open(self) -> None:
         if self._closed:
             raise RedisTriggersClosedError("SyncPublisher is closed")
+
+    def _maybe_check(self) -> None:
+        """Start a configuration check in a thread of its own if one is due (at
+        most one at a time; the calling thread never waits for it)."""
+        if self._checks_off:
+            return
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        if os.getpid() != self._pid:  # a forked child: the parent's check is not ours
+            self._pid = os.getpid()
+            self._checking = False
+        with self._close_lock:
+            if self._checking or now < self._next_check or self._closed:
+                return
+            self._checking = True
+            self._next_check = now + self._check_every
+        threading.Thread(
+            target=self._check,
+            args=(self._agreement,),
+            name=f"{self._outbox_name}-check",
+            daemon=True,
+        ).start()
+
+    def _check(self, agreement: Agreement) -> None:
+        try:
+            if not check_once(agreement, self._execute, self._logger):
+                self._checks_off = True  # PUBSUB refused (an ACL): no more checks
+        except _REDIS_ERRORS:
+            pass  # Redis is away: the calls see it; the next check will tell
+        except Exception as exc:
+            # redis-py's client closed under the check (close() raced it) fails
+            # with anything; otherwise it is a bug: loud, never ending a thread
+            # with a traceback of its own.
+            if not self._closed:
+                self._logger.error(
+                    "aiopurgatory.redis.config_check_failed", error=self._redactor.error(exc)
+                )
+        finally:
+            self._checking = False
+
+    def _execute(self, command: tuple[Any, ...]) -> Any:
+        client = self._client
+        if isinstance(client, RedisCluster):
+            # A shard channel's count or list: on the node of its slot.
+            node = client.get_node_from_key(command[2])  # type: ignore[no-untyped-call]
+            return client.execute_command(*command, target_nodes=node)  # type: ignore[no-untyped-call]
+        return client.execute_command(*command)  # type: ignore[no-untyped-call]
 
     def _attempt(self, command: Callable[..., object], *args: object) -> BaseException | None:
         """Run ``command``; the error it met, or None."""

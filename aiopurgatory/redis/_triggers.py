@@ -44,6 +44,7 @@ from .._detect import current_backend
 from .._logging import LazyLogger
 from .._operation import Outcome
 from .._purgatory import Purgatory
+from ._agreement import DEFAULT_CHECK_INTERVAL, Agreement, Config, announced, keep_checking
 from ._connections import Connections
 from ._errors import RedisTriggersClosedError, RedisTriggersError
 from ._lifecycle import Lifecycle, State
@@ -53,7 +54,7 @@ from ._publisher import Sender
 from ._reader import WatermarkReader
 from ._statistics import RedisTriggersStatistics
 from ._subscriber import Subscriber
-from ._wire import Key, Value, check_key, check_value
+from ._wire import VERSION, Key, Value, check_key, check_value
 
 __all__ = ["RedisTriggers", "refuse_virtual_time"]
 
@@ -160,6 +161,13 @@ class RedisTriggers:
             through :meth:`watch`, has its partition subscribed within that
             long (and is then checked once, so no trigger is lost), and idle
             partitions are released.
+        config_check_interval: seconds between two checks that the channel's
+            subscribers agree with this instance on the Redis database,
+            ``partitions`` and wire version, and that someone subscribes to the
+            channel at all (default 5; one ``PUBSUB NUMSUB``, or
+            ``SHARDNUMSUB`` on a cluster, each). A mismatch is logged once
+            (``aiopurgatory.redis.misconfigured``) and counted in
+            :meth:`statistics` (``mismatches``).
         catch_up_grace: seconds (default 0.1, at most ``command_timeout``): a
             :meth:`watch` of an operation whose timeout is shorter reads the
             stored watermarks of its keys *before* watching, waiting at most
@@ -191,6 +199,7 @@ class RedisTriggers:
         linger: float = 5.0,
         sweep_interval: float = 0.25,
         catch_up_grace: float = 0.1,
+        config_check_interval: float = DEFAULT_CHECK_INTERVAL,
         logger: Any | None = None,
     ) -> None:
         refuse_virtual_time()
@@ -220,6 +229,7 @@ class RedisTriggers:
         linger_for = positive_seconds(linger, "linger")
         sweep_every = positive_seconds(sweep_interval, "sweep_interval")
         grace = positive_seconds(catch_up_grace, "catch_up_grace")
+        check_every = positive_seconds(config_check_interval, "config_check_interval")
         if logger is not None and not callable(getattr(logger, "bind", None)):
             raise TypeError(
                 f"logger must be a structlog-compatible logger (with bind()), "
@@ -241,6 +251,16 @@ class RedisTriggers:
         self._partitions = Partitions(channel, partition_count, self._id)
         base_logger = LazyLogger() if logger is None else logger
         self._logger: Any = base_logger.bind(channel=channel, instance=self._id)
+        # Checked against the channel's subscribers, and announced to the others
+        # (_agreement).
+        config = Config(VERSION, partition_count, connections.db or 0)
+        self._agreement = Agreement(
+            channel,
+            self._partitions.control,
+            config,
+            role="publisher" if purgatory is None else "process",
+            cluster=connections.cluster,
+        )
         # The library's own connections, one per job, none shared with the
         # application: the sender's, the reader's, and the subscriber's.
         self._sender = Sender(
@@ -276,8 +296,12 @@ class RedisTriggers:
                 sweep_interval=sweep_every,
                 connections=connections,
                 logger=self._logger,
+                config_channels=announced(
+                    self._partitions.control, config, cluster=connections.cluster
+                ),
             )
         )
+        agreement = self._agreement
         self._lifecycle = Lifecycle(
             self._id,
             connections,
@@ -287,6 +311,13 @@ class RedisTriggers:
             command_timeout=call_timeout,
             close_timeout=close_wait,
             logger=self._logger,
+            checks=lambda: keep_checking(
+                agreement,
+                self._sender.probe,
+                interval=check_every,
+                bound=call_timeout,
+                logger=self._logger,
+            ),
         )
         self._triggers = 0
         # A watch of an op shorter than this reads first (see watch()); the read
@@ -546,6 +577,8 @@ class RedisTriggers:
             read_errors=reader.read_errors,
             subscribed=0 if sub is None else sub.subscribed,
             deaf_detected=0 if sub is None else sub.deaf_detected,
+            mismatches=self._agreement.mismatches,
+            last_mismatch=self._agreement.last_mismatch,
         )
 
     async def __aenter__(self) -> Self:

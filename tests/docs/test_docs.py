@@ -105,6 +105,7 @@ PUBLIC_MODULES = [
     "aiopurgatory.jobs",
     "aiopurgatory.metrics.prometheus",
     "aiopurgatory.metrics.otel",
+    "aiopurgatory.tracing",
     "aiopurgatory.redis",
     "aiopurgatory.redis.testing",
 ]

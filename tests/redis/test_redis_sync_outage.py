@@ -13,6 +13,7 @@ import os
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -377,3 +378,64 @@ def test_a_forked_child_publishes_through_its_parents_publisher_during_an_outage
     assert stored_watermark(redis_server, "jobs", "child-2") == b"199"
     assert stored_watermark(redis_server, "jobs", "parent-2") == b"199"
     assert publisher.close() == 0
+
+
+def test_a_wrong_password_raises_at_first_and_is_an_outage_once_it_worked(
+    redis_server_factory: Callable[..., RedisServer],
+) -> None:
+    server = redis_server_factory(password="first")
+    # Never reached Redis: a misconfiguration, loud at the first call, nothing kept.
+    wrong = SyncPublisher(server.url_for(None, "wrong"), channel="jobs")
+    with pytest.raises(RedisTriggersError, match="authentication failed"):
+        wrong.advance("k", 1)
+    assert wrong.statistics().pending == 0
+    wrong.close()
+
+    # Worked, then the password changed under it (rotated): kept, logged as an
+    # error, delivered once the password is right again.
+    log = Recorder()
+    publisher = SyncPublisher(server.url, channel="jobs", reconnect_delay=(0.05, 0.2), logger=log)
+    publisher.advance("k", 1)
+    admin = redis.Redis.from_url(server.url)
+    admin.config_set("requirepass", "second")
+    admin.client_kill_filter(_type="normal", skipme=True)  # the publisher reconnects
+    publisher.advance("k", 2)  # no error: kept
+    [(level, _, fields)] = log.named("aiopurgatory.redis.publisher_outage")
+    assert level == "error"
+    assert "WRONGPASS" in fields["error"] or "invalid" in fields["error"]
+    assert "first" not in fields["error"]
+    assert publisher.flush(timeout=0.3) == 1
+    admin.config_set("requirepass", "first")
+    assert publisher.flush(timeout=10) == 0
+    assert admin.get(Partitions("jobs", DEFAULT_PARTITIONS).stored_key("k")) == b"2"
+    admin.close()
+    publisher.close()
+
+
+def test_what_is_kept_at_exit_gets_its_delivery_time_then_is_logged(
+    redis_server: RedisServer,
+) -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import time
+        from aiopurgatory.redis import SyncPublisher
+        publisher = SyncPublisher({redis_server.url!r}, channel="jobs", close_timeout=0.5)
+        publisher.advance("left", 1)
+        print(publisher.statistics().pending, flush=True)
+        # No close(): the interpreter's exit delivers, or says what it could not.
+        """
+    )
+    redis_server.kill()
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert done.stdout.strip() == "1"
+    assert "aiopurgatory.redis.publisher_dropped" in done.stderr
+    assert "triggers=1" in done.stderr
+    assert "reason='exit'" in done.stderr
+    assert time.monotonic() - started < 10

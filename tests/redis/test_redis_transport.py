@@ -74,6 +74,14 @@ async def test_a_short_watch_on_a_hung_redis_ends_within_the_grace(
             assert await triggers.watch(op, {"k": 1}) is ap.Outcome.EXPIRED
             elapsed = time.monotonic() - started
             assert 0.15 < elapsed < 1.0, elapsed  # the grace, then the op's own timeout
+            # Cancelled while it reads first: the op is cancelled, as a watch's is.
+            op = ap.WatermarkOperation(0)
+            waiting = asyncio.ensure_future(triggers.watch(op, {"k": 1}))
+            await asyncio.sleep(0.05)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert op.cancelled()
             # An op longer than the grace does not wait for Redis before watching.
             started = time.monotonic()
             op = ap.WatermarkOperation(0.3)
