@@ -1,4 +1,4 @@
-"""Await the background jobs of Celery, RQ, Dramatiq and saq without polling.
+"""Await the background jobs of Celery, RQ, Dramatiq, saq and arq without polling.
 
 Two halves, one module per job system (each needs its extra:
 ``pip install 'aiopurgatory[celery]'``...):
@@ -16,7 +16,9 @@ Two halves, one module per job system (each needs its extra:
 * RQ: ``rq worker -w aiopurgatory.jobs.rq.PublishingWorker``, ``rq.RQJobs(triggers, redis)``;
 * Dramatiq: ``dramatiq.publish_jobs(broker, url)`` (once ``Results`` is added),
   ``dramatiq.DramatiqJobs(triggers, backend).wait_message(message, ...)``;
-* saq: ``saq.publish_jobs(settings, url)``, ``saq.SaqJobs(triggers, queue)``.
+* saq: ``saq.publish_jobs(settings, url)``, ``saq.SaqJobs(triggers, queue)``;
+* arq: ``arq.publish_jobs(WorkerSettings, url)``, ``arq.ArqJobs(triggers, pool)``
+  (its extra is not in ``all``: arq pins redis-py below 6).
 
 The key layout (one watermark per job: its progress, then its end above every
 progress) is :mod:`aiopurgatory.jobs._layout`'s; see the documentation page

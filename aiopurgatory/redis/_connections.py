@@ -32,6 +32,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ._cluster import ClusterLink, ShardedSubscription, SlotMap, seeds_of_client
+from ._compat import require_cluster_support
 from ._link import Link
 from ._partitions import Partitions
 from ._redact import Redactor, describe_client, describe_url, url_password
@@ -53,6 +54,7 @@ class Connections:
     Raises:
         TypeError: ``url_or_client`` is neither a URL nor such a client.
         ValueError: not a usable Redis URL (the message never holds the password).
+        RuntimeError: a cluster on a redis-py older than 8.0 (see :mod:`._compat`).
     """
 
     def __init__(
@@ -96,8 +98,10 @@ class Connections:
                 "url_or_client must be a Redis URL (str), a redis.asyncio.Redis or a "
                 f"redis.asyncio.cluster.RedisCluster client, got {kind}"
             )
-        self._target = target
         cluster = target.cluster
+        if cluster is not None:
+            require_cluster_support()
+        self._target = target
         self._slots: SlotMap | None = None
         if cluster is None:
             assert target.pool is not None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import enum
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -200,7 +201,12 @@ class Lifecycle:
         self._logger.info("aiopurgatory.redis.closed")
 
     def _start_task(self, work: Coroutine[Any, Any, None], role: str) -> None:
-        task = asyncio.create_task(work, name=f"aiopurgatory-redis-{role}-{self._id}")
+        # A context of its own: what the tasks complete (a message, a catch-up
+        # read) is not done in the span or structlog context of the code that
+        # entered the instance.
+        task = asyncio.create_task(
+            work, name=f"aiopurgatory-redis-{role}-{self._id}", context=contextvars.Context()
+        )
         task.add_done_callback(self._task_ended)
         self._tasks.append(task)
 

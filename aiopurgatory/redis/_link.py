@@ -36,6 +36,8 @@ from typing import Any, Final
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
+from ._compat import has_pending_input
+
 __all__ = ["CONNECTION_ERRORS", "CONNECTION_LOST", "Link", "closed_transport", "pack_commands"]
 
 # Errors that mean "Redis is unreachable, refused us or did not answer in time":
@@ -187,7 +189,7 @@ class Link:
                 try:
                     # Idle, nothing was asked: bytes or end of file here mean the
                     # server closed it (Redis restarted) or it is out of step.
-                    if not await connection.can_read():
+                    if not await has_pending_input(connection):
                         return False
                 except (RedisConnectionError, OSError):
                     pass

@@ -18,6 +18,11 @@ channel (or several, past :data:`MAX_MESSAGE_TRIGGERS`), all in one round trip.
   atomic max, then one publish) or is a plain ``SPUBLISH`` if it holds only
   checks (:func:`publish_commands`), the commands of each master pipelined.
 
+Triggers made where a sampled OpenTelemetry span is current gather apart, one
+batch per W3C ``traceparent`` (:attr:`Sender.traced`): each leaves as messages
+of its own whose sender field is ``"<instance id> <traceparent>"`` (see
+:mod:`._wire`), in the same round trip as the others.
+
 Either way a key's watermark is stored before the message that carries it is
 published, in the same atomic script. A batch that fails to send is kept
 (merged with what came after: triggers are idempotent, so sending one twice or
@@ -42,7 +47,7 @@ from redis.exceptions import NoScriptError
 from ._connections import Connections
 from ._link import CONNECTION_ERRORS, CONNECTION_LOST, Link
 from ._partitions import Partitions
-from ._wire import VERSION, Batch, Key, encode, redis_key, stored, value_text
+from ._wire import VERSION, Batch, Key, encode, redis_key, sender_field, stored, value_text
 
 if TYPE_CHECKING:
     from ._cluster import ClusterLink
@@ -286,6 +291,9 @@ class Sender:
         self._connections = connections
         self._logger = logger
         self.pending = Batch()
+        # Triggers made in sampled spans, a batch per traceparent (empty while
+        # nothing is traced): a message carries one trace context at most.
+        self.traced: dict[str, Batch] = {}
         self._pending_waiters: list[asyncio.Future[None]] = []
         self._inflight_waiters: list[asyncio.Future[None]] = []
         self.inflight = 0
@@ -316,10 +324,21 @@ class Sender:
         self.wakeup.set()
         return future
 
+    def traced_batch(self, traceparent: str | None) -> Batch:
+        """The pending batch of the triggers made in the span of ``traceparent``
+        (the plain one for None)."""
+        if traceparent is None:
+            return self.pending
+        batch = self.traced.get(traceparent)
+        if batch is None:
+            batch = self.traced[traceparent] = Batch()
+        return batch
+
     def wait_sent(self) -> asyncio.Future[None]:
         """A future set when every trigger gathered so far has been sent."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        (self._pending_waiters if self.pending else self._inflight_waiters).append(waiter)
+        pending = self.pending or self.traced
+        (self._pending_waiters if pending else self._inflight_waiters).append(waiter)
         return waiter
 
     def fail_waiters(self, exc: BaseException) -> None:
@@ -332,7 +351,8 @@ class Sender:
 
     def __len__(self) -> int:
         """Triggers gathered and not yet sent (distinct keys)."""
-        return len(self.pending) + self.inflight
+        traced = sum(map(len, self.traced.values())) if self.traced else 0
+        return len(self.pending) + traced + self.inflight
 
     # -- the task ------------------------------------------------------------------------
 
@@ -355,14 +375,15 @@ class Sender:
             if self._probes:
                 probes, self._probes = self._probes, []
                 await self._run_probes(probes)
-            while self.pending:
+            while self.pending or self.traced:
                 batch, self.pending = self.pending, Batch()
+                traced, self.traced = self.traced, {}
                 waiters, self._pending_waiters = self._pending_waiters, []
-                self.inflight = len(batch)
+                self.inflight = count = len(batch) + sum(map(len, traced.values()))
                 self._inflight_waiters = waiters
                 try:
                     with CONNECTION_LOST:
-                        await self._send(batch)
+                        await self._send(batch, traced)
                 except CONNECTION_ERRORS as exc:
                     failures += 1
                     self.publish_errors += 1
@@ -370,11 +391,16 @@ class Sender:
                     self.connected = False
                     if failures == 1:
                         self._logger.warning(
-                            "aiopurgatory.redis.publish_failed", error=text, triggers=len(batch)
+                            "aiopurgatory.redis.publish_failed", error=text, triggers=count
                         )
-                    # Keep the batch, ahead of what came since; retry after a backoff.
+                    # Keep the batches, ahead of what came since; retry after a backoff.
                     batch.merge(self.pending)
                     self.pending = batch
+                    for traceparent, newer in self.traced.items():
+                        older = traced.setdefault(traceparent, newer)
+                        if older is not newer:
+                            older.merge(newer)
+                    self.traced = traced
                     self._pending_waiters = self._inflight_waiters + self._pending_waiters
                     self.inflight = 0
                     self._inflight_waiters = []
@@ -385,7 +411,7 @@ class Sender:
                     self._logger.error(
                         "aiopurgatory.redis.send_failed",
                         error=self._connections.record_bug(exc),
-                        triggers=len(batch),
+                        triggers=count,
                     )
                 if failures:
                     self._logger.warning("aiopurgatory.redis.publish_resumed", attempts=failures)
@@ -412,16 +438,25 @@ class Sender:
             else:
                 future.set_result(reply)
 
-    def _commands(self, batch: Batch) -> list[tuple[Any, ...]]:
-        if self._publish == b"PUBLISH":
-            return [
-                batch_command(self._id, part, self._partitions, self._ttl_ms, self._publish)
-                for part in batch.split(MAX_SCRIPT_TRIGGERS)
-            ]
-        return publish_commands(self._id, batch, self._partitions, self._ttl_ms, self._publish)
+    def _commands(self, batch: Batch, traced: dict[str, Batch]) -> list[tuple[Any, ...]]:
+        groups = [(self._id, batch)] if batch else []
+        if traced:
+            groups += [(sender_field(self._id, tp), part) for tp, part in traced.items()]
+        commands: list[tuple[Any, ...]] = []
+        for sender, whole in groups:
+            if self._publish == b"PUBLISH":
+                commands += [
+                    batch_command(sender, part, self._partitions, self._ttl_ms, self._publish)
+                    for part in whole.split(MAX_SCRIPT_TRIGGERS)
+                ]
+            else:
+                commands += publish_commands(
+                    sender, whole, self._partitions, self._ttl_ms, self._publish
+                )
+        return commands
 
-    async def _send(self, batch: Batch) -> None:
-        commands = self._commands(batch)
+    async def _send(self, batch: Batch, traced: dict[str, Batch]) -> None:
+        commands = self._commands(batch, traced)
         replies = await self.link.execute(*commands)
         missing = [
             command

@@ -28,6 +28,13 @@ worth of work, run by :meth:`Subscriber.run`:
   exponential backoff and jitter, subscribes to every partition still wanted,
   and asks the reader for a *resync* (every watched key read and checked). A
   partition the server unsubscribes by itself is subscribed again, and resynced.
+
+Each message is applied in a context of its own (a new ``contextvars.Context``),
+as a trigger from another process should be: nothing of the context the
+instance was entered in (the application's current span, its structlog
+context) is seen by what it completes. A message that carries a sampled span's
+``traceparent`` (:func:`~._wire.split_sender`) is applied with that span
+current, if OpenTelemetry is imported here (else nothing here can record a span).
 """
 
 from __future__ import annotations
@@ -36,7 +43,9 @@ import asyncio
 import contextlib
 import math
 import secrets
+import sys
 from collections.abc import Callable, Iterable
+from contextvars import Context
 from typing import Any, Final
 
 from redis.exceptions import RedisError
@@ -47,7 +56,7 @@ from ._link import CONNECTION_ERRORS, CONNECTION_LOST
 from ._partitions import Partitions
 from ._publisher import Sender
 from ._reader import WatermarkReader
-from ._wire import Key, MalformedMessage, decode, wire_keys
+from ._wire import Key, MalformedMessage, Value, decode, split_sender, wire_keys
 
 __all__ = ["DeafSubscription", "Subscriber"]
 
@@ -538,12 +547,30 @@ class Subscriber:
             if self.malformed == 1:
                 self._logger.warning("aiopurgatory.redis.malformed_message", error=str(exc))
             return
+        traceparent = None
+        if " " in sender:  # made in a sampled span: "<id> <traceparent>"
+            sender, traceparent = split_sender(sender)
         if sender == self._id:
             self.echoes += 1
             return
         self.received += 1
         if self._purgatory.closed:
             return
+        # A context of its own: not the one the instance was entered in.
+        if traceparent is not None and sys.modules.get("opentelemetry.trace") is not None:
+            Context().run(self._apply_traced, traceparent, checks, advances)
+        else:
+            Context().run(self._apply, checks, advances)
+
+    def _apply_traced(
+        self, traceparent: str, checks: list[Key], advances: list[tuple[Key, Value]]
+    ) -> None:
+        from ..tracing import _triggered_from  # OpenTelemetry is imported already
+
+        with _triggered_from(traceparent):
+            self._apply(checks, advances)
+
+    def _apply(self, checks: list[Key], advances: list[tuple[Key, Value]]) -> None:
         completed = 0
         try:
             advance = self._advance

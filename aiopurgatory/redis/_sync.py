@@ -17,11 +17,14 @@ thread when Redis is back (:mod:`._outbox`): a call does not raise for a blip.
 redis-py's client is thread-safe (a connection pool: one connection per thread
 that is sending at that moment), so one publisher serves every thread of a
 process; a forked child (a Celery prefork worker) may use its parent's.
+A call made where a sampled OpenTelemetry span is current (a job worker's task
+span) carries its trace context, as ``RedisTriggers``' triggers do (not once kept).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +42,7 @@ from .._logging import LazyLogger
 from .._validation import as_seconds
 from ._agreement import DEFAULT_CHECK_INTERVAL, Agreement, Config, check_once
 from ._cluster import CLUSTER_SCHEMES, credentials, parse_cluster_url
+from ._compat import require_cluster_support
 from ._errors import RedisTriggersClosedError, RedisTriggersError, connection_cause
 from ._options import check_channel, new_instance, positive_seconds
 from ._outbox import DEFAULT_MAX_PENDING, Outbox
@@ -53,11 +57,24 @@ from ._publisher import (
 from ._redact import Redactor, describe_client, describe_url, url_password
 from ._statistics import SyncPublisherStatistics
 from ._topology import SentinelURL, is_sentinel_url, parse_sentinel_url
-from ._wire import VERSION, Batch, Key, Value, check_key, check_value, encode, stored
+from ._trace import traceparent
+from ._wire import (
+    VERSION,
+    Batch,
+    Key,
+    Value,
+    check_key,
+    check_value,
+    encode,
+    sender_field,
+    stored,
+)
 
 _Parsed = TypeVar("_Parsed")
 
 __all__ = ["SyncPublisher"]
+
+_modules = sys.modules
 
 # Seconds a connection attempt, and a command's reply, may take (a URL's client).
 _DEFAULT_TIMEOUT: Final = 5.0
@@ -201,6 +218,8 @@ class SyncPublisher:
         ValueError: an unusable URL, an empty channel, a duration that is not
             positive and finite, ``partitions`` not from 1 to 16,384,
             ``max_pending`` below 1.
+        RuntimeError: a Redis Cluster on a redis-py older than 8.0 (one server
+            and Sentinel run on redis-py 5.3 and later).
     """
 
     def __init__(
@@ -245,6 +264,7 @@ class SyncPublisher:
         client: redis.Redis | RedisCluster
         self._publish = b"PUBLISH"
         if isinstance(given, str) and given.split("://", 1)[0].lower() in CLUSTER_SCHEMES:
+            require_cluster_support()
             seeds = self._parse(given, parse_cluster_url)
             self._where = seeds.where
             client = RedisCluster(
@@ -263,6 +283,7 @@ class SyncPublisher:
             self._publish = b"SPUBLISH"
             self._owns_client = True
         elif isinstance(given, RedisCluster):
+            require_cluster_support()
             client = given
             kwargs = client.nodes_manager.connection_kwargs
             self._redactor = Redactor(kwargs.get("password"))
@@ -411,7 +432,7 @@ class SyncPublisher:
         outbox = self._outbox
         if outbox.join(key, value):
             return
-        failure = self._attempt(self._send_advance, key, value)
+        failure = self._attempt(self._send_advance, key, value, self._sender())
         if failure is None:
             outbox.sent_now()
             self._maybe_check()
@@ -435,7 +456,7 @@ class SyncPublisher:
         outbox = self._outbox
         if outbox.join(key, None):
             return
-        failure = self._attempt(self._send_check, key)
+        failure = self._attempt(self._send_check, key, self._sender())
         if failure is None:
             outbox.sent_now()
             self._maybe_check()
@@ -615,7 +636,16 @@ class SyncPublisher:
             f"({self._redactor.error(failure)})"
         )
 
-    def _send_advance(self, key: Key, value: Value) -> None:
+    def _sender(self) -> str:
+        # A call made in the calling thread's sampled span carries its trace
+        # context (looked for only once OpenTelemetry is imported). A trigger
+        # kept in the outbox drops it: kept triggers are coalesced per key,
+        # whoever made them.
+        if _modules.get("opentelemetry.trace") is None:
+            return self._id
+        return sender_field(self._id, traceparent())
+
+    def _send_advance(self, key: Key, value: Value, sender: str) -> None:
         batch = Batch()
         batch.advance(key, value)
         partitions = self._partitions
@@ -625,16 +655,16 @@ class SyncPublisher:
                 self._ttl_ms,
                 self._publish,
                 partitions.channel(key),
-                encode(self._id, batch),
+                encode(sender, batch),
                 stored(value),
             ],
         )
 
-    def _send_check(self, key: Key) -> None:
+    def _send_check(self, key: Key, sender: str) -> None:
         batch = Batch()
         batch.check(key)
         self._client.execute_command(  # type: ignore[no-untyped-call]
-            self._publish.decode(), self._partitions.channel(key), encode(self._id, batch)
+            self._publish.decode(), self._partitions.channel(key), encode(sender, batch)
         )
 
     def _send_batch(self, batch: Batch) -> None:

@@ -27,12 +27,15 @@ together and is the public face of them all:
 
 Every message carries the sender's instance id; a process's own messages come
 back to it only if it watches their keys, and are skipped (they were applied
-locally already).
+locally already). A trigger made where a sampled OpenTelemetry span is current
+carries that span's ``traceparent`` too (:mod:`._wire`), and is applied
+elsewhere with it current, so a traced wait links to it (:mod:`aiopurgatory.tracing`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self
@@ -54,9 +57,12 @@ from ._publisher import Sender
 from ._reader import WatermarkReader
 from ._statistics import RedisTriggersStatistics
 from ._subscriber import Subscriber
+from ._trace import traceparent
 from ._wire import VERSION, Key, Value, check_key, check_value
 
 __all__ = ["RedisTriggers", "refuse_virtual_time"]
+
+_modules = sys.modules
 
 
 def refuse_virtual_time() -> None:
@@ -181,7 +187,9 @@ class RedisTriggers:
         RuntimeError: constructed under trio, or in a running virtual-time loop
             (:class:`aiopurgatory.simulation.VirtualTimeLoop`: Redis and its
             timeouts run in real time; tests on virtual time use
-            :class:`aiopurgatory.LocalTriggers`, the same interface in memory).
+            :class:`aiopurgatory.LocalTriggers`, the same interface in memory);
+            a Redis Cluster on a redis-py older than 8.0 (one server and
+            Sentinel run on redis-py 5.3 and later).
     """
 
     def __init__(
@@ -373,7 +381,12 @@ class RedisTriggers:
         purgatory = self._purgatory
         completed = 0 if purgatory is None else purgatory.check_and_complete(key)
         sender = self._sender
-        sender.pending.check(key)
+        # Made in a sampled span: its trace context goes with it (only once
+        # OpenTelemetry is imported: before, no span can be current).
+        if _modules.get("opentelemetry.trace") is None:
+            sender.pending.check(key)
+        else:
+            sender.traced_batch(traceparent()).check(key)
         self._triggers += 1
         sender.wakeup.set()
         return completed
@@ -401,7 +414,10 @@ class RedisTriggers:
         advance_local = self._advance_local
         completed = 0 if advance_local is None else advance_local(key, value)
         sender = self._sender
-        sender.pending.advance(key, value)
+        if _modules.get("opentelemetry.trace") is None:
+            sender.pending.advance(key, value)
+        else:
+            sender.traced_batch(traceparent()).advance(key, value)
         self._triggers += 1
         sender.wakeup.set()
         return completed

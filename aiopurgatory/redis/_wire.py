@@ -9,6 +9,16 @@ A message is JSON, a list of four::
 
     [1, "<sender id>", [check keys...], [key, value, key, value, ...]]
 
+``sender`` is the publishing instance's id (``<pid>-<hex>``, never with a
+space), which a receiver compares with its own only, to skip its own messages.
+A message whose triggers were made where a sampled OpenTelemetry span was
+current carries that span's W3C ``traceparent`` after the id and a space
+(:func:`sender_field`, :func:`split_sender`): a receiver of a version that
+predates it sees another sender's id and applies the triggers as before (every
+released ``decode`` refuses a fifth element or another version, so the
+context could go nowhere else without losing triggers on a mixed-version
+channel); a newer one splits it off and applies them with that span current.
+
 Keys keep their type across processes, so ``"1"``, ``1`` and ``b"1"`` stay three
 keys, as they are in a purgatory: a ``str`` is a JSON string, an ``int`` a JSON
 integer, and ``bytes`` an object ``{"b": "<the bytes as latin-1 text>"}`` (latin-1
@@ -42,6 +52,8 @@ __all__ = [
     "encode",
     "parse_stored",
     "redis_key",
+    "sender_field",
+    "split_sender",
     "stored",
     "value_text",
     "watermark_prefix",
@@ -167,6 +179,17 @@ def decode(data: bytes | str) -> tuple[str, list[Key], list[tuple[Key, Value]]]:
             raise MalformedMessage(f"not a value: {value!r:.80}")
         advances.append((_key_from_wire(flat[i]), value))
     return sender, keys, advances
+
+
+def sender_field(instance: str, traceparent: str | None) -> str:
+    """The sender field of a message from ``instance``, carrying ``traceparent`` if any."""
+    return instance if traceparent is None else f"{instance} {traceparent}"
+
+
+def split_sender(sender: str) -> tuple[str, str | None]:
+    """``(instance id, traceparent or None)`` from a message's sender field."""
+    instance, space, traceparent = sender.partition(" ")
+    return (instance, traceparent) if space else (sender, None)
 
 
 def redis_key(prefix: bytes, key: Key) -> bytes:

@@ -9,7 +9,10 @@ JSON commands on stdin, one per line, and writes JSON events on stdout:
   Event ``{"event": "done", "id": ..., "outcome": ...}`` when it finishes.
 * ``{"cmd": "arm", "id": ...}``: from now on the operation's condition holds.
 * ``{"cmd": "check", "key": key}`` / ``{"cmd": "advance", "key": key, "value": v}``:
-  trigger through the RedisTriggers; event with the local completions.
+  trigger through the RedisTriggers; event with the local completions. With
+  ``"span": name`` (and ``"sampled": false`` for a trace its sampler drops), made
+  inside an OpenTelemetry span of that name (the SDK, imported then only); the
+  event has its ``trace_id`` and ``span_id`` (hex).
 * ``{"cmd": "flush"}``, ``{"cmd": "stats"}``, ``{"cmd": "exit"}``.
 
 Keys are ``["s", str]``, ``["i", int]`` or ``["b", hex]`` (tests.support.redis.encode_key).
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -59,6 +63,32 @@ async def routed(triggers: RedisTriggers, keys: list[Any]) -> None:
         if loop.time() > deadline:
             raise TimeoutError(f"the partitions of {keys!r} were not subscribed in 10 s")
         await asyncio.sleep(0.005)
+
+
+_tracers: dict[bool, Any] = {}
+
+
+def in_span(command: dict[str, Any], trigger: Callable[[], int]) -> dict[str, Any]:
+    """Run ``trigger`` (in the span the command names, if any); the event's fields."""
+    name = command.get("span")
+    if name is None:
+        return {"completed": trigger()}
+    sampled = bool(command.get("sampled", True))
+    tracer = _tracers.get(sampled)
+    if tracer is None:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+
+        provider = TracerProvider(sampler=ALWAYS_ON if sampled else ALWAYS_OFF)
+        tracer = _tracers[sampled] = provider.get_tracer("worker")
+    with tracer.start_as_current_span(name) as span:
+        completed = trigger()
+    where = span.get_span_context()
+    return {
+        "completed": completed,
+        "trace_id": format(where.trace_id, "032x"),
+        "span_id": format(where.span_id, "016x"),
+    }
 
 
 def emit(**event: Any) -> None:
@@ -102,11 +132,13 @@ async def main(url: str, channel: str, options: dict[str, Any]) -> None:
                 ops[command["id"]].armed = True
                 emit(event="arm", id=command["id"])
             elif cmd == "check":
-                completed = triggers.check_and_complete(decode_key(command["key"]))
-                emit(event="check", completed=completed)
+                check = functools.partial(triggers.check_and_complete, decode_key(command["key"]))
+                emit(event="check", **in_span(command, check))
             elif cmd == "advance":
-                completed = triggers.advance(decode_key(command["key"]), command["value"])
-                emit(event="advance", completed=completed)
+                advance = functools.partial(
+                    triggers.advance, decode_key(command["key"]), command["value"]
+                )
+                emit(event="advance", **in_span(command, advance))
             elif cmd == "flush":
                 await triggers.flush()
                 emit(event="flush")
