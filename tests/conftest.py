@@ -51,6 +51,8 @@ NOT_LIBRARY = (
     "tests/pipeline/",  # the Spark pipeline (pyspark, Java): the spark extra
     "tests/examples/",  # the examples: the Kafka broker (Kafka clients), the long-poll
     # feed under real servers (web servers), the others, and how they are installed
+    "tests/postgres/",  # the PostgreSQL transport: the postgres extra (asyncpg, psycopg)
+    # and a server; run once, on 3.11, to keep CI's time (docs/postgres.md)
 )
 # They run once, on 3.11 and the compiled core: the library they use is checked on
 # both cores by the core's tests. A module of their kind, named otherwise, says so
