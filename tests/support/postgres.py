@@ -18,6 +18,7 @@ reporting events as JSON lines on its stdout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import json
 import os
@@ -226,10 +227,8 @@ class PostgresServer:
     def destroy(self) -> None:
         if self.proc is not None:
             for pid in self.pids():
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
         self.stop()
         shutil.rmtree(self.base, ignore_errors=True)
 
