@@ -45,4 +45,14 @@ for _name in __all__:
         _value.__module__ = __name__
 del _name, _value, asyncpg
 
-__dir__ = _public_dir(__name__, __all__)
+
+def __getattr__(name: str) -> object:
+    # aiopurgatory.postgres.testing (a test helper) loads on first access.
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.testing")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__dir__ = _public_dir(__name__, [*__all__, "testing"])
