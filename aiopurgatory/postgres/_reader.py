@@ -55,6 +55,7 @@ class WatermarkReader:
         self._fetches: dict[Key, list[asyncio.Future[Value | None]]] = {}
         self._resync = False
         self._failures = 0
+        self._busy = False  # a read is in flight
         self._wakeup = asyncio.Event()
         self._kick = asyncio.Event()
         self.reads = 0
@@ -81,6 +82,11 @@ class WatermarkReader:
         self._wakeup.set()
         self._kick.set()
 
+    @property
+    def idle(self) -> bool:
+        """Nothing is asked for or being read (for tests and benchmarks)."""
+        return not (self._keys or self._checks or self._fetches or self._resync or self._busy)
+
     def cancel_resync(self) -> None:
         """Forget a resync asked for (one was just served)."""
         self._resync = False
@@ -105,6 +111,7 @@ class WatermarkReader:
                 fetches, self._fetches = self._fetches, {}
                 resync, self._resync = self._resync, False
                 self._kick.clear()
+                self._busy = True
                 try:
                     await self.serve(keys, fetches, resync=resync, checks=checks)
                 except asyncio.CancelledError:
@@ -116,6 +123,8 @@ class WatermarkReader:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(self._source.backoff(self._failures)):
                             await self._kick.wait()
+                finally:
+                    self._busy = False
 
     async def serve(
         self,

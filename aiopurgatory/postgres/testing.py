@@ -31,6 +31,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from .._namespace import public_dir as _public_dir
+
 __all__ = ["INSTALL_HINT", "PostgresMissing", "PostgresServer", "find_bindir"]
 
 INSTALL_HINT = (
@@ -255,3 +257,6 @@ class PostgresServer:
         tb: TracebackType | None,
     ) -> None:
         self.destroy()
+
+
+__dir__ = _public_dir(__name__, __all__)

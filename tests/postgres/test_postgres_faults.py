@@ -47,7 +47,9 @@ async def parked(
     )
     listener = triggers._listener
     assert listener is not None
-    await eventually(lambda: listener.covers([key]))
+    # Listened to, and the catch-up read done: what is committed from now on
+    # reaches the op through its notification (or a resync).
+    await eventually(lambda: listener.covers([key]) and triggers._reader.idle)
     return watching
 
 
@@ -96,7 +98,8 @@ async def _killed_listener(dsn: str, admin: asyncpg.Connection) -> None:
         await eventually(lambda: not listener.connected)
         await asyncio.to_thread(_advance, dsn, "k", 5)  # while nobody listens here
         await expires_on_time(short, 1.0)  # an outage holds no one past its timeout
-        assert not watching.done(), triggers.statistics()
+        stats = triggers.statistics()
+        assert not watching.done(), (stats.received, stats.resyncs, stats.reads, stats.reconnects)
         gate.set()
         start = time.perf_counter()
         assert await asyncio.wait_for(watching, 5) is ap.Outcome.COMPLETED

@@ -35,7 +35,9 @@ async def parked(
     watching = asyncio.ensure_future(triggers.watch(ap.WatermarkOperation(30), {key: threshold}))
     listener = triggers._listener
     assert listener is not None
-    await eventually(lambda: listener.covers([key]))
+    # Listened to, and the catch-up read done: what is committed from now on
+    # reaches the op through its notification (or a resync).
+    await eventually(lambda: listener.covers([key]) and triggers._reader.idle)
     return watching
 
 
