@@ -105,13 +105,24 @@ class Source:
 
     async def release(self, connection: Any, *, broken: bool = False) -> None:
         """Give ``connection`` back: a pool's to its pool, ours closed. A ``broken``
-        one is terminated first (its state is unknown: never reused)."""
-        if broken or self.pool is None:
+        one is terminated (its state is unknown: never reused, nothing awaited on it)."""
+        if broken:
             connection.terminate()
         if self.pool is not None:
-            # The pool replaces a connection it could not reset.
-            with contextlib.suppress(*CONNECTION_ERRORS):
+            # The pool resets it (UNLISTEN * included), or replaces one it cannot reset.
+            try:
                 await self.pool.release(connection, timeout=self.command_timeout)
+            except BaseException as exc:
+                connection.terminate()  # never left out of the pool, never awaited again
+                with contextlib.suppress(*CONNECTION_ERRORS):
+                    await self.pool.release(connection, timeout=self.command_timeout)
+                if not isinstance(exc, CONNECTION_ERRORS):
+                    raise
+        elif not broken:
+            try:
+                await connection.close(timeout=min(1.0, self.command_timeout))
+            except CONNECTION_ERRORS:
+                connection.terminate()
 
     @property
     def keeps(self) -> bool:
@@ -189,7 +200,7 @@ class Link:
         return result
 
     async def drop(self) -> None:
-        """Close the kept connection, if any."""
+        """Close the kept connection, if any (at close)."""
         connection, self._connection = self._connection, None
         if connection is not None:
-            await self._source.release(connection, broken=True)
+            await self._source.release(connection)

@@ -251,15 +251,26 @@ class Listener:
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeping
 
-    async def drop(self) -> None:
-        """Terminate the connection (after a failure, or at close)."""
+    async def drop(self, *, broken: bool = True) -> None:
+        """End the connection: terminated after a failure (``broken``), closed at close
+        (its LISTENs undone first, so that a pool's connection goes back clean)."""
         connection, self.connection = self.connection, None
         self._generation += 1
         self.connected = False
-        self._listening = set()
+        listening, self._listening = self._listening, set()
         self._canary = None
-        if connection is not None:
-            await self._source.release(connection, broken=True)
+        if connection is None:
+            return
+        if not broken:
+            try:
+                async with asyncio.timeout(min(1.0, self._command_timeout)):
+                    await connection.remove_listener(self.canary_channel, self._on_canary)
+                    for n in listening:
+                        channel = partition_channel(self._channel, n)
+                        await connection.remove_listener(channel, self._on_notify)
+            except CONNECTION_ERRORS:
+                broken = True
+        await self._source.release(connection, broken=broken)
 
     async def _keep(self, connection: Any) -> None:
         """LISTEN/UNLISTEN as asked, and check the connection every interval (only

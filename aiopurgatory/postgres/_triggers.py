@@ -575,7 +575,7 @@ class PostgresTriggers:
 
     async def _close_connections(self) -> None:
         if self._listener is not None:
-            await self._listener.drop()
+            await self._listener.drop(broken=False)
         await self._sender.link.drop()
         await self._reader.link.drop()
 
