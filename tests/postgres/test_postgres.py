@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Callable
 
 import asyncpg
 import pytest
@@ -18,18 +17,9 @@ from aiopurgatory.postgres import (
     schema_sql,
 )
 from aiopurgatory.postgres._wire import MAX_PAYLOAD, Batch, decode, notifications
-from tests.support.postgres import PostgresServer, Worker
+from tests.support.postgres import PostgresServer, Worker, eventually
 
 pytestmark = pytest.mark.realtime
-
-
-async def eventually(condition: Callable[[], bool], within: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 def purgatory(name: str = "p") -> ap.Purgatory[ap.DelayedOperation]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -17,7 +16,7 @@ import pytest
 
 import aiopurgatory as ap
 from aiopurgatory.postgres import PostgresTriggers, SyncPublisher
-from tests.support.postgres import PostgresServer
+from tests.support.postgres import PostgresServer, eventually, parked
 
 pytestmark = pytest.mark.realtime
 
@@ -28,29 +27,6 @@ FAST: dict[str, Any] = {
     "reconnect_delay": (0.05, 0.5),
     "command_timeout": 1.0,
 }
-
-
-async def eventually(condition: Callable[[], bool], within: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
-
-
-async def parked(
-    triggers: PostgresTriggers, key: str, threshold: float, expiry: float = 30
-) -> asyncio.Future[ap.Outcome]:
-    watching = asyncio.ensure_future(
-        triggers.watch(ap.WatermarkOperation(expiry), {key: threshold})
-    )
-    listener = triggers._listener
-    assert listener is not None
-    # Listened to, and the catch-up read done: what is committed from now on
-    # reaches the op through its notification (or a resync).
-    await eventually(lambda: listener.covers([key]) and triggers._reader.idle)
-    return watching
 
 
 def gate_reconnects(triggers: PostgresTriggers) -> asyncio.Event:

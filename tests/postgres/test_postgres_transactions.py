@@ -6,7 +6,6 @@ import asyncio
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
 
 import asyncpg
 import psycopg
@@ -14,31 +13,9 @@ import pytest
 
 import aiopurgatory as ap
 from aiopurgatory.postgres import PostgresTriggers, PostgresTriggersClosedError, SyncPublisher
-from tests.support.postgres import ROOT, PostgresServer
+from tests.support.postgres import ROOT, PostgresServer, parked
 
 pytestmark = pytest.mark.realtime
-
-
-async def eventually(condition: Callable[[], bool], within: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
-
-
-async def parked(
-    triggers: PostgresTriggers, key: str, threshold: float
-) -> asyncio.Future[ap.Outcome]:
-    """An op watched on ``key`` (its partition listened to) and its outcome's future."""
-    watching = asyncio.ensure_future(triggers.watch(ap.WatermarkOperation(30), {key: threshold}))
-    listener = triggers._listener
-    assert listener is not None
-    # Listened to, and the catch-up read done: what is committed from now on
-    # reaches the op through its notification (or a resync).
-    await eventually(lambda: listener.covers([key]) and triggers._reader.idle)
-    return watching
 
 
 async def test_asyncpg_commit_wakes_every_process_and_rollback_wakes_nobody(

@@ -24,13 +24,47 @@ from typing import Any
 
 import pytest
 
+import aiopurgatory as ap
+from aiopurgatory.postgres import PostgresTriggers
 from aiopurgatory.postgres.testing import PostgresMissing, PostgresServer
 
-__all__ = ["PostgresServer", "Worker", "postgres_server", "postgres_server_factory"]
+__all__ = [
+    "PostgresServer",
+    "Worker",
+    "eventually",
+    "parked",
+    "postgres_server",
+    "postgres_server_factory",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 
 ServerFactory = Callable[..., PostgresServer]
+
+
+async def eventually(condition: Callable[[], bool], within: float = 10.0) -> None:
+    """Poll ``condition`` until it holds; AssertionError after ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+async def parked(
+    triggers: PostgresTriggers, key: str, threshold: float, expiry: float = 30
+) -> asyncio.Future[ap.Outcome]:
+    """An op watched on ``{key: threshold}`` and the future of its outcome, returned
+    once its partition is listened to and its catch-up read is done: what is
+    committed from then on reaches it through its notification (or a resync)."""
+    watching = asyncio.ensure_future(
+        triggers.watch(ap.WatermarkOperation(expiry), {key: threshold})
+    )
+    listener = triggers._listener
+    assert listener is not None
+    await eventually(lambda: listener.covers([key]) and triggers._reader.idle)
+    return watching
 
 
 @pytest.fixture
