@@ -100,13 +100,14 @@ LIB_EXTRAS := uvloop,trio,redis,prometheus,otel,bench,test
 # the purgatory, the histograms: the modules with a .pxd): its tests, and the tests
 # driving it from a task of the library's own that is not the caller's: the Redis
 # triggers' subscriber (single server: what a trigger does to parked operations), the
-# exporters reading its histograms, the ASGI middleware withdrawing its operations.
+# exporters reading its histograms, the tracing hooked into it, the ASGI middleware
+# withdrawing its operations.
 # The Redis topologies (cluster, Sentinel, failover, routing, liveness) and the real
 # web servers are the same Python code on either core: compiled passes only.
 # So are the pytest plugin's tests (users' test files run by pytest in subprocesses:
 # a third of a pure-Python pass's CPU): the plugin hands the virtual-time loop to
 # pytest-asyncio, and the loop's behaviour on each core is tests/core's.
-PURE_TESTS := tests/core tests/metrics tests/asgi/test_asgi.py \
+PURE_TESTS := tests/core tests/metrics tests/tracing tests/asgi/test_asgi.py \
 	tests/redis/test_redis.py tests/redis/test_redis_watermarks.py \
 	--ignore=tests/core/test_pytest_plugin.py
 PYTEST_COMPILED := AIOPURGATORY_EXPECT=compiled

@@ -16,7 +16,9 @@ maps them too, so that ``python -m examples.NAME`` runs from any directory.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -75,7 +77,11 @@ class OptionalBuildExt(build_ext):
             self._check_compiler()
             # The C sources into the extensions setuptools has prepared (it keeps
             # state of its own on them): Cython's copies carry only the sources.
-            translated = {ext.name: ext.sources for ext in _cythonize(self.extensions)}
+            # Cython's C next to the sources for a build in place (make build: it
+            # is kept, so that an unchanged module is not translated again), else
+            # in the build's own temporary directory (see _out_of_tree).
+            build_dir = None if self.inplace else self.build_temp
+            translated = {ext.name: ext.sources for ext in _cythonize(self.extensions, build_dir)}
             for ext in self.extensions:
                 ext.sources = translated[ext.name]
         super().build_extensions()
@@ -141,7 +147,7 @@ def _extensions() -> list[Extension]:
     ]
 
 
-def _cythonize(modules: list[Extension]) -> list[Extension]:
+def _cythonize(modules: list[Extension], build_dir: str | None) -> list[Extension]:
     try:
         from Cython.Build import cythonize
     except ImportError:
@@ -158,11 +164,35 @@ def _cythonize(modules: list[Extension]) -> list[Extension]:
         },
         nthreads=os.cpu_count() or 1,
         quiet=True,
+        build_dir=build_dir,
     )
     return extensions
+
+
+def _out_of_tree() -> dict[str, dict[str, str]]:
+    """Where a build writes, so that building from a checkout leaves it unchanged.
+
+    pip and uv build a directory's wheel in that directory (``pip install
+    ./checkout``, ``python -m build``): setuptools would write its ``build/`` tree,
+    the ``aiopurgatory.egg-info`` metadata and Cython's C files into the checkout.
+    They go to a temporary directory of this process instead, removed when it
+    ends (the wheel is written elsewhere by then). A build in place (``make
+    build``'s ``build_ext --inplace``, an editable install) keeps setuptools'
+    defaults: its products belong in the checkout, ignored by git.
+    """
+    in_place = any(arg in ("--inplace", "-i", "develop", "editable_wheel") for arg in sys.argv)
+    if in_place:
+        return {}
+    scratch = tempfile.mkdtemp(prefix="aiopurgatory-build-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    return {
+        "build": {"build_base": os.path.join(scratch, "build")},
+        "egg_info": {"egg_base": scratch},
+    }
 
 
 setup(
     ext_modules=_extensions(),
     cmdclass={"build_ext": OptionalBuildExt, "editable_wheel": EditableWithExamples},
+    options=_out_of_tree(),
 )

@@ -18,8 +18,10 @@ from ._errors import (
     PurgatoryError,
     PurgatoryFullError,
     TimerClosedError,
+    TriggersClosedError,
 )
 from ._histograms import Histogram, PurgatoryHistograms
+from ._local import LocalBus, LocalTriggers, LocalTriggersStatistics
 from ._namespace import public_dir as _public_dir
 from ._operation import DelayedOperation, Outcome
 from ._purgatory import Purgatory, PurgatoryStatistics, WatermarkOperation
@@ -38,6 +40,9 @@ __all__ = [
     "COMPILED",
     "DelayedOperation",
     "Histogram",
+    "LocalBus",
+    "LocalTriggers",
+    "LocalTriggersStatistics",
     "OperationStateError",
     "Outcome",
     "Purgatory",
@@ -51,6 +56,7 @@ __all__ = [
     "TimerClosedError",
     "TimerHandle",
     "Triggers",
+    "TriggersClosedError",
     "TriggersStatistics",
     "WatermarkOperation",
     "__version__",

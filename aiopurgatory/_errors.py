@@ -8,6 +8,7 @@ __all__ = [
     "PurgatoryError",
     "PurgatoryFullError",
     "TimerClosedError",
+    "TriggersClosedError",
 ]
 
 
@@ -42,5 +43,15 @@ class PurgatoryFullError(PurgatoryError):
 
 class OperationStateError(PurgatoryError):
     """An operation was already watched, is finished, or belongs to another purgatory."""
+
+    __module__ = "aiopurgatory"
+
+
+class TriggersClosedError(PurgatoryError, RuntimeError):
+    """A :class:`~aiopurgatory.Triggers` transport used before ``async with`` or after ``aclose()``.
+
+    Every transport's own "closed" error is one (``RedisTriggersClosedError`` too),
+    so code written against the protocol catches this.
+    """
 
     __module__ = "aiopurgatory"

@@ -165,6 +165,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         self._wait_failed = _Recorder()
         self._lateness = _Recorder()
         self._recorder: Callable[[DelayedOperation], None] | None = None
+        self._tracer: Any = None  # aiopurgatory.tracing's hooks while it traces
         if logger is None:
             self._logger: Any = LazyLogger(purgatory=name)
         elif callable(getattr(logger, "bind", None)):
@@ -437,7 +438,10 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
     @property
     def recorder(self) -> Callable[[DelayedOperation], None] | None:
         """The callable that :meth:`set_recorder` attached, or None."""
-        return self._recorder
+        tracer = self._tracer
+        # While traced, the core's recorder slot holds the tracer's hook, which
+        # calls this one after ending the span.
+        return self._recorder if tracer is None else tracer.recorder
 
     def set_recorder(self, recorder: Callable[[DelayedOperation], None] | None) -> None:
         """Call ``recorder(op)`` after each operation of this purgatory finishes.
@@ -449,6 +453,10 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         """
         if recorder is not None and not callable(recorder):
             raise TypeError(f"recorder must be callable or None, got {type(recorder).__name__}")
-        self._recorder = recorder
+        tracer = self._tracer
+        if tracer is None:
+            self._recorder = recorder
+        else:
+            tracer.recorder = recorder
 
     # -- internals -------------------------------------------------------------------------

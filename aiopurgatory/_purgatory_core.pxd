@@ -43,6 +43,7 @@ cdef class _PurgatoryCore(_Owner):
     cdef public object _max_pending
     cdef public Py_ssize_t _pending
     cdef public Timer _timer
+    cdef public object _tracer
     cdef public _Recorder _wait_cancelled
     cdef public _Recorder _wait_completed
     cdef public _Recorder _wait_expired
@@ -60,6 +61,7 @@ cdef class _PurgatoryCore(_Owner):
     cpdef check_and_complete(self, key)
     @cython.locals(ops=dict, watch=ThresholdIndex, checked=list, watermarks=dict)
     cpdef advance(self, key, value)
+    cdef _check_traced(self, list checked, key)
     @cython.locals(watchers=dict, ops=dict, keys=tuple, waits=_Recorder, now=double, due=double,
                    timeout=double, late=double, wait=double)
     cdef _detach(self, DelayedOperation op, outcome)

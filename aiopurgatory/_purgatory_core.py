@@ -87,6 +87,7 @@ class _PurgatoryCore(_Owner):
         "_pending",
         "_threshold_watchers",
         "_timer",
+        "_tracer",
         "_wait_cancelled",
         "_wait_completed",
         "_wait_expired",
@@ -124,6 +125,11 @@ class _PurgatoryCore(_Owner):
     _wait_cancelled: _Recorder
     _wait_failed: _Recorder
     _lateness: _Recorder
+    # The hooks of aiopurgatory.tracing while it traces this purgatory's waits, else
+    # None: one test per watch and per trigger that reaches watchers. The end of a
+    # traced wait comes through the recorder slot (_Owner._recorder), which
+    # finishing operations test already.
+    _tracer: Any
 
     # -- watching --------------------------------------------------------------------
 
@@ -223,6 +229,10 @@ class _PurgatoryCore(_Owner):
         # op joins its watch lists (op._joined) only if that check says no.
         op._keys = keys
         op._thresholds = thresholds
+        if self._tracer is not None:
+            # In the watcher's context (its span is the parent), before the first
+            # check: a watch that check completes is a (short) span too.
+            self._tracer.watched(op)
         # The one check, before any bookkeeping: most requests that can complete
         # at once never touch a watch list or the timer. Nothing can trigger the
         # op between this check and its joining the watch lists (one loop, and
@@ -303,9 +313,12 @@ class _PurgatoryCore(_Owner):
         if watch is None:
             if not ops:
                 return 0
-            return _check_ops(list(ops.values()))
-        checked = list(ops.values()) if ops else []
-        checked += watch.pending()
+            checked = list(ops.values())
+        else:
+            checked = list(ops.values()) if ops else []
+            checked += watch.pending()
+        if self._tracer is not None:
+            return self._check_traced(checked, key)
         return _check_ops(checked)
 
     def advance(self, key: Hashable, value: float) -> int:
@@ -349,12 +362,25 @@ class _PurgatoryCore(_Owner):
         watermarks[key] = value
         self._advances += 1
         if watch is None:
-            return _check_ops(list(ops.values()))  # type: ignore[union-attr]
-        if ops is None:
-            return _check_ops(watch.reach(value))
-        checked = list(ops.values())
-        checked += watch.reach(value)
+            checked = list(ops.values())  # type: ignore[union-attr]
+        elif ops is None:
+            checked = watch.reach(value)
+        else:
+            checked = list(ops.values())
+            checked += watch.reach(value)
+        if self._tracer is not None:
+            return self._check_traced(checked, key)
         return _check_ops(checked)
+
+    def _check_traced(self, checked: list[Any], key: Hashable) -> int:
+        """:func:`_check_ops` inside a trigger of ``key`` that the tracer is told of
+        (what it completes was completed by ``key``)."""
+        tracer = self._tracer
+        outer = tracer.trigger_began(key)
+        try:
+            return _check_ops(checked)
+        finally:
+            tracer.trigger_ended(outer)
 
     def watermark(self, key: Hashable) -> Any:
         """The watermark of ``key``: the highest value advanced while it is watched.

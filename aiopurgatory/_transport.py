@@ -60,8 +60,7 @@ def check_value(value: object, argument: str = "value") -> Value:
             raise ValueError(f"{argument} must be finite, got {value!r}")
     elif not -MAX_EXACT_INT <= value <= MAX_EXACT_INT:
         raise ValueError(
-            f"{argument} must be within +-2**53 (watermarks are compared as doubles), "
-            f"got {value!r}"
+            f"{argument} must be within +-2**53 (watermarks are compared as doubles), got {value!r}"
         )
     return value
 

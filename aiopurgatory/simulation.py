@@ -23,9 +23,11 @@ that is, while a future of ``loop.run_in_executor`` (and so of
 the default executor's threads. The loop then blocks on the real selector until
 the thread's result wakes it, as a real loop would, instead of jumping to its
 next timer: work in a thread takes no virtual time, and a timeout around it (the
-executor shutdown's own, on Python 3.13) does not expire while it runs. The loop
-cannot see threads it was not asked to wait for (``threading.Thread``, anyio's
-worker threads, a future wrapped by hand): the clock may jump while they work. A
+executor shutdown's own, on Python 3.13) does not expire while it runs. The same
+holds while one of anyio's worker threads runs a call (``anyio.to_thread.run_sync``,
+so Starlette's and FastAPI's sync dependencies and endpoints). The loop
+cannot see threads it was not asked to wait for (``threading.Thread``, a future
+wrapped by hand): the clock may jump while they work. A
 thread the loop waits for must not itself wait for virtual time to pass (a
 ``run_coroutine_threadsafe(asyncio.sleep(1), loop).result()`` in it never returns).
 
@@ -182,7 +184,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             self._joining_executor -= 1
 
     def _waits_for_threads(self) -> bool:
-        return bool(self._thread_work) or self._joining_executor > 0
+        return bool(self._thread_work) or self._joining_executor > 0 or _anyio_workers_busy(self)
 
     def advance(self, seconds: float) -> None:
         """Move the clock forward by ``seconds`` (>= 0) right now, without running anything.
@@ -236,6 +238,42 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             # next representable instant is at or before ``when`` (> now).
             target = math.nextafter(now, math.inf)
         self._virtual_now = target
+
+
+def _anyio_workers_busy(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether one of anyio's worker threads of ``loop`` is running a call now.
+
+    ``anyio.to_thread.run_sync`` (which Starlette and FastAPI use for sync
+    dependencies, endpoints and file I/O) runs calls on worker threads of its
+    own, not through ``run_in_executor``. anyio keeps them per loop, in two
+    run variables: every worker, and the idle ones; a worker that is neither
+    idle nor stopped holds a call whose result has not reached the loop yet (it
+    turns idle in the loop's own callback that delivers the result). anyio has
+    no public way to ask this, so its internals are read, defensively: on an
+    anyio that keeps them otherwise, this says False (the clock may then jump
+    while such a thread works, as for a plain ``threading.Thread``), and
+    tests/core/test_simulation_threads.py fails and says so.
+    """
+    backend = sys.modules.get("anyio._backends._asyncio")
+    lowlevel = sys.modules.get("anyio.lowlevel")
+    if backend is None or lowlevel is None:
+        return False  # anyio never ran a worker thread in this process
+    run_vars = getattr(lowlevel, "_run_vars", None)
+    workers_var = getattr(backend, "_threadpool_workers", None)
+    idle_var = getattr(backend, "_threadpool_idle_workers", None)
+    if run_vars is None or workers_var is None or idle_var is None:
+        return False
+    try:
+        values = run_vars.get(loop)
+    except TypeError:  # pragma: no cover - a mapping not keyed by loop
+        return False
+    if not values:
+        return False
+    workers = values.get(workers_var)
+    if not workers:
+        return False
+    idle = values.get(idle_var)
+    return len(workers) > (0 if idle is None else len(idle))
 
 
 def new_event_loop(start: float = 0.0) -> VirtualTimeLoop:

@@ -68,6 +68,7 @@ SLOW = (
     "tests/cli/test_cli_user.py::test_bench_all_quick_is_a_smoke_run_that_shows_progress",
     "tests/bench/test_bench.py::test_cli_acks_only_reports_ratios_targets_and_a_plot",
     "tests/redis/test_redis.py::test_a_missing_redis_server_fails_the_tests_and_says_how_to_install",
+    "tests/docs/test_web_howto.py::test_the_job_service_across_processes_through_a_hung_and_a_restarted_redis",
     "tests/redis/test_redis.py::test_the_benchmark_command_measures_every_side",
     "tests/redis/test_redis_wire.py::test_a_batch_survives_the_wire_with_its_types",
     "tests/core/test_wheel_stateful.py::TestWheelAgainstHeap",

@@ -211,6 +211,7 @@ _REDIS_COUNTERS = (
     ("resyncs", "Times the stored watermarks of the watched keys were read and applied."),
     ("reads", "Round trips that read stored watermarks (watches, resyncs, fetches)."),
     ("read_errors", "Reads of stored watermarks that failed (each is retried)."),
+    ("mismatches", "Publishers or subscribers of the channel found configured otherwise."),
 )
 
 

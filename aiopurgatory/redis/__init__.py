@@ -26,7 +26,7 @@ from ._options import DEFAULT_CHANNEL
 from ._partitions import DEFAULT_PARTITIONS
 from ._publisher import MAX_MESSAGE_TRIGGERS
 from ._redact import describe_url
-from ._statistics import RedisTriggersStatistics
+from ._statistics import RedisTriggersStatistics, SyncPublisherStatistics
 from ._sync import SyncPublisher
 from ._triggers import RedisTriggers
 
@@ -39,6 +39,7 @@ __all__ = [
     "RedisTriggersError",
     "RedisTriggersStatistics",
     "SyncPublisher",
+    "SyncPublisherStatistics",
     "describe_url",
 ]
 

@@ -273,6 +273,8 @@ def _slot_of(command: Sequence[Any]) -> int | None:
         return key_slot(command[3]) if int(command[2]) else None
     if name in ("PUBLISH", "SPUBLISH", "MGET", "GET", "SET"):
         return key_slot(command[1])
+    if name == "PUBSUB" and len(command) > 2 and _as_bytes(command[1]).upper().startswith(b"SHARD"):
+        return key_slot(_as_bytes(command[2]))  # the node of the shard channel's slot
     return None
 
 

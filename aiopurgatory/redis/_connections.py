@@ -114,6 +114,13 @@ class Connections:
         self.last_error: str | None = None
 
     @property
+    def db(self) -> int | None:
+        """The Redis database of the connections (None on a cluster, which has one)."""
+        if self._slots is not None:
+            return None
+        return int(self._options.get("db") or 0)
+
+    @property
     def cluster(self) -> bool:
         """Redis is a cluster (its partitions are shard channels, routed by slot)."""
         return self._slots is not None

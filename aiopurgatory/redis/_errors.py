@@ -11,7 +11,7 @@ import asyncio
 
 from redis.exceptions import AuthenticationError, AuthorizationError
 
-from .._errors import PurgatoryError
+from .._errors import PurgatoryError, TriggersClosedError
 
 __all__ = ["RedisTriggersClosedError", "RedisTriggersError", "connection_cause"]
 
@@ -20,8 +20,12 @@ class RedisTriggersError(PurgatoryError):
     """Redis could not be reached or refused the connection (message redacted)."""
 
 
-class RedisTriggersClosedError(RedisTriggersError, RuntimeError):
-    """Use of a RedisTriggers before ``async with`` or after ``aclose()``."""
+class RedisTriggersClosedError(RedisTriggersError, TriggersClosedError):
+    """Use of a RedisTriggers before ``async with`` or after ``aclose()``.
+
+    An :class:`aiopurgatory.TriggersClosedError` (so a ``RuntimeError``), as every
+    transport's.
+    """
 
 
 def connection_cause(exc: BaseException) -> str:

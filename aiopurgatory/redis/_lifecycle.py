@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ._connections import Connections
@@ -56,6 +56,8 @@ class Lifecycle:
         command_timeout: seconds the whole start may take.
         close_timeout: seconds closing waits for pending triggers to be sent.
         logger: the owner's bound logger.
+        checks: makes the coroutine of the configuration checks
+            (:mod:`._agreement`), run as a task beside the others; None for none.
     """
 
     def __init__(
@@ -69,7 +71,9 @@ class Lifecycle:
         command_timeout: float,
         close_timeout: float,
         logger: Any,
+        checks: Callable[[], Coroutine[Any, Any, None]] | None = None,
     ) -> None:
+        self._checks = checks
         self._id = instance
         self._connections = connections
         self._sender = sender
@@ -146,6 +150,8 @@ class Lifecycle:
         self._start_task(self._reader.run(), "read")
         if subscriber is not None:
             self._start_task(subscriber.run(connection), "sub")
+        if self._checks is not None:
+            self._start_task(self._checks(), "check")
         self._logger.info("aiopurgatory.redis.started", redis=self._connections.where)
 
     async def close(self) -> None:

@@ -290,6 +290,8 @@ class Sender:
         self._inflight_waiters: list[asyncio.Future[None]] = []
         self.inflight = 0
         self._canaries: list[tuple[bytes, bytes]] = []  # (channel, message) to publish
+        # Commands of others' (the configuration check's), with their replies' futures.
+        self._probes: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
         self.wakeup = asyncio.Event()
         self.published = 0
         self.publish_errors = 0
@@ -305,6 +307,14 @@ class Sender:
         for channel in [self._partitions.canary] if channels is None else channels:
             self._canaries.append((channel, message))
         self.wakeup.set()
+
+    def probe(self, command: tuple[Any, ...]) -> asyncio.Future[Any]:
+        """Send ``command`` with the next round trip; a future of its reply (an
+        error reply or a lost connection set as its exception)."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._probes.append((command, future))
+        self.wakeup.set()
+        return future
 
     def wait_sent(self) -> asyncio.Future[None]:
         """A future set when every trigger gathered so far has been sent."""
@@ -342,6 +352,9 @@ class Sender:
                         )
                 except CONNECTION_ERRORS:
                     pass  # a canary that is not sent is not received: the watchdog sees it
+            if self._probes:
+                probes, self._probes = self._probes, []
+                await self._run_probes(probes)
             while self.pending:
                 batch, self.pending = self.pending, Batch()
                 waiters, self._pending_waiters = self._pending_waiters, []
@@ -383,6 +396,21 @@ class Sender:
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(None)
+
+    async def _run_probes(self, probes: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
+        replies: list[Any]
+        try:
+            with CONNECTION_LOST:
+                replies = await self.link.execute(*[command for command, _ in probes])
+        except CONNECTION_ERRORS as exc:
+            replies = [exc] * len(probes)
+        for (_, future), reply in zip(probes, replies, strict=True):
+            if future.done():
+                continue
+            if isinstance(reply, BaseException):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
 
     def _commands(self, batch: Batch) -> list[tuple[Any, ...]]:
         if self._publish == b"PUBLISH":

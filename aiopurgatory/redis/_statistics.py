@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RedisTriggersStatistics"]
+__all__ = ["RedisTriggersStatistics", "SyncPublisherStatistics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,10 @@ class RedisTriggersStatistics:
             or a process watching nothing).
         deaf_detected: times the subscription was found connected but not
             delivering (its canary did not come back) and renewed.
+        mismatches: misconfigurations found between this instance and the
+            channel's subscribers (another channel, database, ``partitions`` or
+            wire version), each counted and logged once.
+        last_mismatch: the last of them, in words, or None.
     """
 
     channel: str
@@ -70,3 +74,52 @@ class RedisTriggersStatistics:
     read_errors: int = 0
     subscribed: int = 0
     deaf_detected: int = 0
+    mismatches: int = 0
+    last_mismatch: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPublisherStatistics:
+    """A snapshot of one SyncPublisher's counters (running totals since construction,
+    or since the fork that made this process).
+
+    Triggers are counted per call; kept triggers are coalesced (one entry per
+    key and kind), so ``delivered_late`` and ``dropped`` count entries, not calls.
+
+    Attributes:
+        channel: the Redis channel.
+        instance: this publisher's id (its messages carry it).
+        connected: the last attempt to reach Redis succeeded (True before any).
+        sent: calls sent at once, in the caller's thread.
+        kept: calls that returned with their trigger kept for delivery (Redis
+            could not be reached, or earlier triggers were still kept).
+        pending: triggers (distinct keys) kept now, not yet delivered.
+        delivered_late: kept triggers the delivery thread has delivered.
+        dropped: triggers not delivered: refused because ``max_pending`` were
+            kept (the call raised), refused by Redis when sent alone, or still
+            kept when ``close()`` gave up.
+        errors: attempts to reach Redis that failed (the callers' and the
+            delivery thread's).
+        outages: times Redis could not be reached after it could (or at the
+            start), each logged once.
+        last_error: the last error, as ``"Type: message"`` without any
+            password, or None.
+        mismatches: misconfigurations found between this publisher and the
+            channel's subscribers (another channel, database, ``partitions`` or
+            wire version), each counted and logged once.
+        last_mismatch: the last of them, in words, or None.
+    """
+
+    channel: str
+    instance: str
+    connected: bool
+    sent: int
+    kept: int
+    pending: int
+    delivered_late: int
+    dropped: int
+    errors: int
+    outages: int
+    last_error: str | None
+    mismatches: int = 0
+    last_mismatch: str | None = None

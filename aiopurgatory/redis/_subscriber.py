@@ -78,6 +78,8 @@ class Subscriber:
             (``record_error`` for a lost connection, ``record_bug`` for anything
             else; each returns the failure's redacted text).
         logger: the owner's bound logger.
+        config_channels: the channels that announce this subscriber's
+            configuration (:mod:`._agreement`), subscribed with the others.
     """
 
     def __init__(
@@ -95,8 +97,10 @@ class Subscriber:
         sweep_interval: float,
         connections: Connections,
         logger: Any,
+        config_channels: list[bytes] | None = None,
     ) -> None:
         self._id = instance
+        self._config_channels = config_channels or []
         self._purgatory = purgatory
         self._partitions = partitions
         self._new_connection = new_connection
@@ -307,6 +311,7 @@ class Subscriber:
         partitions = self._partitions
         wanted = list(self._wanted)
         channels = [partitions.control, partitions.canary]
+        channels += self._config_channels  # the configuration announced (_agreement)
         channels += [partitions.channels[n] for n in wanted]
         try:
             try:

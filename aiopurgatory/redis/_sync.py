@@ -9,35 +9,51 @@ atomic max, refresh its TTL, publish; one round trip), so the two kinds of
 publisher can advance one key side by side and the stored watermark is still the
 highest value either sent.
 
-Nothing is batched or sent in the background: each call is one command, and it
+Each call is one command sent from the calling thread while Redis answers: it
 has reached Redis (the watermark stored, the message published) when it
-returns, or it raises. redis-py's client is thread-safe (a connection pool: one
-connection per thread that is sending at that moment), so one publisher serves
-every thread of a process.
+returns. When Redis cannot be reached (restarting, failing over, a network
+blip), the trigger is kept in a bounded outbox and delivered by a background
+thread when Redis is back (:mod:`._outbox`): a call does not raise for a blip.
+redis-py's client is thread-safe (a connection pool: one connection per thread
+that is sending at that moment), so one publisher serves every thread of a
+process; a forked child (a Celery prefork worker) may use its parent's.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Final, Self, TypeVar
+from typing import Any, Final, Self, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.retry import Retry
 
+from .._logging import LazyLogger
+from .._validation import as_seconds
+from ._agreement import DEFAULT_CHECK_INTERVAL, Agreement, Config, check_once
 from ._cluster import CLUSTER_SCHEMES, credentials, parse_cluster_url
 from ._errors import RedisTriggersClosedError, RedisTriggersError, connection_cause
 from ._options import check_channel, new_instance, positive_seconds
+from ._outbox import DEFAULT_MAX_PENDING, Outbox
 from ._partitions import DEFAULT_PARTITIONS, Partitions, check_partitions
-from ._publisher import ADVANCE_SCRIPT
+from ._publisher import (
+    ADVANCE_SCRIPT,
+    BATCH_SCRIPT,
+    MAX_SCRIPT_TRIGGERS,
+    batch_command,
+    publish_commands,
+)
 from ._redact import Redactor, describe_client, describe_url, url_password
+from ._statistics import SyncPublisherStatistics
 from ._topology import SentinelURL, is_sentinel_url, parse_sentinel_url
-from ._wire import Batch, Key, Value, check_key, check_value, encode, stored
+from ._wire import VERSION, Batch, Key, Value, check_key, check_value, encode, stored
 
 _Parsed = TypeVar("_Parsed")
 
@@ -47,7 +63,7 @@ __all__ = ["SyncPublisher"]
 _DEFAULT_TIMEOUT: Final = 5.0
 
 # Errors that mean Redis could not be reached or refused the command.
-_REDIS_ERRORS: Final = (RedisError, OSError)
+_REDIS_ERRORS: Final = (RedisError, RedisClusterException, OSError)
 
 
 def _sentinel_client(
@@ -82,6 +98,14 @@ def _sentinel_client(
     return client, list(sentinel.sentinels)
 
 
+def _wait_seconds(value: object) -> float:
+    """A ``timeout`` argument of flush() or close(): finite seconds, zero or more."""
+    seconds = as_seconds(value, "timeout")
+    if seconds < 0:
+        raise ValueError(f"timeout must not be negative, got {value!r}")
+    return seconds
+
+
 def _cause(exc: BaseException) -> str:
     """A short name for why a command failed, for the one-line error."""
     cause = connection_cause(exc)
@@ -99,24 +123,44 @@ class SyncPublisher:
     :class:`RedisTriggers` subscribed to the channel applies them to its
     purgatory, and a subscriber that was disconnected reads the stored
     watermarks when it reconnects, exactly as for triggers sent by
-    ``RedisTriggers`` itself (same channel, message format and script).
+    ``RedisTriggers`` itself (same channel, message format and scripts).
 
-    Each call has reached Redis when it returns: it is one round trip, made in
-    the calling thread (no background thread, no batching), and it raises
-    :class:`RedisTriggersError` if Redis cannot be reached in time. Safe to
-    share between threads (redis-py's connection pool lends each thread its own
-    connection while it sends). Usable at once after construction (it connects
-    on the first call); ``with SyncPublisher(...) as publisher:`` checks the
+    While Redis answers, each call is one round trip made in the calling
+    thread, and has reached Redis when it returns. When a call meets a
+    transient failure (Redis unreachable, restarting, loading, a failover's
+    ``READONLY``, a timeout), the trigger is *kept* (coalesced: one entry per
+    key, the highest value of its advances; at most ``max_pending``) and the
+    call returns without raising; a daemon thread delivers what is kept when
+    Redis answers again, within ``reconnect_delay[1]`` seconds plus a round
+    trip, through the same scripts. While anything is kept, later calls join it
+    (nothing overtakes what was kept): during the outage they return at once.
+    An outage is logged once when it starts and once when it ends, and counted
+    in :meth:`statistics`. :meth:`flush` waits for the delivery; :meth:`close`
+    delivers within a bound and returns how many triggers it could not deliver.
+
+    Not kept, raised: a wrong password or missing permission before the
+    publisher ever reached Redis (a misconfiguration; after it has worked, a
+    rotated password is an outage like any other), a command Redis refuses
+    (such as a non-string value under a watermark key), and a trigger that does
+    not fit in ``max_pending``.
+
+    Safe to share between threads (redis-py's connection pool lends each thread
+    its own connection while it sends) and across ``fork()``: a child process
+    (a Celery prefork worker, a gunicorn worker) that inherits a publisher
+    uses it as its own, with new connections, an empty outbox and its own
+    delivery thread. Usable at once after construction (it connects on the
+    first call); ``with SyncPublisher(...) as publisher:`` checks the
     connection on entering and closes on leaving.
 
     Timeouts (a URL's client): connecting and each reply may take up to
     ``timeout`` seconds (default 5). A connection that breaks (a Redis
     restarted since the last call) is replaced and the command sent once more
     at once (triggers are idempotent: a watermark only rises, a check twice is
-    harmless); a timeout is not retried. So a call against a Redis that is down
-    fails within about ``2 * timeout`` (at once when the port refuses), and one
-    against a Redis that hangs within about ``timeout``. A client passed in
-    keeps its own timeouts and retries.
+    harmless); a timeout is not retried. So the call that finds Redis down
+    returns (its trigger kept) within about ``2 * timeout`` (at once when the
+    port refuses), and the one that finds it hung within about ``timeout``;
+    the calls after it return at once. A client passed in keeps its own
+    timeouts and retries.
 
     Args:
         url_or_client: a Redis URL (``redis://[[user]:password@]host[:port][/db]``,
@@ -135,11 +179,28 @@ class SyncPublisher:
             (default 5).
         partitions: the number of partition channels, as the subscribing
             ``RedisTriggers``' option of that name (default 16,384).
+        max_pending: the most triggers (distinct keys) kept while Redis cannot
+            be reached (default 10,000); a trigger beyond it raises.
+        reconnect_delay: the first and the longest wait between two delivery
+            attempts of what is kept, in seconds (default 0.1 and 2); each
+            wait is drawn between half and all of ``min(longest, first * 2**attempt)``.
+        close_timeout: seconds :meth:`close` (and the interpreter's exit) waits
+            for kept triggers to be delivered (default 5).
+        config_check_interval: at most how often (seconds, default 5) a call
+            that reached Redis starts a check, in a thread of its own, that the
+            channel's subscribers agree with this publisher on the Redis
+            database, ``partitions`` and wire version, and that someone
+            subscribes to the channel at all (one ``PUBSUB NUMSUB``, or
+            ``SHARDNUMSUB`` on a cluster). A mismatch is logged once
+            (``aiopurgatory.redis.misconfigured``) and counted in
+            :meth:`statistics` (``mismatches``).
+        logger: a structlog-compatible logger (default: the library's).
 
     Raises:
         TypeError: an argument has the wrong type (an asyncio client, say).
         ValueError: an unusable URL, an empty channel, a duration that is not
-            positive and finite, ``partitions`` not from 1 to 16,384.
+            positive and finite, ``partitions`` not from 1 to 16,384,
+            ``max_pending`` below 1.
     """
 
     def __init__(
@@ -150,11 +211,33 @@ class SyncPublisher:
         watermark_ttl: float = 86_400.0,
         timeout: float = _DEFAULT_TIMEOUT,
         partitions: int = DEFAULT_PARTITIONS,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        reconnect_delay: tuple[float, float] = (0.1, 2.0),
+        close_timeout: float = 5.0,
+        config_check_interval: float = DEFAULT_CHECK_INTERVAL,
+        logger: Any | None = None,
     ) -> None:
         channel = check_channel(channel)
         ttl = positive_seconds(watermark_ttl, "watermark_ttl")
         wait = positive_seconds(timeout, "timeout")
         partition_count = check_partitions(partitions)
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int):
+            raise TypeError(f"max_pending must be an int, got {type(max_pending).__name__}")
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be at least 1, got {max_pending!r}")
+        if not isinstance(reconnect_delay, tuple) or len(reconnect_delay) != 2:
+            raise TypeError("reconnect_delay must be a tuple (first, longest) of seconds")
+        first = positive_seconds(reconnect_delay[0], "reconnect_delay[0]")
+        longest = positive_seconds(reconnect_delay[1], "reconnect_delay[1]")
+        if longest < first:
+            raise ValueError(f"reconnect_delay must be (first, longest), got {reconnect_delay!r}")
+        close_wait = positive_seconds(close_timeout, "close_timeout")
+        check_every = positive_seconds(config_check_interval, "config_check_interval")
+        if logger is not None and not callable(getattr(logger, "bind", None)):
+            raise TypeError(
+                f"logger must be a structlog-compatible logger (with bind()), "
+                f"got {type(logger).__name__}"
+            )
 
         self._id = new_instance()
         self._sentinels: list[redis.Redis] = []  # a Sentinel URL's, closed with the client
@@ -236,12 +319,49 @@ class SyncPublisher:
             )
         self._client = client
         self._script = client.register_script(ADVANCE_SCRIPT)
+        self._batch_script = client.register_script(BATCH_SCRIPT)
         self._channel = channel
         self._partitions = Partitions(channel, partition_count, self._id)
         self._ttl_ms = str(max(1, round(ttl * 1000))).encode("ascii")
         self._timeout = wait
+        self._close_timeout = close_wait
         self._closed = False
         self._close_lock = threading.Lock()
+        base_logger = LazyLogger() if logger is None else logger
+        self._logger: Any = base_logger.bind(channel=channel, instance=self._id)
+        self._outbox_name = f"aiopurgatory-syncpub-{self._id}"
+        self._outbox = Outbox(
+            self._send_batch,
+            error_text=self._redactor.error,
+            raise_for=self._error,
+            max_pending=max_pending,
+            reconnect_delay=(first, longest),
+            # A call that joined a delivery waits for it: one attempt, which
+            # a hung Redis ends after its timeout (twice: connect, then reply).
+            wait_bound=2 * wait + 1.0,
+            close_timeout=close_wait,
+            name=self._outbox_name,
+            logger=self._logger,
+        )
+        # Checked against the channel's subscribers now and then (_agreement).
+        cluster = isinstance(client, RedisCluster)
+        db = (
+            0
+            if isinstance(client, RedisCluster)
+            else int(client.connection_pool.connection_kwargs.get("db") or 0)
+        )
+        self._agreement = Agreement(
+            channel,
+            self._partitions.control,
+            Config(VERSION, partition_count, db),
+            role="publisher",
+            cluster=cluster,
+        )
+        self._check_every = check_every
+        self._next_check = 0.0  # time.monotonic() of the next check
+        self._checking = False
+        self._checks_off = False
+        self._pid = os.getpid()
 
     @property
     def channel(self) -> str:
@@ -266,7 +386,9 @@ class SyncPublisher:
         """Raise ``key``'s watermark to ``value`` in Redis and in every subscribed process.
 
         A value at or below the stored watermark leaves it (and its waiters)
-        as they are; the trigger is still published.
+        as they are; the trigger is still published. Returns once Redis has
+        the advance, or, while Redis cannot be reached, once it is kept for
+        delivery (see the class documentation).
 
         Args:
             key: a str, bytes or int.
@@ -278,63 +400,130 @@ class SyncPublisher:
                 (``bool`` included); nothing is sent.
             ValueError: ``value`` is NaN, infinite, or an int beyond +-2**53.
             RedisTriggersClosedError: after ``close()``.
-            RedisTriggersError: Redis could not be reached, timed out or
-                refused (message without any password); the watermark may or
-                may not have been stored (sending it again is harmless).
+            RedisTriggersError: not kept: ``max_pending`` triggers are kept
+                already, the credentials were refused before the publisher
+                ever reached Redis, or Redis refused the command (message
+                without any password).
         """
         key = check_key(key)
         value = check_value(value)
         self._check_open()
-        batch = Batch()
-        batch.advance(key, value)
-        message = encode(self._id, batch)
-        partitions = self._partitions
-        self._call(
-            self._script,
-            keys=[partitions.stored_key(key)],
-            args=[self._ttl_ms, self._publish, partitions.channel(key), message, stored(value)],
-        )
+        outbox = self._outbox
+        if outbox.join(key, value):
+            return
+        failure = self._attempt(self._send_advance, key, value)
+        if failure is None:
+            outbox.sent_now()
+            self._maybe_check()
+        else:
+            outbox.keep(failure, key, value)
 
     def check_and_complete(self, key: Key) -> None:
         """Have every subscribed process check ``key``'s watchers.
+
+        Returns once Redis has published the check, or, while Redis cannot be
+        reached, once it is kept for delivery.
 
         Raises:
             TypeError: ``key`` is not a str, bytes or int (bool is refused too);
                 nothing is sent.
             RedisTriggersClosedError: after ``close()``.
-            RedisTriggersError: Redis could not be reached, timed out or refused.
+            RedisTriggersError: not kept (as :meth:`advance`).
         """
         key = check_key(key)
         self._check_open()
-        batch = Batch()
-        batch.check(key)
-        publish = self._client.spublish if self._publish == b"SPUBLISH" else self._client.publish
-        self._call(publish, self._partitions.channel(key), encode(self._id, batch))
+        outbox = self._outbox
+        if outbox.join(key, None):
+            return
+        failure = self._attempt(self._send_check, key)
+        if failure is None:
+            outbox.sent_now()
+            self._maybe_check()
+        else:
+            outbox.keep(failure, key, None)
 
     def ping(self) -> None:
-        """Check that Redis answers (one PING).
+        """Check that Redis answers (one PING, in the calling thread; never kept).
 
         Raises:
             RedisTriggersClosedError: after ``close()``.
             RedisTriggersError: Redis could not be reached, timed out or refused.
         """
         self._check_open()
-        self._call(self._client.ping)
+        failure = self._attempt(self._client.ping)
+        if failure is not None:
+            error = self._error(failure)
+            failure = None
+            raise error
 
-    def close(self) -> None:
-        """Close the connections of a client made from a URL (a client passed in stays open).
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait until every kept trigger is delivered, or ``timeout`` seconds.
 
-        Idempotent; later calls raise :class:`RedisTriggersClosedError`. Calls
-        already sending when it is called finish or fail as they would.
+        Asks the delivery thread to try at once (not after its backoff).
+
+        Args:
+            timeout: seconds to wait at most (None: as long as it takes).
+
+        Returns:
+            How many triggers (distinct keys) are still kept: 0 when everything
+            was delivered (at once when nothing is kept).
+
+        Raises:
+            ValueError: ``timeout`` is negative or not finite.
         """
+        return self._outbox.flush(None if timeout is None else _wait_seconds(timeout))
+
+    def close(self, timeout: float | None = None) -> int:
+        """Deliver what is kept (up to ``timeout`` seconds), stop, close the connections.
+
+        The connections of a client made from a URL are closed (a client passed
+        in stays open). Idempotent; later calls raise
+        :class:`RedisTriggersClosedError`. Calls already sending when it is
+        called finish or fail as they would.
+
+        Args:
+            timeout: seconds to wait for the delivery of kept triggers (default:
+                the ``close_timeout`` given to the constructor).
+
+        Returns:
+            How many kept triggers were not delivered (0 when none was kept, or
+            all were delivered; 0 on a second call). They are also counted in
+            ``statistics().dropped`` and logged
+            (``aiopurgatory.redis.publisher_dropped``), never dropped silently.
+
+        Raises:
+            ValueError: ``timeout`` is negative or not finite.
+        """
+        wait = self._close_timeout if timeout is None else _wait_seconds(timeout)
         with self._close_lock:
             if self._closed:
-                return
+                return 0
             self._closed = True
+        left = self._outbox.close(wait)
         if self._owns_client:
             self._client.close()
             for sentinel in self._sentinels:
                 sentinel.close()
+        return left
+
+    def statistics(self) -> SyncPublisherStatistics:
+        """A snapshot of the counters (see :class:`SyncPublisherStatistics`)."""
+        outbox = self._outbox
+        return SyncPublisherStatistics(
+            channel=self._channel,
+            instance=self._id,
+            connected=outbox.connected,
+            sent=outbox.sent,
+            kept=outbox.kept,
+            pending=outbox.pending,
+            delivered_late=outbox.delivered_late,
+            dropped=outbox.dropped,
+            errors=outbox.errors,
+            outages=outbox.outages,
+            last_error=outbox.last_error,
+            mismatches=self._agreement.mismatches,
+            last_mismatch=self._agreement.last_mismatch,
+        )
 
     def __enter__(self) -> Self:
         self.ping()
@@ -363,18 +552,109 @@ class SyncPublisher:
         if self._closed:
             raise RedisTriggersClosedError("SyncPublisher is closed")
 
-    def _call(self, command: Callable[..., object], *args: object, **kwargs: object) -> None:
-        failure: BaseException | None = None
+    def _maybe_check(self) -> None:
+        """Start a configuration check in a thread of its own if one is due (at
+        most one at a time; the calling thread never waits for it)."""
+        if self._checks_off:
+            return
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        if os.getpid() != self._pid:  # a forked child: the parent's check is not ours
+            self._pid = os.getpid()
+            self._checking = False
+        with self._close_lock:
+            if self._checking or now < self._next_check or self._closed:
+                return
+            self._checking = True
+            self._next_check = now + self._check_every
+        threading.Thread(
+            target=self._check,
+            args=(self._agreement,),
+            name=f"{self._outbox_name}-check",
+            daemon=True,
+        ).start()
+
+    def _check(self, agreement: Agreement) -> None:
         try:
-            command(*args, **kwargs)
+            if not check_once(agreement, self._execute, self._logger):
+                self._checks_off = True  # PUBSUB refused (an ACL): no more checks
+        except _REDIS_ERRORS:
+            pass  # Redis is away: the calls see it; the next check will tell
+        except Exception as exc:
+            # redis-py's client closed under the check (close() raced it) fails
+            # with anything; otherwise it is a bug: loud, never ending a thread
+            # with a traceback of its own.
+            if not self._closed:
+                self._logger.error(
+                    "aiopurgatory.redis.config_check_failed", error=self._redactor.error(exc)
+                )
+        finally:
+            self._checking = False
+
+    def _execute(self, command: tuple[Any, ...]) -> Any:
+        client = self._client
+        if isinstance(client, RedisCluster):
+            # A shard channel's count or list: on the node of its slot.
+            node = client.get_node_from_key(command[2])  # type: ignore[no-untyped-call]
+            return client.execute_command(*command, target_nodes=node)  # type: ignore[no-untyped-call]
+        return client.execute_command(*command)  # type: ignore[no-untyped-call]
+
+    def _attempt(self, command: Callable[..., object], *args: object) -> BaseException | None:
+        """Run ``command``; the error it met, or None."""
+        try:
+            command(*args)
         except _REDIS_ERRORS as exc:
-            failure = exc
-        if failure is not None:
-            # Raised outside the except block: no chained redis-py exception
-            # (whose text we do not control) travels with ours.
-            message = (
-                f"cannot publish to Redis at {self._where}: {_cause(failure)} "
-                f"({self._redactor.error(failure)})"
-            )
-            failure = None
-            raise RedisTriggersError(message)
+            return exc
+        return None
+
+    def _error(self, failure: BaseException) -> RedisTriggersError:
+        """The one-line error a caller gets for ``failure`` (no password in it)."""
+        return RedisTriggersError(
+            f"cannot publish to Redis at {self._where}: {_cause(failure)} "
+            f"({self._redactor.error(failure)})"
+        )
+
+    def _send_advance(self, key: Key, value: Value) -> None:
+        batch = Batch()
+        batch.advance(key, value)
+        partitions = self._partitions
+        self._script(
+            keys=[partitions.stored_key(key)],
+            args=[
+                self._ttl_ms,
+                self._publish,
+                partitions.channel(key),
+                encode(self._id, batch),
+                stored(value),
+            ],
+        )
+
+    def _send_check(self, key: Key) -> None:
+        batch = Batch()
+        batch.check(key)
+        self._client.execute_command(  # type: ignore[no-untyped-call]
+            self._publish.decode(), self._partitions.channel(key), encode(self._id, batch)
+        )
+
+    def _send_batch(self, batch: Batch) -> None:
+        """Send ``batch`` (the delivery thread's): on one server one call of the
+        batch script per :data:`MAX_SCRIPT_TRIGGERS`; on a cluster, per partition."""
+        if self._publish == b"PUBLISH":
+            for part in batch.split(MAX_SCRIPT_TRIGGERS):
+                command = batch_command(
+                    self._id, part, self._partitions, self._ttl_ms, self._publish
+                )
+                count = command[2]
+                self._batch_script(keys=command[3 : 3 + count], args=command[3 + count :])
+            return
+        for command in publish_commands(
+            self._id, batch, self._partitions, self._ttl_ms, self._publish
+        ):
+            if command[0] == "EVALSHA":
+                count = command[2]
+                self._script(keys=command[3 : 3 + count], args=command[3 + count :])
+            else:
+                self._client.execute_command(  # type: ignore[no-untyped-call]
+                    command[0].decode(), *command[1:]
+                )

@@ -44,6 +44,7 @@ from .._detect import current_backend
 from .._logging import LazyLogger
 from .._operation import Outcome
 from .._purgatory import Purgatory
+from ._agreement import DEFAULT_CHECK_INTERVAL, Agreement, Config, announced, keep_checking
 from ._connections import Connections
 from ._errors import RedisTriggersClosedError, RedisTriggersError
 from ._lifecycle import Lifecycle, State
@@ -53,9 +54,39 @@ from ._publisher import Sender
 from ._reader import WatermarkReader
 from ._statistics import RedisTriggersStatistics
 from ._subscriber import Subscriber
-from ._wire import Key, Value, check_key, check_value
+from ._wire import VERSION, Key, Value, check_key, check_value
 
-__all__ = ["RedisTriggers"]
+__all__ = ["RedisTriggers", "refuse_virtual_time"]
+
+
+def refuse_virtual_time() -> None:
+    """RuntimeError if the running loop is a virtual-time loop (aiopurgatory.simulation).
+
+    Redis, its connections and every timeout of this package run in real time: on
+    a virtual clock a timeout fires as soon as the loop is idle (a healthy Redis
+    "timed out") or a reply is awaited while timers jump ahead.
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    from ..simulation import VirtualTimeLoop
+
+    if isinstance(loop, VirtualTimeLoop):
+        raise RuntimeError(
+            "aiopurgatory.redis.RedisTriggers cannot run on a virtual-time loop "
+            "(aiopurgatory.simulation.VirtualTimeLoop): Redis and its timeouts are in "
+            "real time, so on a virtual clock they fire at once or never. Hand the code "
+            "under test aiopurgatory.LocalTriggers instead: the same aiopurgatory.Triggers "
+            "interface, in memory, on virtual time."
+        )
+
+
+def _timeout_of(op: Any) -> float:
+    """``op``'s timeout in seconds (infinite for what is not an operation: the
+    purgatory refuses it with its own message)."""
+    timeout = getattr(op, "timeout", None)
+    return timeout if isinstance(timeout, int | float) else float("inf")
 
 
 class RedisTriggers:
@@ -130,13 +161,27 @@ class RedisTriggers:
             through :meth:`watch`, has its partition subscribed within that
             long (and is then checked once, so no trigger is lost), and idle
             partitions are released.
+        config_check_interval: seconds between two checks that the channel's
+            subscribers agree with this instance on the Redis database,
+            ``partitions`` and wire version, and that someone subscribes to the
+            channel at all (default 5; one ``PUBSUB NUMSUB``, or
+            ``SHARDNUMSUB`` on a cluster, each). A mismatch is logged once
+            (``aiopurgatory.redis.misconfigured``) and counted in
+            :meth:`statistics` (``mismatches``).
+        catch_up_grace: seconds (default 0.1, at most ``command_timeout``): a
+            :meth:`watch` of an operation whose timeout is shorter reads the
+            stored watermarks of its keys *before* watching, waiting at most
+            this long for the read, so that ``timeout=0`` sees stored state.
         logger: a structlog-compatible logger (default: the library's).
 
     Raises:
         TypeError: an argument has the wrong type.
         ValueError: a duration is not positive and finite; an empty channel;
             ``partitions`` not from 1 to 16,384.
-        RuntimeError: constructed under trio.
+        RuntimeError: constructed under trio, or in a running virtual-time loop
+            (:class:`aiopurgatory.simulation.VirtualTimeLoop`: Redis and its
+            timeouts run in real time; tests on virtual time use
+            :class:`aiopurgatory.LocalTriggers`, the same interface in memory).
     """
 
     def __init__(
@@ -153,8 +198,11 @@ class RedisTriggers:
         partitions: int = DEFAULT_PARTITIONS,
         linger: float = 5.0,
         sweep_interval: float = 0.25,
+        catch_up_grace: float = 0.1,
+        config_check_interval: float = DEFAULT_CHECK_INTERVAL,
         logger: Any | None = None,
     ) -> None:
+        refuse_virtual_time()
         if current_backend() == "trio":
             raise RuntimeError(
                 "aiopurgatory.redis.RedisTriggers needs an asyncio event loop (asyncio or "
@@ -180,6 +228,8 @@ class RedisTriggers:
         partition_count = check_partitions(partitions)
         linger_for = positive_seconds(linger, "linger")
         sweep_every = positive_seconds(sweep_interval, "sweep_interval")
+        grace = positive_seconds(catch_up_grace, "catch_up_grace")
+        check_every = positive_seconds(config_check_interval, "config_check_interval")
         if logger is not None and not callable(getattr(logger, "bind", None)):
             raise TypeError(
                 f"logger must be a structlog-compatible logger (with bind()), "
@@ -201,6 +251,16 @@ class RedisTriggers:
         self._partitions = Partitions(channel, partition_count, self._id)
         base_logger = LazyLogger() if logger is None else logger
         self._logger: Any = base_logger.bind(channel=channel, instance=self._id)
+        # Checked against the channel's subscribers, and announced to the others
+        # (_agreement).
+        config = Config(VERSION, partition_count, connections.db or 0)
+        self._agreement = Agreement(
+            channel,
+            self._partitions.control,
+            config,
+            role="publisher" if purgatory is None else "process",
+            cluster=connections.cluster,
+        )
         # The library's own connections, one per job, none shared with the
         # application: the sender's, the reader's, and the subscriber's.
         self._sender = Sender(
@@ -236,8 +296,12 @@ class RedisTriggers:
                 sweep_interval=sweep_every,
                 connections=connections,
                 logger=self._logger,
+                config_channels=announced(
+                    self._partitions.control, config, cluster=connections.cluster
+                ),
             )
         )
+        agreement = self._agreement
         self._lifecycle = Lifecycle(
             self._id,
             connections,
@@ -247,8 +311,18 @@ class RedisTriggers:
             command_timeout=call_timeout,
             close_timeout=close_wait,
             logger=self._logger,
+            checks=lambda: keep_checking(
+                agreement,
+                self._sender.probe,
+                interval=check_every,
+                bound=call_timeout,
+                logger=self._logger,
+            ),
         )
         self._triggers = 0
+        # A watch of an op shorter than this reads first (see watch()); the read
+        # waits this long at most, and never longer than any call to Redis may.
+        self._grace = min(grace, call_timeout)
 
     # -- public API ------------------------------------------------------------------
 
@@ -396,6 +470,16 @@ class RedisTriggers:
         the caller past the op's own timeout. A read that fails is retried
         (counted in ``read_errors``) until it succeeds or the op has ended.
 
+        An operation whose timeout is shorter than ``catch_up_grace`` (0.1 s
+        by default; ``timeout=0``, "tell me now", included) would expire before
+        that read returns. For it the stored watermarks are read *first*
+        (batched with the other reads of the loop iteration), then it is
+        watched and the purgatory advanced to them at once, so a condition
+        that stored state already meets completes it whatever its timeout.
+        That read waits at most ``catch_up_grace``: on a hung Redis such a
+        watch takes that long plus the op's timeout (the one place where the
+        caller is held past it), then ends as the op does.
+
         Returns:
             ``Outcome.COMPLETED``, ``EXPIRED`` or ``CANCELLED``, as ``Purgatory.watch``.
 
@@ -418,8 +502,22 @@ class RedisTriggers:
         else:
             keys = list(keys)  # it is read twice
             wire = [check_key(key) for key in keys]
+        stored: list[tuple[Key, Value]] = []
+        if wire and _timeout_of(op) < self._grace:
+            try:
+                stored = await self._read_first(wire)
+            except asyncio.CancelledError:
+                op.cancel()
+                raise
+            self._lifecycle.check_running()
         if purgatory.try_complete_else_watch(op, keys):
             return Outcome.COMPLETED
+        if stored:
+            completed = 0
+            advance = purgatory.advance
+            for key, value in stored:
+                completed += advance(key, value)
+            self._reader.completed += completed
         assert self._subscriber is not None  # there is a purgatory
         # Subscribed first (if its partition is not yet), read next.
         self._subscriber.need(wire)
@@ -429,6 +527,28 @@ class RedisTriggers:
             op.cancel()
             raise
         return outcome
+
+    async def _read_first(self, keys: list[Key]) -> list[tuple[Key, Value]]:
+        """The stored watermarks of ``keys`` (those that have one), read within the
+        grace; nothing if the read fails or takes longer (the read after the
+        watch is the one that retries)."""
+        fetch = self._reader.fetch
+        reads = [fetch(key) for key in dict.fromkeys(keys)]
+        try:
+            async with asyncio.timeout(self._grace):
+                values = await asyncio.gather(*reads)
+        except (TimeoutError, Exception):
+            for read in reads:
+                if read.done() and not read.cancelled():
+                    read.exception()  # retrieved: a failed read is counted by the reader
+                else:
+                    read.cancel()
+            return []
+        return [
+            (key, value)
+            for key, value in zip(dict.fromkeys(keys), values, strict=True)
+            if value is not None
+        ]
 
     def statistics(self) -> RedisTriggersStatistics:
         """A snapshot of the counters (see :class:`RedisTriggersStatistics`)."""
@@ -457,9 +577,12 @@ class RedisTriggers:
             read_errors=reader.read_errors,
             subscribed=0 if sub is None else sub.subscribed,
             deaf_detected=0 if sub is None else sub.deaf_detected,
+            mismatches=self._agreement.mismatches,
+            last_mismatch=self._agreement.last_mismatch,
         )
 
     async def __aenter__(self) -> Self:
+        refuse_virtual_time()
         if current_backend() == "trio":
             raise RuntimeError("aiopurgatory.redis.RedisTriggers needs an asyncio event loop")
         await self._lifecycle.start()

@@ -1,5 +1,5 @@
 """Command line: ``python -m examples.longpoll [--port 8080] [--waiter purgatory|asyncio]
-[--redis URL [--workers N]]``.
+[--redis URL [--workers N]] [--otel console]``.
 
 Serves until SIGTERM or SIGINT, then stops accepting connections, answers every
 parked GET with what its topic holds, lets the responses go out and exits 0.
@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import structlog
 import uvicorn
@@ -26,7 +27,7 @@ import uvicorn
 from .app import create_app
 from .feed import Feed, Settings
 from .protocol import bounded_protocol
-from .waiters import WAITERS, Waiter, make_waiter
+from .waiters import WAITERS, PurgatoryWaiter, Waiter, make_waiter
 
 __all__ = ["REDIS_ENV", "LongPollServer", "build_parser", "listen", "main", "serve"]
 
@@ -182,6 +183,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="gc.set_threshold for the server, after gc.freeze() at start; "
         "'python' keeps Python's own (%(default)s)",
     )
+    p.add_argument(
+        "--otel",
+        choices=("console",),
+        default=None,
+        help="OpenTelemetry traces: console writes a span per request and per parked "
+        "GET's wait (linked to the POST that woke it) to stdout, one JSON line each; "
+        "needs opentelemetry-sdk (default: off)",
+    )
     # A worker of --workers N: bind with SO_REUSEPORT beside its siblings.
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     # A worker of --workers N: the supervisor's pid; the worker ends when it does.
@@ -296,11 +305,23 @@ async def serve(
         waiter = RedisWaiter(redis_url, prefix=args.redis_prefix, replicas=args.redis_replicas)
     app = create_app(settings, waiter)
     feed: Feed = app.state.feed
+    served: Any = app
+    provider: Any = None
+    tracing: Any = None
+    if args.otel is not None:
+        from aiopurgatory.tracing import trace_waits
+
+        from .tracing import TraceRequests, console_tracing
+
+        provider = console_tracing()
+        served = TraceRequests(app, provider.get_tracer("examples.longpoll"))
+        if isinstance(waiter, PurgatoryWaiter):  # the asyncio waiter has no purgatory
+            tracing = trace_waits(waiter.purgatory, tracer_provider=provider)
     if sock is None:
         sock = listen(args.host, args.port, args.backlog, reuse_port=args.reuse_port)
     port = sock.getsockname()[1]
     config = uvicorn.Config(
-        app,
+        served,
         http=bounded_protocol(args.header_timeout, args.max_header_bytes, app.state.refused_heads),
         log_config=None,
         access_log=False,
@@ -343,6 +364,10 @@ async def serve(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if tracing is not None:
+            tracing.close()
+        if provider is not None:
+            provider.shutdown()  # writes the spans the batch processor holds
     log.info(
         "longpoll.stopped",
         answers=feed.answers,
@@ -409,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"port must be in [0, 65535], got {args.port}")
         bounded_protocol(args.header_timeout, args.max_header_bytes, {})  # checks them
         loop_name, factory = loop_factory(args.loop)
+        if args.otel is not None:
+            from . import tracing  # noqa: F401 - ImportError: the SDK is missing
     except (TypeError, ValueError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

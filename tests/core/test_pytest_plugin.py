@@ -217,19 +217,28 @@ def test_bad_marker_arguments_are_a_usage_error(pytester: pytest.Pytester) -> No
 
 def _docs_test_file(name: str) -> str:
     """The ```python block marked ``<!-- pytest: NAME -->`` in docs/howto/testing.md."""
+    return _docs_block("pytest", name, "python")
+
+
+def _docs_block(kind: str, name: str, language: str) -> str:
+    """The ```LANGUAGE block marked ``<!-- KIND: NAME -->`` in docs/howto/testing.md."""
     page = (Path(__file__).resolve().parents[2] / "docs" / "howto" / "testing.md").read_text()
-    match = re.search(rf"<!-- pytest: {name} -->\n```python\n(.*?)^```$", page, re.S | re.M)
-    assert match is not None, f"no snippet {name} in testing.md"
+    pattern = rf"<!-- {kind}: {name} -->\n```{language}\n(.*?)^```$"
+    match = re.search(pattern, page, re.S | re.M)
+    assert match is not None, f"no {kind} block {name} in testing.md"
     return match[1]
 
 
-@pytest.mark.parametrize(("snippet", "tests"), [("testing-howto", 3), ("testing-howto-fixture", 1)])
+@pytest.mark.parametrize(
+    ("snippet", "tests"),
+    [("testing-howto", 3), ("testing-howto-fixture", 1), ("testing-howto-triggers", 2)],
+)
 def test_the_how_to_pages_tests_pass_as_shown(
     pytester: pytest.Pytester, snippet: str, tests: int
 ) -> None:
-    # As in a user's project: its own configuration file, pytest-asyncio in its
-    # default (strict) mode, nothing passed on the command line but -W error.
-    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    # As in a user's project: the configuration the page gives, pytest-asyncio in
+    # its default (strict) mode, nothing passed on the command line but -W error.
+    pytester.makepyprojecttoml(_docs_block("pytest-config", "testing-howto", "toml"))
     pytester.makepyfile(test_from_docs=_docs_test_file(snippet))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error")
     result.assert_outcomes(passed=tests)

@@ -104,6 +104,7 @@ PUBLIC_MODULES = [
     "aiopurgatory.asgi",
     "aiopurgatory.metrics.prometheus",
     "aiopurgatory.metrics.otel",
+    "aiopurgatory.tracing",
     "aiopurgatory.redis",
     "aiopurgatory.redis.testing",
 ]

@@ -29,7 +29,9 @@ pytestmark = [pytest.mark.realtime, pytest.mark.timeout(180)]
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "howto" / "web-frameworks.md"
-_FILE = re.compile(r"<!-- file: (?P<name>[\w.]+) -->\n```python\n(?P<body>.*?)^```$", re.S | re.M)
+_FILE = re.compile(
+    r"<!-- file: (?P<name>[\w.]+) -->\n```(?:python|json)\n(?P<body>.*?)^```$", re.S | re.M
+)
 
 
 def programs() -> dict[str, str]:
@@ -50,6 +52,7 @@ def test_the_page_has_its_programs() -> None:
         "jobs_fastapi.py",
         "jobs_redis.py",
         "jobs_worker.py",
+        "logging.json",
     }
 
 
@@ -236,3 +239,80 @@ def test_the_job_service_across_processes(serve: Any, redis_server: RedisServer)
     received, exited = stop_and_time(web, waits)
     assert [body_of(raw)["percent"] for raw in received] == [100] * 20
     assert exited < 2.0
+
+
+def timed_answers(socks: list[socket.socket], seconds: float = 15) -> tuple[list[Any], float]:
+    """The bodies of the answers (status 200 asserted) and the seconds until the last."""
+    start = time.monotonic()
+    received = answers(socks, seconds)
+    took = time.monotonic() - start
+    for raw in received:
+        assert raw.startswith(b"HTTP/1.1 200"), raw[:300]
+    return [body_of(raw) for raw in received], took
+
+
+def test_the_job_service_across_processes_through_a_hung_and_a_restarted_redis(
+    serve: Any, redis_server: RedisServer
+) -> None:
+    port = free_port()
+    env = {"JOBS_REDIS": redis_server.url, "JOBS_STEP": "0.05"}
+    web = serve(
+        *("-m", "uvicorn", "jobs_redis:app", "--port", str(port), "--workers", "2"),
+        *("--log-config", "logging.json"),
+        env=env,
+    )
+    web.wait_listening(port)
+    serve("jobs_worker.py", env=env)
+    client = Client(port)
+    status, body = client.call("POST", "/jobs")
+    assert status == 201
+    first = json.loads(body)["job"]
+    assert client.call("GET", f"/jobs/{first}/wait?timeout=30")[1] == (
+        f'{{"job":"{first}","percent":100,"done":true}}'.encode()
+    )
+
+    # Redis hangs (SIGSTOP): a wait is answered by its own timeout, with what the
+    # process knows, never a 5xx; the application's own command gets a 503.
+    redis_server.pause()
+    try:
+        start = time.monotonic()
+        waits = [client.send("GET", f"/jobs/job-{n}/wait?timeout=2") for n in range(90, 96)]
+        bodies, _ = timed_answers(waits)
+        took = time.monotonic() - start
+        assert [b["done"] for b in bodies] == [False] * 6
+        assert 2.0 <= took < 4.5, took
+        start = time.monotonic()
+        assert client.call("POST", "/jobs")[0] == 503
+        assert time.monotonic() - start < 6
+    finally:
+        redis_server.resume()
+
+    # Back: a new job is made, run and waited for as before.
+    status, body = client.call("POST", "/jobs")
+    assert status == 201
+    second = json.loads(body)["job"]
+    bodies, _ = timed_answers([client.send("GET", f"/jobs/{second}/wait?timeout=30")])
+    assert bodies == [{"job": second, "percent": 100, "done": True}]
+
+    # Redis restarted (its data kept, AOF): the web processes and the worker carry on.
+    redis_server.restart()
+    deadline = time.monotonic() + 15
+    while (status := client.call("POST", "/jobs")[0]) != 201 and time.monotonic() < deadline:
+        assert status == 503, status  # refused while it comes back, never a 500
+        time.sleep(0.2)
+    assert status == 201
+    third = f"job-{int(second.split('-')[1]) + 1}"
+    parked = [client.send("GET", f"/jobs/{third}/wait?timeout=30") for _ in range(4)]
+    bodies, _ = timed_answers(parked, 30)
+    assert bodies == [{"job": third, "percent": 100, "done": True}] * 4
+    # The library's warnings of the restart, through uvicorn's formatter: a time
+    # and a level on each line (logging.json of the page).
+    logged = web.log.read_text()
+    lines = [line for line in logged.splitlines() if "aiopurgatory.redis.disconnected" in line]
+    assert lines, logged[-3000:]
+    stamp = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING: +aiopurgatory")
+    assert all(stamp.match(line) for line in lines), lines
+    # Done before the wait, asked with timeout=0: the stored watermark answers.
+    assert client.call("GET", f"/jobs/{first}/wait?timeout=0")[1] == (
+        f'{{"job":"{first}","percent":100,"done":true}}'.encode()
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from typing import Any
 
 import pytest
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
@@ -107,6 +108,77 @@ async def test_a_sync_publisher_reaches_ops_parked_on_every_master(
                 await asyncio.to_thread(publisher.advance, key, 2)  # lower: stored stays 5
         assert set(await asyncio.wait_for(asyncio.gather(*ops), 5)) == {ap.Outcome.COMPLETED}
         assert [await sub.fetch_watermark(key) for key in keys] == [5] * len(keys)
+
+
+async def test_a_sync_publishers_kept_triggers_reach_every_master(
+    redis_cluster: ClusterServers,
+) -> None:
+    # What a SyncPublisher keeps through an outage leaves by its delivery path:
+    # per partition, the atomic-max script (advances) or SPUBLISH (checks), each
+    # routed to its slot's master. Sent here directly, as the delivery thread does.
+    from aiopurgatory.redis._wire import Batch
+
+    url = redis_cluster.url
+    channel = fresh_channel()
+    keys = keys_on_every_master(redis_cluster, channel, 2)
+    purgatory: ap.Purgatory[ap.WatermarkOperation] = ap.Purgatory("kept")
+    async with purgatory, RedisTriggers(purgatory, url, channel=channel) as sub:
+        ops = [asyncio.ensure_future(sub.watch(ap.WatermarkOperation(10), {k: 5})) for k in keys]
+        await eventually(lambda: sub.statistics().subscribed == len(keys))
+        publisher = SyncPublisher(url, channel=channel)
+        try:
+            batch = Batch()
+            for key in keys:
+                batch.advance(key, 5)
+                batch.check(key)
+            await asyncio.to_thread(publisher._send_batch, batch)
+        finally:
+            publisher.close()
+        assert set(await asyncio.wait_for(asyncio.gather(*ops), 5)) == {ap.Outcome.COMPLETED}
+        assert [await sub.fetch_watermark(key) for key in keys] == [5] * len(keys)
+
+
+async def test_publishers_with_other_partitions_are_reported_on_a_cluster(
+    redis_cluster: ClusterServers,
+) -> None:
+    # Subscribers announce their configuration on shard channels of one slot,
+    # counted by that slot's master (SHARDNUMSUB).
+    from tests.redis.test_redis_sync_outage import Recorder
+
+    url = redis_cluster.url
+    channel = fresh_channel()
+    purgatory: ap.Purgatory[ap.WatermarkOperation] = ap.Purgatory("announced")
+    every = {"config_check_interval": 0.2}
+
+    def misconfigured(log: Recorder) -> list[dict[str, Any]]:
+        return [fields for _, _, fields in log.named("aiopurgatory.redis.misconfigured")]
+
+    async with RedisTriggers(purgatory, url, channel=channel, **every) as sub:  # type: ignore[arg-type]
+        agreeing, other = Recorder(), Recorder()
+        async with (
+            RedisTriggers(None, url, channel=channel, logger=agreeing, **every),  # type: ignore[arg-type]
+            RedisTriggers(None, url, channel=channel, partitions=16, logger=other, **every),  # type: ignore[arg-type]
+        ):
+            await eventually(lambda: bool(misconfigured(other)))
+            sync_log = Recorder()
+            publisher = SyncPublisher(
+                url, channel=channel, partitions=16, config_check_interval=0.2, logger=sync_log
+            )
+            try:
+                deadline = time.monotonic() + 10
+                while not misconfigured(sync_log):
+                    assert time.monotonic() < deadline
+                    await asyncio.to_thread(publisher.advance, "k", 1)
+                    await asyncio.sleep(0.05)
+            finally:
+                publisher.close()
+            await asyncio.sleep(0.5)  # more checks: nothing more, nothing from the others
+        for log in (other, sync_log):
+            [found] = misconfigured(log)
+            assert found["kind"] == "partitions"
+            assert "partitions=16384 and this publisher partitions=16" in found["detail"]
+        assert misconfigured(agreeing) == []
+        assert sub.statistics().mismatches == 0
 
 
 async def test_a_watch_catches_up_with_an_advance_made_before_it(

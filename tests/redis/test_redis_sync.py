@@ -328,34 +328,49 @@ def test_close_and_a_client_passed_in(redis_server: RedisServer) -> None:
         owned.advance("k", 1)
 
 
-def test_redis_down_is_a_clear_error_at_once(redis_server: RedisServer) -> None:
+def test_redis_down_keeps_the_trigger_and_ping_is_a_clear_error_at_once(
+    redis_server: RedisServer,
+) -> None:
     url = redis_server.url
     redis_server.kill()
     publisher = SyncPublisher(url, timeout=5)
-    for call in (lambda: publisher.advance("k", 1), publisher.ping, publisher.__enter__):
+    started = time.monotonic()
+    publisher.advance("k", 1)  # kept for delivery: no error for a blip
+    assert time.monotonic() - started < 2.0  # a refused port answers at once
+    assert publisher.statistics().pending == 1
+    for call in (publisher.ping, publisher.__enter__):
         started = time.monotonic()
         with pytest.raises(RedisTriggersError, match="unreachable") as caught:
             call()
-        assert time.monotonic() - started < 2.0  # a refused port answers at once
+        assert time.monotonic() - started < 2.0
         assert f"cannot publish to Redis at {url}" in str(caught.value)
         assert caught.value.__context__ is None
-    publisher.close()
+    assert publisher.close(timeout=0.1) == 1  # never delivered: reported
 
 
-def test_a_hung_redis_times_out_after_the_timeout(redis_server: RedisServer) -> None:
-    publisher = SyncPublisher(redis_server.url, timeout=0.5)
+def test_a_hung_redis_holds_one_call_for_the_timeout_then_none(redis_server: RedisServer) -> None:
+    publisher = SyncPublisher(redis_server.url, channel="jobs", timeout=0.5)
     publisher.advance("k", 1)  # a connection in the pool
     assert redis_server.process is not None
     os.kill(redis_server.process.pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
-        with pytest.raises(RedisTriggersError, match="timed out"):
-            publisher.advance("k", 2)
+        publisher.advance("k", 2)  # times out, then kept
         elapsed = time.monotonic() - started
         assert 0.45 < elapsed < 3.0, elapsed  # the timeout, not retried
+        started = time.monotonic()
+        publisher.advance("k", 3)  # joins what is kept: no wait for Redis
+        publisher.check_and_complete("k")
+        assert time.monotonic() - started < 0.1
+        stats = publisher.statistics()
+        assert (stats.sent, stats.kept, stats.pending, stats.outages) == (1, 3, 2, 1)
+        assert stats.last_error is not None
+        assert "Timeout" in stats.last_error
     finally:
         os.kill(redis_server.process.pid, signal.SIGCONT)
-    publisher.close()
+    assert publisher.flush(timeout=10) == 0
+    assert stored_watermark(redis_server, "jobs", "k") == b"3"
+    assert publisher.close() == 0
 
 
 def test_a_restarted_redis_is_reconnected_to_without_an_error(

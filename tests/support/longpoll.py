@@ -126,10 +126,13 @@ async def settle() -> None:
 class Program:
     """The server in a subprocess; ``port`` from its first log line."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, stdout: int | None = None
+    ) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "examples.longpoll", "--port", "0", *args],
             cwd=ROOT,
+            stdout=stdout,
             stderr=subprocess.PIPE,
             text=True,
             env=env,
