@@ -2,6 +2,12 @@
 
 ``python -m aiopurgatory.postgres.bench [--wakes N] [--interval S] [--durable] [--output FILE]``
 
+``python -m aiopurgatory.postgres.bench --writers 1,4,16 [--seconds S] [--durable]``
+measures instead what ``NOTIFY``'s commit lock costs concurrent writers
+(:func:`_writers`): PostgreSQL serialises the commits of transactions that
+notified, so their throughput is compared with the same upserts without a
+notification.
+
 Starts a throwaway PostgreSQL (:mod:`aiopurgatory.postgres.testing`) and, if
 ``redis-server`` and the ``redis`` extra are there, a throwaway Redis
 (:mod:`aiopurgatory.redis.testing`). For each transport a *waiter* process parks
@@ -115,7 +121,7 @@ def _measure(transport: str, url: str, wakes: int, interval: float) -> dict[str,
     finally:
         waiter.wait(30)
     latencies = sorted((d - s) * 1000 for d, s in zip(done, sent, strict=True))
-    quantiles = statistics.quantiles(latencies, n=100)
+    quantiles = statistics.quantiles(latencies, n=100, method="inclusive")
     return {
         "transport": transport,
         "wakes": wakes,
@@ -126,6 +132,64 @@ def _measure(transport: str, url: str, wakes: int, interval: float) -> dict[str,
     }
 
 
+async def _write(dsn: str, writers: int, seconds: float, *, notify: bool) -> int:
+    """Commits made by ``writers`` connections in ``seconds``: each one statement,
+    the publish of one advance (its own key per writer), with or without its NOTIFY."""
+    import asyncpg
+
+    from ._sender import statement_arguments
+    from ._sql import publish_sql
+    from ._wire import Batch
+
+    statement = publish_sql("aiopurgatory")
+    connections = [await asyncpg.connect(dsn) for _ in range(writers)]
+    counts = [0] * writers
+    stop = time.monotonic() + seconds
+
+    async def write(n: int) -> None:
+        conn = connections[n]
+        value = 0
+        while time.monotonic() < stop:
+            value += 1
+            batch = Batch()
+            batch.advance(f"writer-{n}", value)
+            keys, values, channels, payloads = statement_arguments(
+                "bench", batch, "aiopurgatory", 64
+            )
+            if not notify:
+                channels, payloads = [], []
+            await conn.fetchval(statement, keys, values, channels, payloads)
+            counts[n] += 1
+
+    try:
+        await asyncio.gather(*(write(n) for n in range(writers)))
+    finally:
+        for conn in connections:
+            await conn.close()
+    return sum(counts)
+
+
+def _writers(dsn: str, counts: list[int], seconds: float) -> list[dict[str, Any]]:
+    from . import schema_sql
+
+    async def run() -> list[dict[str, Any]]:
+        import asyncpg
+
+        conn = await asyncpg.connect(dsn)
+        await conn.execute(schema_sql("aiopurgatory"))
+        await conn.close()
+        rows = []
+        for writers in counts:
+            row: dict[str, Any] = {"writers": writers}
+            for notify in (False, True):
+                commits = await _write(dsn, writers, seconds, notify=notify)
+                row["notify" if notify else "plain"] = round(commits / seconds)
+            rows.append(row)
+        return rows
+
+    return asyncio.run(run())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark (see the module documentation); 0 on success."""
     parser = argparse.ArgumentParser(prog="python -m aiopurgatory.postgres.bench")
@@ -133,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.005, help="seconds between them")
     parser.add_argument("--durable", action="store_true", help="servers as in production")
     parser.add_argument("--output", help="write the results here as JSON")
+    parser.add_argument("--writers", help="measure NOTIFY under N concurrent writers: 1,4,16")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per --writers measurement")
     parser.add_argument("--role", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role:
@@ -142,6 +208,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .testing import PostgresServer
 
     settings = {"fsync": "on", "synchronous_commit": "on"} if args.durable else {}
+    if args.writers:
+        counts = [int(n) for n in args.writers.split(",")]
+        with PostgresServer(max_connections="100", **settings) as postgres:
+            rows = _writers(postgres.dsn, counts, args.seconds)
+        for row in rows:
+            print(
+                f"{row['writers']:>3} writers: {row['plain']:>7} commits/s without NOTIFY, "
+                f"{row['notify']:>7} with ({row['notify'] / row['plain']:.2f})"
+            )
+        if args.output:
+            with open(args.output, "w", encoding="utf-8") as out:
+                json.dump({"durable": args.durable, "writers": rows}, out, indent=2)
+        return 0
     results = []
     with tempfile.TemporaryDirectory() as directory, PostgresServer(**settings) as postgres:
         urls = {"postgres": postgres.dsn}
