@@ -129,6 +129,11 @@ async def test_a_paused_server_is_found_by_the_health_check_and_nothing_waits_pa
         postgres_server.pause()
         try:
             await expires_on_time(short, 1.5)
+            # A timeout of 0 reads first, bounded by command_timeout (1 s), then expires.
+            start = time.perf_counter()
+            zero = triggers.watch(ap.WatermarkOperation(0), {"k": 1})
+            assert await asyncio.wait_for(zero, 5) is ap.Outcome.EXPIRED
+            assert time.perf_counter() - start < 1.0 + 1.5
             await eventually(lambda: triggers.statistics().health_check_failures >= 1, 5)
             assert not triggers.connected
         finally:

@@ -168,3 +168,19 @@ async def test_sync_publisher_in_another_process_wakes_parked_ops(
         assert await asyncio.wait_for(first, 5) is ap.Outcome.COMPLETED
         assert await asyncio.wait_for(second, 5) is ap.Outcome.COMPLETED
         assert await triggers.fetch_watermark("from-sync") == 10
+
+
+async def test_one_sync_publisher_shared_by_threads_keeps_the_highest_value(
+    postgres_server: PostgresServer,
+) -> None:
+    dsn = postgres_server.dsn
+    with SyncPublisher(dsn) as publisher:
+
+        def advance_many(offset: int) -> None:
+            for value in range(offset, 200, 4):
+                publisher.advance("shared", value)
+
+        await asyncio.gather(*(asyncio.to_thread(advance_many, n) for n in range(4)))
+        assert publisher.published == 200
+    async with PostgresTriggers(None, dsn) as triggers:
+        assert await triggers.fetch_watermark("shared") == 199
