@@ -17,7 +17,7 @@ from aiopurgatory.postgres import (
     schema_sql,
 )
 from aiopurgatory.postgres._wire import MAX_PAYLOAD, Batch, decode, notifications
-from tests.support.postgres import PostgresServer, Worker, eventually
+from tests.support.postgres import PostgresServer, Worker, connected, eventually
 
 pytestmark = pytest.mark.realtime
 
@@ -129,23 +129,22 @@ async def test_one_loop_iterations_triggers_leave_in_one_statement_and_big_batch
     postgres_server: PostgresServer,
 ) -> None:
     dsn = postgres_server.dsn
-    listener = await asyncpg.connect(dsn)
-    payloads: list[str] = []
-    async with PostgresTriggers(None, dsn, partitions=1) as publisher:
-        await listener.add_listener("aiopurgatory_0", lambda *a: payloads.append(a[3]))
-        for i in range(2000):
-            publisher.advance(f"key-{i:05d}-" + "x" * 20, i)
-        publisher.check_and_complete("checked")
-        await publisher.flush()
-        await eventually(lambda: sum(len(decode(p)[2]) for p in payloads) == 2000)
-        assert all(len(p.encode()) <= MAX_PAYLOAD for p in payloads)
-        assert len(payloads) > 1
-        assert publisher.statistics().published == len(payloads)
-        assert next(decode(p)[1] for p in payloads) == ["checked"]
-        # One statement: a single commit, so the payloads arrived as one run.
-        count = await listener.fetchval('SELECT count(*) FROM "aiopurgatory_watermarks"')
-        assert count == 2000
-    await listener.close()
+    async with connected(dsn) as listener:
+        payloads: list[str] = []
+        async with PostgresTriggers(None, dsn, partitions=1) as publisher:
+            await listener.add_listener("aiopurgatory_0", lambda *a: payloads.append(a[3]))
+            for i in range(2000):
+                publisher.advance(f"key-{i:05d}-" + "x" * 20, i)
+            publisher.check_and_complete("checked")
+            await publisher.flush()
+            await eventually(lambda: sum(len(decode(p)[2]) for p in payloads) == 2000)
+            assert all(len(p.encode()) <= MAX_PAYLOAD for p in payloads)
+            assert len(payloads) > 1
+            assert publisher.statistics().published == len(payloads)
+            assert next(decode(p)[1] for p in payloads) == ["checked"]
+            # One statement: a single commit, so the payloads arrived as one run.
+            count = await listener.fetchval('SELECT count(*) FROM "aiopurgatory_watermarks"')
+            assert count == 2000
 
 
 def test_payloads_are_split_below_postgresql_limit_and_keep_every_trigger() -> None:

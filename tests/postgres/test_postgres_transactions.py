@@ -13,7 +13,7 @@ import pytest
 
 import aiopurgatory as ap
 from aiopurgatory.postgres import PostgresTriggers, PostgresTriggersClosedError, SyncPublisher
-from tests.support.postgres import ROOT, PostgresServer, parked
+from tests.support.postgres import ROOT, PostgresServer, connected, parked
 
 pytestmark = pytest.mark.realtime
 
@@ -22,48 +22,49 @@ async def test_asyncpg_commit_wakes_every_process_and_rollback_wakes_nobody(
     postgres_server: PostgresServer,
 ) -> None:
     dsn = postgres_server.dsn
-    conn = await asyncpg.connect(dsn)
-    await conn.execute("CREATE TABLE orders (id int)")
-    async with (
-        PostgresTriggers(ap.Purgatory("writer"), dsn) as writer,
-        PostgresTriggers(ap.Purgatory("other"), dsn) as other,
-    ):
-        here = await parked(writer, "order-1", 1)  # in the writer's own process too
-        there = await parked(other, "order-1", 1)
-        tx = conn.transaction()
-        await tx.start()
-        await conn.execute("INSERT INTO orders VALUES (1)")
-        await writer.advance_in(conn, "order-1", 1)
-        await asyncio.sleep(0.3)
-        assert not here.done()
-        assert not there.done()
-        await tx.commit()
-        assert await asyncio.wait_for(there, 5) is ap.Outcome.COMPLETED
-        assert await asyncio.wait_for(here, 5) is ap.Outcome.COMPLETED
-        assert await other.fetch_watermark("order-1") == 1
+    async with connected(dsn) as conn:
+        await conn.execute("CREATE TABLE orders (id int)")
+        async with (
+            PostgresTriggers(ap.Purgatory("writer"), dsn) as writer,
+            PostgresTriggers(ap.Purgatory("other"), dsn) as other,
+        ):
+            here = await parked(writer, "order-1", 1)  # in the writer's own process too
+            there = await parked(other, "order-1", 1)
+            tx = conn.transaction()
+            await tx.start()
+            await conn.execute("INSERT INTO orders VALUES (1)")
+            await writer.advance_in(conn, "order-1", 1)
+            await asyncio.sleep(0.3)
+            assert not here.done()
+            assert not there.done()
+            await tx.commit()
+            assert await asyncio.wait_for(there, 5) is ap.Outcome.COMPLETED
+            assert await asyncio.wait_for(here, 5) is ap.Outcome.COMPLETED
+            assert await other.fetch_watermark("order-1") == 1
 
-        here = await parked(writer, "order-2", 1)
-        there = await parked(other, "order-2", 1)
-        tx = conn.transaction()
-        await tx.start()
-        await writer.advance_in(conn, "order-2", 1)
-        await tx.rollback()
-        await asyncio.sleep(0.5)
-        assert not here.done()
-        assert not there.done()
-        assert await other.fetch_watermark("order-2") is None
-        assert other.statistics().received == 1  # the commit's only
-        here.cancel()
-        there.cancel()
-    await conn.close()
+            here = await parked(writer, "order-2", 1)
+            there = await parked(other, "order-2", 1)
+            tx = conn.transaction()
+            await tx.start()
+            await writer.advance_in(conn, "order-2", 1)
+            await tx.rollback()
+            await asyncio.sleep(0.5)
+            assert not here.done()
+            assert not there.done()
+            assert await other.fetch_watermark("order-2") is None
+            assert other.statistics().received == 1  # the commit's only
+            here.cancel()
+            there.cancel()
 
 
 async def test_psycopg_async_connection_commit_wakes_and_rollback_does_not(
     postgres_server: PostgresServer,
 ) -> None:
     dsn = postgres_server.dsn
-    conn = await psycopg.AsyncConnection.connect(dsn)
-    async with PostgresTriggers(ap.Purgatory("w"), dsn) as triggers:
+    async with (
+        await psycopg.AsyncConnection.connect(dsn) as conn,
+        PostgresTriggers(ap.Purgatory("w"), dsn) as triggers,
+    ):
         committed = await parked(triggers, "committed", 1)
         async with conn.transaction():
             await triggers.advance_in(conn, "committed", 1)
@@ -84,7 +85,6 @@ async def test_psycopg_async_connection_commit_wakes_and_rollback_does_not(
         assert not kept.done()
         assert await triggers.fetch_watermark("kept") is None
         kept.cancel()
-    await conn.close()
 
 
 async def test_advance_in_refuses_what_is_not_a_supported_connection(

@@ -14,11 +14,12 @@ reporting events as JSON lines on its stdout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from aiopurgatory.postgres.testing import PostgresMissing, PostgresServer
 __all__ = [
     "PostgresServer",
     "Worker",
+    "connected",
     "eventually",
     "parked",
     "postgres_server",
@@ -40,6 +42,19 @@ __all__ = [
 ROOT = Path(__file__).resolve().parents[2]
 
 ServerFactory = Callable[..., PostgresServer]
+
+
+@contextlib.asynccontextmanager
+async def connected(dsn: str) -> AsyncIterator[Any]:
+    """An asyncpg connection, closed however the block ends (an open one would
+    hold uvloop's close forever after a failed test)."""
+    import asyncpg
+
+    connection = await asyncpg.connect(dsn)
+    try:
+        yield connection
+    finally:
+        await connection.close()
 
 
 async def eventually(condition: Callable[[], bool], within: float = 10.0) -> None:
