@@ -13,7 +13,7 @@ PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: install install-redis build test test-fast test-spark-3.11 test-arq check-pythons lint demo bench docs pipeline cluster-up cluster-down clean
+.PHONY: install install-redis install-postgres build test test-fast test-spark-3.11 test-arq check-pythons lint demo bench docs pipeline cluster-up cluster-down clean
 # Pattern targets, always run when asked for: test-3.X, test-compiled-3.X,
 # test-pure-3.X, dist-3.X, step-*.
 .SECONDEXPANSION:
@@ -21,7 +21,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 .SECONDARY:
 
 # Everything, with the compiled core built in place (see build).
-install: $(STAMP) install-redis
+install: $(STAMP) install-redis install-postgres
 	$(BUILD_EXT) $(PY) setup.py --quiet build_ext --inplace -j 2
 
 # The packages are installed by uv (pip-installed into .venv first, so that the
@@ -57,6 +57,22 @@ install-redis:
 	else \
 		echo "redis-server is missing and cannot be installed here: run" \
 			"'sudo apt-get install -y redis-server' (the Redis tests fail without it)" >&2; \
+	fi
+
+# Debian's postgresql (the server binaries in /usr/lib/postgresql/<version>/bin), which
+# the tests of aiopurgatory.postgres run themselves (initdb in a temporary directory,
+# as the postgres user when root); installed as redis-server is, else the command is
+# printed. Its service is not started (no systemd here): the tests start their own.
+install-postgres:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && { [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; }; then \
+		sudo_=""; [ "$$(id -u)" = 0 ] || sudo_="sudo -n"; \
+		echo "installing postgresql (Debian package) for the PostgreSQL tests"; \
+		$$sudo_ apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$sudo_ apt-get install -y -qq postgresql >/dev/null; \
+	else \
+		echo "PostgreSQL's server is missing and cannot be installed here: run" \
+			"'sudo apt-get install -y postgresql' (the PostgreSQL tests fail without it)" >&2; \
 	fi
 
 # The compiled core (C extensions from the core's .py and .pxd files), rebuilt in
@@ -139,7 +155,7 @@ endif
 # CHECKS="docs lint": those targets too, in the background (CI: .ci/run), where they
 # take cores the end of the Spark pass leaves idle rather than a minute after it.
 CHECKS ?=
-test: check-pythons install-redis $(UV)
+test: check-pythons install-redis install-postgres $(UV)
 	$(MAKE) --no-print-directory -j 4 --output-sync=target SCHEDULE=1 BG="$(IDLE)" \
 		step-spark step-$(lastword $(CHAIN)) $(addprefix step-,$(CHECKS))
 

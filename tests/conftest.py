@@ -52,6 +52,8 @@ NOT_LIBRARY = (
     "tests/examples/",  # the examples: the Kafka broker (Kafka clients), the long-poll
     # feed under real servers (web servers), the others, and how they are installed
     "tests/jobs/",  # the job systems' integrations (Celery, RQ...): their extras
+    "tests/postgres/",  # the PostgreSQL transport: the postgres extra (asyncpg, psycopg)
+    # and a server; run once, on 3.11, to keep CI's time (docs/postgres.md)
 )
 # They run once, on 3.11 and the compiled core: the library they use is checked on
 # both cores by the core's tests. A module of their kind, named otherwise, says so

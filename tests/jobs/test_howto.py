@@ -11,6 +11,7 @@ import http.client
 import importlib.util
 import json
 import re
+import signal
 import socket
 import sys
 import time
@@ -98,8 +99,9 @@ def wait_listening(server: WorkerProcess, port: int, seconds: float = 30.0) -> N
 @pytest.fixture
 def running(
     written: Path, jobs_redis: RedisServer, request: pytest.FixtureRequest
-) -> Iterator[int]:
-    """The system's worker and web application, started as the page says; the web port."""
+) -> Iterator[tuple[int, WorkerProcess]]:
+    """The system's worker and web application, started as the page says: the web
+    port and the web server's process."""
     system: str = request.param
     port = free_port()
     env = {"REDIS_URL": jobs_redis.url}
@@ -117,15 +119,17 @@ def running(
     )  # fmt: skip
     try:
         wait_listening(web, port)
-        yield port
+        yield port, web
     finally:
         web.stop()
-        worker.stop()
+        worker.kill()  # a job may still run (the shutdown check's): no need to wait
 
 
 @pytest.mark.parametrize("running", HERE, indirect=True)
-def test_the_how_to_answers_results_progress_and_failures(running: int) -> None:
-    port = running
+def test_the_how_to_answers_results_progress_and_failures(
+    running: tuple[int, WorkerProcess],
+) -> None:
+    port, web = running
     status, created = call(port, "POST", "/renders?pages=10")
     assert status == 201
     job = created["job"]
@@ -147,3 +151,20 @@ def test_the_how_to_answers_results_progress_and_failures(running: int) -> None:
     started = time.monotonic()
     assert call(port, "GET", f"/renders/{created['job']}?timeout=0.3")[1]["done"] is False
     assert time.monotonic() - started < 5.0
+    # SIGTERM with waits parked: each answered at once (503), the server gone.
+    status, created = call(port, "POST", "/renders?pages=100")
+    parked = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(4)]
+    for sock in parked:
+        sock.sendall(
+            f"GET /renders/{created['job']}?timeout=60 HTTP/1.1\r\nHost: t\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
+    time.sleep(0.5)
+    stopping = time.monotonic()
+    web.process.send_signal(signal.SIGTERM)
+    for sock in parked:
+        with sock:
+            answer = sock.makefile("rb").read()
+        assert answer.split(b" ", 2)[1] == b"503", answer[:200]
+    web.process.wait(timeout=10)
+    assert time.monotonic() - stopping < 5.0

@@ -1,0 +1,257 @@
+"""Wake latency across processes: PostgresTriggers and RedisTriggers, same machine, same run.
+
+``python -m aiopurgatory.postgres.bench [--wakes N] [--interval S] [--durable] [--output FILE]``
+
+``python -m aiopurgatory.postgres.bench --writers 1,4,16 [--seconds S] [--durable]``
+measures instead what ``NOTIFY``'s commit lock costs concurrent writers
+(:func:`_writers`): PostgreSQL serialises the commits of transactions that
+notified, so their throughput is compared with the same upserts without a
+notification.
+
+Starts a throwaway PostgreSQL (:mod:`aiopurgatory.postgres.testing`) and, if
+``redis-server`` and the ``redis`` extra are there, a throwaway Redis
+(:mod:`aiopurgatory.redis.testing`). For each transport a *waiter* process parks
+``--wakes`` operations on one key, thresholds 1..N, and reports when each
+completed; this process then advances the key to 1, 2, ... N, one advance every
+``--interval`` seconds (``await flush()`` after each), noting when each was made.
+A wake's latency is the completion time in the waiter minus the advance's time
+here (``time.monotonic()``, one clock for every process of the machine): the
+publisher's send, the server, the delivery and the waiter's handling.
+
+By default both servers run without durability (PostgreSQL ``fsync=off``,
+``synchronous_commit=off``; Redis ``appendfsync no``); ``--durable`` runs them as
+in production (PostgreSQL's defaults, Redis ``appendfsync always``), where a
+PostgreSQL commit waits for its WAL flush. Prints p50/p90/p99 per transport and,
+with ``--output``, writes them as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiopurgatory as ap
+
+__all__ = ["main"]
+
+_KEY = "bench-latency"
+
+
+class _Timed(ap.WatermarkOperation):
+    __slots__ = ("completed_at",)
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(timeout)
+        self.completed_at = 0.0
+
+    def on_complete(self) -> None:
+        self.completed_at = time.monotonic()
+
+
+def _triggers(transport: str, url: str, purgatory: ap.Purgatory[Any] | None) -> Any:
+    if transport == "postgres":
+        from . import PostgresTriggers
+
+        return PostgresTriggers(purgatory, url)
+    from ..redis import RedisTriggers
+
+    return RedisTriggers(purgatory, url)
+
+
+async def _waiter(transport: str, url: str, wakes: int) -> None:
+    purgatory: ap.Purgatory[_Timed] = ap.Purgatory("bench")
+    async with _triggers(transport, url, purgatory) as triggers:
+        ops = [_Timed(600) for _ in range(wakes)]
+        waits = [
+            asyncio.ensure_future(triggers.watch(op, {_KEY: i + 1})) for i, op in enumerate(ops)
+        ]
+        part = triggers._listener if transport == "postgres" else triggers._subscriber
+        for _ in range(3000):  # listening or subscribed within 30 s
+            if part.covers([_KEY]):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # the catch-up reads of the watches are done
+        print("ready", flush=True)
+        await asyncio.gather(*waits)
+        print(json.dumps([op.completed_at for op in ops]), flush=True)
+
+
+async def _publish(transport: str, url: str, wakes: int, interval: float) -> list[float]:
+    sent: list[float] = []
+    async with _triggers(transport, url, None) as triggers:
+        triggers.advance("warm-up", 1)  # the connection and the statement are ready
+        await triggers.flush()
+        for i in range(1, wakes + 1):
+            sent.append(time.monotonic())
+            triggers.advance(_KEY, i)
+            await triggers.flush()
+            await asyncio.sleep(interval)
+    return sent
+
+
+def _measure(transport: str, url: str, wakes: int, interval: float) -> dict[str, Any]:
+    waiter = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aiopurgatory.postgres.bench",
+            "--role",
+            "waiter",
+            transport,
+            url,
+            str(wakes),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert waiter.stdout is not None
+    try:
+        if waiter.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the {transport} waiter did not start")
+        sent = asyncio.run(_publish(transport, url, wakes, interval))
+        done = json.loads(waiter.stdout.readline())
+    finally:
+        waiter.wait(30)
+    latencies = sorted((d - s) * 1000 for d, s in zip(done, sent, strict=True))
+    quantiles = statistics.quantiles(latencies, n=100, method="inclusive")
+    return {
+        "transport": transport,
+        "wakes": wakes,
+        "p50_ms": round(statistics.median(latencies), 3),
+        "p90_ms": round(quantiles[89], 3),
+        "p99_ms": round(quantiles[98], 3),
+        "max_ms": round(latencies[-1], 3),
+    }
+
+
+async def _write(dsn: str, writers: int, seconds: float, *, notify: bool) -> int:
+    """Commits made by ``writers`` connections in ``seconds``: each one statement,
+    the publish of one advance (its own key per writer), with or without its NOTIFY."""
+    import asyncpg
+
+    from ._sender import statement_arguments
+    from ._sql import publish_sql
+    from ._wire import Batch
+
+    statement = publish_sql("aiopurgatory")
+    connections = [await asyncpg.connect(dsn) for _ in range(writers)]
+    counts = [0] * writers
+    stop = time.monotonic() + seconds
+
+    async def write(n: int) -> None:
+        conn = connections[n]
+        value = 0
+        while time.monotonic() < stop:
+            value += 1
+            batch = Batch()
+            batch.advance(f"writer-{n}", value)
+            keys, values, channels, payloads = statement_arguments(
+                "bench", batch, "aiopurgatory", 64
+            )
+            if not notify:
+                channels, payloads = [], []
+            await conn.fetchval(statement, keys, values, channels, payloads)
+            counts[n] += 1
+
+    try:
+        await asyncio.gather(*(write(n) for n in range(writers)))
+    finally:
+        for conn in connections:
+            await conn.close()
+    return sum(counts)
+
+
+def _writers(dsn: str, counts: list[int], seconds: float) -> list[dict[str, Any]]:
+    from . import schema_sql
+
+    async def run() -> list[dict[str, Any]]:
+        import asyncpg
+
+        conn = await asyncpg.connect(dsn)
+        await conn.execute(schema_sql("aiopurgatory"))
+        await conn.close()
+        rows = []
+        for writers in counts:
+            row: dict[str, Any] = {"writers": writers}
+            for notify in (False, True):
+                commits = await _write(dsn, writers, seconds, notify=notify)
+                row["notify" if notify else "plain"] = round(commits / seconds)
+            rows.append(row)
+        return rows
+
+    return asyncio.run(run())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark (see the module documentation); 0 on success."""
+    parser = argparse.ArgumentParser(prog="python -m aiopurgatory.postgres.bench")
+    parser.add_argument("--wakes", type=int, default=500, help="advances per transport")
+    parser.add_argument("--interval", type=float, default=0.005, help="seconds between them")
+    parser.add_argument("--durable", action="store_true", help="servers as in production")
+    parser.add_argument("--output", help="write the results here as JSON")
+    parser.add_argument("--writers", help="measure NOTIFY under N concurrent writers: 1,4,16")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per --writers measurement")
+    parser.add_argument("--role", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.role:
+        _, transport, url, wakes = args.role
+        asyncio.run(_waiter(transport, url, int(wakes)))
+        return 0
+    from .testing import PostgresServer
+
+    settings = {"fsync": "on", "synchronous_commit": "on"} if args.durable else {}
+    if args.writers:
+        counts = [int(n) for n in args.writers.split(",")]
+        with PostgresServer(max_connections="100", **settings) as postgres:
+            rows = _writers(postgres.dsn, counts, args.seconds)
+        for row in rows:
+            print(
+                f"{row['writers']:>3} writers: {row['plain']:>7} commits/s without NOTIFY, "
+                f"{row['notify']:>7} with ({row['notify'] / row['plain']:.2f})"
+            )
+        if args.output:
+            with open(args.output, "w", encoding="utf-8") as out:
+                json.dump({"durable": args.durable, "writers": rows}, out, indent=2)
+        return 0
+    results = []
+    with tempfile.TemporaryDirectory() as directory, PostgresServer(**settings) as postgres:
+        urls = {"postgres": postgres.dsn}
+        redis_server = None
+        try:
+            from ..redis.testing import RedisServer, RedisServerMissing
+
+            redis_server = RedisServer(directory, appendfsync="always" if args.durable else "no")
+            redis_server.start()
+            urls["redis"] = redis_server.url
+        except (ImportError, RedisServerMissing) as exc:
+            print(f"redis skipped: {exc}", file=sys.stderr)
+        try:
+            for transport, url in urls.items():
+                results.append(_measure(transport, url, args.wakes, args.interval))
+        finally:
+            if redis_server is not None:
+                redis_server.kill()
+    for row in results:
+        print(
+            f"{row['transport']:>8}: p50 {row['p50_ms']:.3f} ms  p90 {row['p90_ms']:.3f} ms  "
+            f"p99 {row['p99_ms']:.3f} ms  max {row['max_ms']:.3f} ms  ({row['wakes']} wakes)"
+        )
+    if len(results) == 2:
+        ratio = results[0]["p50_ms"] / results[1]["p50_ms"]
+        print(f"postgres p50 / redis p50: {ratio:.2f}")
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as out:
+            json.dump({"durable": args.durable, "results": results}, out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

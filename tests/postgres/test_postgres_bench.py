@@ -1,0 +1,53 @@
+"""The benchmark command runs and reports what docs/postgres.md cites."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.postgres import ROOT
+
+pytestmark = pytest.mark.realtime
+
+
+def test_the_latency_benchmark_measures_postgres_and_redis_in_one_run(tmp_path: Path) -> None:
+    output = tmp_path / "latency.json"
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "aiopurgatory.postgres.bench"),
+            *("--wakes", "30", "--interval", "0.002", "--output", str(output)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    results = json.loads(output.read_text())["results"]
+    assert [row["transport"] for row in results] == ["postgres", "redis"]
+    for row in results:
+        assert row["wakes"] == 30
+        assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"] <= row["max_ms"] < 5000
+    assert "postgres p50 / redis p50" in done.stdout
+
+
+def test_the_writers_benchmark_compares_commits_with_and_without_notify(tmp_path: Path) -> None:
+    output = tmp_path / "writers.json"
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "aiopurgatory.postgres.bench"),
+            *("--writers", "1,2", "--seconds", "0.3", "--output", str(output)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(output.read_text())["writers"]
+    assert [row["writers"] for row in rows] == [1, 2]
+    assert all(row["plain"] > 0 and row["notify"] > 0 for row in rows)
