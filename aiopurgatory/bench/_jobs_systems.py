@@ -214,4 +214,62 @@ class _Dramatiq(_System):
         return await anyio.to_thread.run_sync(read, limiter=LIMITER)
 
 
-SYSTEMS: dict[str, type[_System]] = {cls.name: cls for cls in (_Celery, _RQ, _Saq, _Dramatiq)}
+class _Arq(_System):
+    name = "arq"
+
+    def worker_argv(self, url: str) -> list[str]:
+        return [sys.executable, "-m", "arq", "aiopurgatory.bench._jobs_arq.WorkerSettings"]
+
+    def sender(self, url: str) -> tuple[Callable[[str], object], Callable[[], None]]:
+        from arq import create_pool
+        from arq.connections import RedisSettings
+
+        from ._jobs_arq import QUEUE
+
+        loop = asyncio.new_event_loop()
+        pool = loop.run_until_complete(
+            create_pool(RedisSettings.from_dsn(url), default_queue_name=QUEUE)
+        )
+
+        def send(job_id: str) -> None:
+            loop.run_until_complete(pool.enqueue_job("stamp", _job_id=job_id))
+
+        def close() -> None:
+            loop.run_until_complete(pool.aclose())
+            loop.close()
+
+        return send, close
+
+    async def start(self, url: str, triggers: Any | None) -> None:
+        from arq import create_pool
+        from arq.connections import RedisSettings
+
+        from ..jobs.arq import ArqJobs
+        from ._jobs_arq import QUEUE
+
+        self.pool = await create_pool(RedisSettings.from_dsn(url), default_queue_name=QUEUE)
+        if triggers is not None:
+            self.waiter = ArqJobs(triggers, self.pool)
+
+    async def poll_once(self, job_id: str) -> tuple[bool, Any]:
+        # One round of arq's own polling (Job.result(poll_delay=...)): its
+        # transaction reading the stored result and the job's place in the
+        # queue. Job.result itself cannot be used: it gives up on a job not yet
+        # queued, and the requests are parked before their jobs are sent.
+        from arq.jobs import deserialize_result, result_key_prefix
+
+        from ._jobs_arq import QUEUE
+
+        async with self.pool.pipeline(transaction=True) as pipe:
+            pipe.get(result_key_prefix + job_id)
+            pipe.zscore(QUEUE, job_id)
+            stored, _ = await pipe.execute()
+        if not stored:
+            return False, None
+        return True, deserialize_result(stored).result
+
+    async def stop(self) -> None:
+        await self.pool.aclose()
+
+
+SYSTEMS: dict[str, type[_System]] = {cls.name: cls for cls in (_Celery, _RQ, _Saq, _Dramatiq, _Arq)}
