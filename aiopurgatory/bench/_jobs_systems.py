@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import anyio.to_thread
 
@@ -21,6 +21,31 @@ from ..jobs import JobWaiter
 
 # Threads reading results at once; anyio's default (40) would queue a burst.
 LIMITER = anyio.CapacityLimiter(64)
+
+_Client = TypeVar("_Client")
+
+
+def _on_a_loop(
+    opening: Awaitable[_Client],
+    send: Callable[[_Client, str], Awaitable[object]],
+    close: Callable[[_Client], Awaitable[object]],
+) -> tuple[Callable[[str], object], Callable[[], None]]:
+    """An async client's ``(send(job_id), close())`` for the benchmark's (sync) process.
+
+    The client is opened, used and closed on an event loop of its own, one
+    ``run_until_complete`` a call.
+    """
+    loop = asyncio.new_event_loop()
+    client = loop.run_until_complete(opening)
+
+    def send_one(job_id: str) -> None:
+        loop.run_until_complete(send(client, job_id))
+
+    def close_all() -> None:
+        loop.run_until_complete(close(client))
+        loop.close()
+
+    return send_one, close_all
 
 
 class _System:
@@ -134,18 +159,16 @@ class _Saq(_System):
     def sender(self, url: str) -> tuple[Callable[[str], object], Callable[[], None]]:
         from saq import Queue
 
-        loop = asyncio.new_event_loop()
-        queue = Queue.from_url(url, name="bench")
-        loop.run_until_complete(queue.connect())
+        async def connect() -> Queue:
+            queue = Queue.from_url(url, name="bench")
+            await queue.connect()
+            return queue
 
-        def send(job_id: str) -> None:
-            loop.run_until_complete(queue.enqueue("stamp", key=job_id))
-
-        def close() -> None:
-            loop.run_until_complete(queue.disconnect())
-            loop.close()
-
-        return send, close
+        return _on_a_loop(
+            connect(),
+            lambda queue, job_id: queue.enqueue("stamp", key=job_id),
+            lambda queue: queue.disconnect(),
+        )
 
     async def start(self, url: str, triggers: Any | None) -> None:
         from saq import Queue
@@ -226,19 +249,11 @@ class _Arq(_System):
 
         from ._jobs_arq import QUEUE
 
-        loop = asyncio.new_event_loop()
-        pool = loop.run_until_complete(
-            create_pool(RedisSettings.from_dsn(url), default_queue_name=QUEUE)
+        return _on_a_loop(
+            create_pool(RedisSettings.from_dsn(url), default_queue_name=QUEUE),
+            lambda pool, job_id: pool.enqueue_job("stamp", _job_id=job_id),
+            lambda pool: pool.aclose(),
         )
-
-        def send(job_id: str) -> None:
-            loop.run_until_complete(pool.enqueue_job("stamp", _job_id=job_id))
-
-        def close() -> None:
-            loop.run_until_complete(pool.aclose())
-            loop.close()
-
-        return send, close
 
     async def start(self, url: str, triggers: Any | None) -> None:
         from arq import create_pool
