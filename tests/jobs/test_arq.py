@@ -254,7 +254,7 @@ async def test_bad_arguments_are_refused_by_name(jobs_redis: RedisServer) -> Non
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("running", ["arq"], indirect=True)
-def test_the_how_to_as_written(running: int) -> None:
+def test_the_how_to_as_written(running: tuple[int, WorkerProcess]) -> None:
     # docs/jobs.md's arq programs, its worker and `uvicorn --workers 2` (test_howto's
     # test, which the main venv cannot run for arq).
     test_howto.test_the_how_to_answers_results_progress_and_failures(running)
