@@ -78,6 +78,7 @@ SLOW = (
     "tests/examples/longpoll/test_longpoll_program.py::test_a_small_load_test_run_compares_both_waiters",
     "tests/pipeline/test_cli_user.py::test_an_unusable_out_is_refused_before_spark",
     "tests/jobs/test_bench_jobs.py::test_a_small_run_answers_every_wait_in_both_modes",
+    "tests/jobs/test_bench_jobs_arq.py::test_a_small_arq_run_answers_every_wait_in_both_modes",
     *(
         f"tests/examples/longpoll/test_longpoll_redis.py::{name}"
         for name in (

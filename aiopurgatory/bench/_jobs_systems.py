@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import anyio.to_thread
 
@@ -21,6 +21,31 @@ from ..jobs import JobWaiter
 
 # Threads reading results at once; anyio's default (40) would queue a burst.
 LIMITER = anyio.CapacityLimiter(64)
+
+_Client = TypeVar("_Client")
+
+
+def _on_a_loop(
+    opening: Awaitable[_Client],
+    send: Callable[[_Client, str], Awaitable[object]],
+    close: Callable[[_Client], Awaitable[object]],
+) -> tuple[Callable[[str], object], Callable[[], None]]:
+    """An async client's ``(send(job_id), close())`` for the benchmark's (sync) process.
+
+    The client is opened, used and closed on an event loop of its own, one
+    ``run_until_complete`` a call.
+    """
+    loop = asyncio.new_event_loop()
+    client = loop.run_until_complete(opening)
+
+    def send_one(job_id: str) -> None:
+        loop.run_until_complete(send(client, job_id))
+
+    def close_all() -> None:
+        loop.run_until_complete(close(client))
+        loop.close()
+
+    return send_one, close_all
 
 
 class _System:
@@ -134,18 +159,16 @@ class _Saq(_System):
     def sender(self, url: str) -> tuple[Callable[[str], object], Callable[[], None]]:
         from saq import Queue
 
-        loop = asyncio.new_event_loop()
-        queue = Queue.from_url(url, name="bench")
-        loop.run_until_complete(queue.connect())
+        async def connect() -> Queue:
+            queue = Queue.from_url(url, name="bench")
+            await queue.connect()
+            return queue
 
-        def send(job_id: str) -> None:
-            loop.run_until_complete(queue.enqueue("stamp", key=job_id))
-
-        def close() -> None:
-            loop.run_until_complete(queue.disconnect())
-            loop.close()
-
-        return send, close
+        return _on_a_loop(
+            connect(),
+            lambda queue, job_id: queue.enqueue("stamp", key=job_id),
+            lambda queue: queue.disconnect(),
+        )
 
     async def start(self, url: str, triggers: Any | None) -> None:
         from saq import Queue
@@ -214,4 +237,54 @@ class _Dramatiq(_System):
         return await anyio.to_thread.run_sync(read, limiter=LIMITER)
 
 
-SYSTEMS: dict[str, type[_System]] = {cls.name: cls for cls in (_Celery, _RQ, _Saq, _Dramatiq)}
+class _Arq(_System):
+    name = "arq"
+
+    def worker_argv(self, url: str) -> list[str]:
+        return [sys.executable, "-m", "arq", "aiopurgatory.bench._jobs_arq.WorkerSettings"]
+
+    def sender(self, url: str) -> tuple[Callable[[str], object], Callable[[], None]]:
+        from arq import create_pool
+        from arq.connections import RedisSettings
+
+        from ._jobs_arq import QUEUE
+
+        return _on_a_loop(
+            create_pool(RedisSettings.from_dsn(url), default_queue_name=QUEUE),
+            lambda pool, job_id: pool.enqueue_job("stamp", _job_id=job_id),
+            lambda pool: pool.aclose(),
+        )
+
+    async def start(self, url: str, triggers: Any | None) -> None:
+        from arq import create_pool
+        from arq.connections import RedisSettings
+
+        from ..jobs.arq import ArqJobs
+        from ._jobs_arq import QUEUE
+
+        self.pool = await create_pool(RedisSettings.from_dsn(url), default_queue_name=QUEUE)
+        if triggers is not None:
+            self.waiter = ArqJobs(triggers, self.pool)
+
+    async def poll_once(self, job_id: str) -> tuple[bool, Any]:
+        # One round of arq's own polling (Job.result(poll_delay=...)): its
+        # transaction reading the stored result and the job's place in the
+        # queue. Job.result itself cannot be used: it gives up on a job not yet
+        # queued, and the requests are parked before their jobs are sent.
+        from arq.jobs import deserialize_result, result_key_prefix
+
+        from ._jobs_arq import QUEUE
+
+        async with self.pool.pipeline(transaction=True) as pipe:
+            pipe.get(result_key_prefix + job_id)
+            pipe.zscore(QUEUE, job_id)
+            stored, _ = await pipe.execute()
+        if not stored:
+            return False, None
+        return True, deserialize_result(stored).result
+
+    async def stop(self) -> None:
+        await self.pool.aclose()
+
+
+SYSTEMS: dict[str, type[_System]] = {cls.name: cls for cls in (_Celery, _RQ, _Saq, _Dramatiq, _Arq)}

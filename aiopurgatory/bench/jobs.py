@@ -2,13 +2,14 @@
 
 Usage::
 
-    aiopurgatory bench jobs [--systems celery,rq,saq,dramatiq] [--waits 1000]
+    aiopurgatory bench jobs [--systems celery,rq,saq,dramatiq,arq] [--waits 1000]
         [--web-workers 2] [--rate 250] [--poll 0.25] [--modes triggers,poll]
         [--count-seconds 5] [--json PATH]
 
 For each job system and mode, on a Redis of its own (``redis-server``, started
 here): the system's worker (:mod:`._jobs_systems` says how: Celery's threads
-pool, RQ's ``SimpleWorker``, saq's worker, Dramatiq's with 8 threads),
+pool, RQ's ``SimpleWorker``, saq's worker, Dramatiq's with 8 threads, arq's
+worker),
 ``uvicorn --workers N`` serving ``GET /wait/{id}``
 (:mod:`._jobs_app`), and a load client in a process of its own
 (:mod:`._jobs_client`, raw sockets, so its CPU is apart from the servers').
@@ -21,7 +22,9 @@ end: the result stored, the end published, the request woken, the result read
 back through the job system, the answer sent. Modes: ``triggers``
 (``aiopurgatory.jobs``) and ``poll`` (asking the job system every ``--poll``
 seconds, what applications write without it). Needs the systems' extras,
-uvicorn and starlette, and ``redis-server``.
+uvicorn and starlette, and ``redis-server``; arq, which pins redis-py below 6,
+runs from a venv of its own (``make test-arq``'s ``.venv-arq``), one system
+per run there.
 """
 
 from __future__ import annotations
@@ -206,7 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=250.0, help="tasks sent per second (250)")
     parser.add_argument("--poll", type=float, default=0.25, help="poll mode's interval (0.25 s)")
     parser.add_argument("--modes", default=",".join(MODES), help="triggers,poll")
-    parser.add_argument("--systems", default="celery", help="of celery,rq,saq,dramatiq (celery)")
+    parser.add_argument(
+        "--systems", default="celery", help="of celery,rq,saq,dramatiq,arq (celery)"
+    )
     parser.add_argument(
         "--count-seconds",
         type=float,

@@ -46,19 +46,19 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is part of the arq venv's install
     raise ImportError("aiopurgatory.jobs.arq needs arq: pip install 'aiopurgatory[arq]'") from exc
 
-from .._logging import LazyLogger
 from .._namespace import public_dir as _public_dir
 from .._transport import Triggers
+from ._async_worker import (
+    CONTEXT_KEY,
+    lifecycle_hooks,
+    progress,
+    publish_stored_end,
+    triggers_factory,
+)
 from ._layout import JobEnd, check_namespace
-from ._publisher import JobPublisher
 from ._waiter import JobAnswer, JobFailedError, JobWaiter
 
 __all__ = ["CONTEXT_KEY", "ArqJobs", "publish_jobs", "report_progress"]
-
-_log = LazyLogger()
-
-#: Where the worker's context (arq's ``ctx``) holds the :class:`JobPublisher`.
-CONTEXT_KEY = "aiopurgatory_jobs"
 
 _Hook = Callable[[dict[str, Any]], Awaitable[Any]]
 
@@ -121,56 +121,23 @@ def publish_jobs(
         given = {k: v for k, v in vars(settings).items() if not k.startswith("__")}
     else:
         raise TypeError(f"settings must be a class or a dict, got {type(settings).__name__}")
-    if isinstance(publisher, str):
-        url = publisher
-
-        def factory() -> Triggers:
-            from ..redis import RedisTriggers
-
-            return RedisTriggers(None, url, channel=channel)
-
-    elif callable(publisher):
-        factory = publisher
-    else:
-        raise TypeError(
-            f"publisher must be a Redis URL or a callable, got {type(publisher).__name__}"
-        )
+    factory = triggers_factory(publisher, channel)
     namespace = check_namespace(namespace)
     deserializer: Deserializer | None = given.get("job_deserializer")
-
-    async def startup(ctx: dict[str, Any]) -> None:
-        triggers = factory()
-        await triggers.__aenter__()
-        ctx[CONTEXT_KEY] = JobPublisher(triggers, namespace=namespace)
-        ctx[CONTEXT_KEY + "_triggers"] = triggers
+    startup, shutdown = lifecycle_hooks(factory, namespace)
 
     async def after_job_end(ctx: dict[str, Any]) -> None:
-        jobs: JobPublisher | None = ctx.get(CONTEXT_KEY)
         job_id = ctx.get("job_id")
-        if jobs is None or not isinstance(job_id, str):
+        if not isinstance(job_id, str):
             return
-        # What arq stored a moment ago (finish_job ran): none for an attempt it
-        # runs again, or a job whose function keeps no result (keep_result=0).
-        try:
-            result = await Job(job_id, ctx["redis"], _deserializer=deserializer).result_info()
-        except Exception as exc:
-            # Not published (and the hook does not fail arq's job, which ended):
-            # the job's waiters find arq's answer at their timeout (last look).
-            _log.warning(
-                "aiopurgatory.jobs.end_unconfirmed",
-                namespace=namespace,
-                job_id=job_id,
-                error=f"{type(exc).__name__}: {exc}",
-            )
-            return
-        if result is not None:
-            jobs.ended(job_id, _end_of(result))
 
-    async def shutdown(ctx: dict[str, Any]) -> None:
-        triggers: Triggers | None = ctx.pop(CONTEXT_KEY + "_triggers", None)
-        ctx.pop(CONTEXT_KEY, None)
-        if triggers is not None:
-            await triggers.aclose()
+        async def stored_end() -> JobEnd | None:
+            # What arq stored a moment ago (finish_job ran): none for an attempt
+            # it runs again, or a job whose function keeps no result (keep_result=0).
+            result = await Job(job_id, ctx["redis"], _deserializer=deserializer).result_info()
+            return None if result is None else _end_of(result)
+
+        await publish_stored_end(ctx, job_id, stored_end)
 
     hooks = {
         "on_startup": _chain(startup, given.get("on_startup")),
@@ -196,13 +163,7 @@ def report_progress(ctx: dict[str, Any], value: float) -> bool:
             went through :func:`publish_jobs`.
         TypeError, ValueError: ``value`` is not such a number.
     """
-    jobs = ctx.get(CONTEXT_KEY) if isinstance(ctx, dict) else None
-    job_id = ctx.get("job_id") if isinstance(ctx, dict) else None
-    if not isinstance(jobs, JobPublisher) or not isinstance(job_id, str):
-        raise RuntimeError(
-            "report_progress(ctx, ...) is for a job of a worker set up by publish_jobs()"
-        )
-    return jobs.progress(job_id, value)
+    return progress(ctx, ctx.get("job_id") if isinstance(ctx, dict) else None, value)
 
 
 class ArqJobs(JobWaiter):

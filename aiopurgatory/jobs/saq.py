@@ -34,19 +34,19 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is part of the test install
     raise ImportError("aiopurgatory.jobs.saq needs saq: pip install 'aiopurgatory[saq]'") from exc
 
-from .._logging import LazyLogger
 from .._namespace import public_dir as _public_dir
 from .._transport import Triggers
+from ._async_worker import (
+    CONTEXT_KEY,
+    lifecycle_hooks,
+    progress,
+    publish_stored_end,
+    triggers_factory,
+)
 from ._layout import JobEnd, check_namespace
-from ._publisher import JobPublisher
 from ._waiter import JobAnswer, JobFailedError, JobWaiter
 
 __all__ = ["CONTEXT_KEY", "SaqJobs", "publish_jobs", "report_progress"]
-
-_log = LazyLogger()
-
-#: Where the worker's context (saq's ``ctx``) holds the :class:`JobPublisher`.
-CONTEXT_KEY = "aiopurgatory_jobs"
 
 _ENDS = {
     Status.COMPLETE: JobEnd.SUCCEEDED,
@@ -92,57 +92,23 @@ def publish_jobs(
     """
     if not isinstance(settings, dict):
         raise TypeError(f"settings must be a dict, got {type(settings).__name__}")
-    if isinstance(publisher, str):
-        url = publisher
-
-        def factory() -> Triggers:
-            from ..redis import RedisTriggers
-
-            return RedisTriggers(None, url, channel=channel)
-
-    elif callable(publisher):
-        factory = publisher
-    else:
-        raise TypeError(
-            f"publisher must be a Redis URL or a callable, got {type(publisher).__name__}"
-        )
+    factory = triggers_factory(publisher, channel)
     namespace = check_namespace(namespace)
-
-    async def startup(ctx: dict[str, Any]) -> None:
-        triggers = factory()
-        await triggers.__aenter__()
-        ctx[CONTEXT_KEY] = JobPublisher(triggers, namespace=namespace)
-        ctx[CONTEXT_KEY + "_triggers"] = triggers
+    startup, shutdown = lifecycle_hooks(factory, namespace)
 
     async def after_process(ctx: dict[str, Any]) -> None:
         job = ctx.get("job")
-        jobs: JobPublisher | None = ctx.get(CONTEXT_KEY)
-        if job is None or jobs is None or job.status not in _ENDS:
+        if job is None or job.status not in _ENDS:
             return
-        # The status in hand is what saq meant to write; saq's own failure to
-        # write it (Redis away) is caught inside saq and not ours to see. Read
-        # what it stored: an end is published only for an end saq has.
-        try:
-            stored = await job.get_queue().job(job.key)
-        except Exception as exc:
-            # Not published: the job's waiters find saq's answer at their
-            # timeout (their last look), whatever saq makes of the job.
-            _log.warning(
-                "aiopurgatory.jobs.end_unconfirmed",
-                namespace=jobs.namespace,
-                job_id=job.key,
-                error=f"{type(exc).__name__}: {exc}",
-            )
-            return
-        end = None if stored is None else _ENDS.get(stored.status)
-        if end is not None:
-            jobs.ended(job.key, end)
 
-    async def shutdown(ctx: dict[str, Any]) -> None:
-        triggers: Triggers | None = ctx.pop(CONTEXT_KEY + "_triggers", None)
-        ctx.pop(CONTEXT_KEY, None)
-        if triggers is not None:
-            await triggers.aclose()
+        async def stored_end() -> JobEnd | None:
+            # The status in hand is what saq meant to write; saq's own failure
+            # to write it (Redis away) is caught inside saq and not ours to see.
+            # Read what it stored: an end is published only for an end saq has.
+            stored = await job.get_queue().job(job.key)
+            return None if stored is None else _ENDS.get(stored.status)
+
+        await publish_stored_end(ctx, job.key, stored_end)
 
     return {
         **settings,
@@ -166,13 +132,8 @@ def report_progress(ctx: dict[str, Any], value: float) -> bool:
             went through :func:`publish_jobs`.
         TypeError, ValueError: ``value`` is not such a number.
     """
-    jobs = ctx.get(CONTEXT_KEY) if isinstance(ctx, dict) else None
     job = ctx.get("job") if isinstance(ctx, dict) else None
-    if not isinstance(jobs, JobPublisher) or job is None:
-        raise RuntimeError(
-            "report_progress(ctx, ...) is for a job of a worker set up by publish_jobs()"
-        )
-    return jobs.progress(job.key, value)
+    return progress(ctx, getattr(job, "key", None), value)
 
 
 class SaqJobs(JobWaiter):

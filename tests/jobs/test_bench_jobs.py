@@ -14,22 +14,31 @@ from tests.jobs.conftest import ROOT
 pytestmark = pytest.mark.timeout(180)
 
 
-def test_a_small_run_answers_every_wait_in_both_modes(tmp_path: Path) -> None:
+def check_a_small_run(system: str, tmp_path: Path) -> None:
+    """Both modes of ``system``, 40 waits: all answered, and triggers cost Redis less."""
     out = tmp_path / "jobs.json"
     result = subprocess.run(
-        [sys.executable, "-m", "aiopurgatory.cli", "bench", "jobs", "--systems", "rq",
+        [sys.executable, "-m", "aiopurgatory.cli", "bench", "jobs", "--systems", system,
          "--waits", "40", "--rate", "200", "--count-seconds", "0.5", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=170,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     runs = json.loads(out.read_text())
-    assert [(run["system"], run["mode"]) for run in runs] == [("rq", "triggers"), ("rq", "poll")]
+    assert [(run["system"], run["mode"]) for run in runs] == [
+        (system, "triggers"),
+        (system, "poll"),
+    ]
     for run in runs:
         assert run["answered"] == run["waits"] == 40
         assert 0 < run["p50_ms"] <= run["p99_ms"] <= run["max_ms"]
     triggers, poll = runs
-    # Parked on triggers, 40 waits cost Redis next to nothing; polled, ~160 reads/s.
+    # Parked on triggers, 40 waits add nothing to the worker's own commands;
+    # polled, they ask 160 times a second.
     assert (
         triggers["redis_commands_per_s_while_waiting"] < poll["redis_commands_per_s_while_waiting"]
     )
     assert [json.loads(line) for line in result.stdout.splitlines()] == runs
+
+
+def test_a_small_run_answers_every_wait_in_both_modes(tmp_path: Path) -> None:
+    check_a_small_run("rq", tmp_path)
