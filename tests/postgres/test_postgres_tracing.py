@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -328,3 +330,44 @@ async def test_triggers_of_one_iteration_leave_as_one_payload_per_trace_context(
         assert by_span[traceparent] == expected
     async with connected(postgres_server.dsn) as connection:
         assert await connection.fetchval('SELECT value FROM "chan_watermarks"') == 3
+
+
+def test_triggers_made_without_a_span_import_nothing_of_opentelemetry(
+    postgres_server: PostgresServer,
+) -> None:
+    code = """
+import asyncio, sys
+import psycopg
+import aiopurgatory as ap
+from aiopurgatory.postgres import PostgresTriggers, SyncPublisher
+
+def otel():
+    return {m for m in sys.modules if m.startswith(("opentelemetry", "aiopurgatory.tracing"))}
+
+before = otel()
+
+async def main(dsn):
+    here = ap.Purgatory()
+    async with PostgresTriggers(here, dsn) as waiting, PostgresTriggers(None, dsn) as posting:
+        task = asyncio.ensure_future(waiting.watch(ap.WatermarkOperation(5.0), {"k": 1}))
+        while not waiting._listener.covers(["k"]):
+            await asyncio.sleep(0.01)
+        posting.advance("k", 1)
+        assert await task is ap.Outcome.COMPLETED
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        await posting.advance_in(conn, "k", 2)
+        await conn.close()
+    with SyncPublisher(dsn) as publisher:
+        publisher.check_and_complete("k")
+
+asyncio.run(main(sys.argv[1]))
+print(sorted(otel() - before), sorted(before))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code, postgres_server.dsn],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert out.stdout.strip() == "[] []"
