@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -371,3 +372,39 @@ print(sorted(otel() - before), sorted(before))
         timeout=120,
     )
     assert out.stdout.strip() == "[] []"
+
+
+async def test_through_an_outage_the_sender_keeps_each_trace_context_and_sends_it_after(
+    postgres_server: PostgresServer, here: Process
+) -> None:
+    dsn = postgres_server.dsn
+    fast: dict[str, Any] = {"reconnect_delay": (0.05, 0.5), "command_timeout": 1.0}
+    purgatory: ap.Purgatory[Any] = ap.Purgatory("feed")
+    async with (
+        PostgresTriggers(purgatory, dsn, channel="chan", **fast) as waiter,
+        PostgresTriggers(None, dsn, channel="chan", **fast) as publisher,
+    ):
+        with trace_waits(purgatory, tracer_provider=here.provider):
+            waits = {
+                key: asyncio.ensure_future(waiter.watch(ap.WatermarkOperation(30.0), {key: 2}))
+                for key in ("a", "b")
+            }
+            await covered(waiter, "a", "b")
+            await asyncio.to_thread(postgres_server.stop)
+            with here.tracer.start_as_current_span("POST a") as post_a:
+                publisher.advance("a", 1)
+            await asyncio.sleep(0.3)  # sent, failed, kept
+            assert publisher.statistics().publish_errors >= 1
+            with here.tracer.start_as_current_span("POST b") as post_b:
+                publisher.advance("b", 2)
+            with trace.use_span(post_a):  # the same span again: merged with what was kept
+                publisher.advance("a", 2)
+            await asyncio.sleep(0.3)
+            assert publisher.statistics().pending == 2
+            await asyncio.to_thread(postgres_server.start)
+            for wait in waits.values():
+                assert await asyncio.wait_for(wait, 15) is ap.Outcome.COMPLETED
+            await asyncio.wait_for(publisher.flush(), 10)
+    spans = {span.attributes[ATTRIBUTE_COMPLETED_BY]: span for span in here.spans("wait feed")}  # type: ignore[index]
+    assert linked_to(spans["a"]) == [ids(post_a)]
+    assert linked_to(spans["b"]) == [ids(post_b)]
