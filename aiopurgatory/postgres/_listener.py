@@ -24,6 +24,11 @@ the pool's, held while it runs) and, run by :meth:`Listener.run`:
 * **Renewal.** Any failure ends the connection, never the task: it reconnects
   with backoff and jitter, LISTENs to every partition still wanted, and asks the
   reader for a *resync* (every watched key read, advanced and checked).
+* **Context.** Each notification is applied in a context of its own (asyncpg
+  would run it in the context the connection was made in: the span current
+  when the listener started), with the span of its ``traceparent`` current if
+  it carries one and OpenTelemetry is imported here, so a traced wait it
+  completes links to the span that made the trigger.
 """
 
 from __future__ import annotations
@@ -31,13 +36,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import sys
+from contextvars import Context
 from typing import Any
 
 from .._purgatory import Purgatory
-from .._transport import Key
+from .._transport import Key, Value
 from ._connections import CONNECTION_ERRORS, Source
 from ._reader import WatermarkReader
-from ._wire import MalformedMessage, decode, partition_channel, partition_of, wire_keys
+from ._wire import (
+    MalformedMessage,
+    decode,
+    partition_channel,
+    partition_of,
+    split_sender,
+    wire_keys,
+)
 
 __all__ = ["DeafListener", "Listener"]
 
@@ -349,12 +363,29 @@ class Listener:
             if self.malformed == 1:
                 self._logger.warning("aiopurgatory.postgres.malformed_message", error=str(exc))
             return
+        traceparent = None
+        if " " in sender:  # made in a sampled span: "<id> <traceparent>"
+            sender, traceparent = split_sender(sender)
         if sender == self._id:
             self.echoes += 1
             return
         self.received += 1
         if self._purgatory.closed:
             return
+        if traceparent is not None and sys.modules.get("opentelemetry.trace") is not None:
+            Context().run(self._apply_traced, traceparent, checks, advances)
+        else:
+            Context().run(self._apply, checks, advances)
+
+    def _apply_traced(
+        self, traceparent: str, checks: list[Key], advances: list[tuple[Key, Value]]
+    ) -> None:
+        from ..tracing import _triggered_from  # OpenTelemetry is imported already
+
+        with _triggered_from(traceparent):
+            self._apply(checks, advances)
+
+    def _apply(self, checks: list[Key], advances: list[tuple[Key, Value]]) -> None:
         completed = 0
         try:
             advance = self._advance

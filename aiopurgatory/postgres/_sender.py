@@ -8,6 +8,9 @@ per partition, one round trip and one transaction). A batch that fails is kept,
 merged ahead of what came since, and sent again after a backoff: the statement is
 idempotent (a max, and triggers that check or raise), so a retry after a
 failure whose commit did happen costs nothing but a duplicate wake-up check.
+Triggers made in a sampled OpenTelemetry span are gathered in a batch per W3C
+``traceparent`` (:meth:`Sender.traced_batch`), each sent as statements of its
+own whose payloads carry it in their sender field (:func:`._wire.sender_field`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import asyncio
 from typing import Any, Final
 
 from ._connections import CONNECTION_ERRORS, Link, Source
-from ._wire import Batch, notifications, stored_key
+from ._wire import Batch, notifications, sender_field, stored_key
 
 __all__ = ["MAX_STATEMENT_TRIGGERS", "Sender", "statement_arguments"]
 
@@ -85,6 +88,9 @@ class Sender:
         self._partitions = partitions
         self._logger = logger
         self.pending = Batch()
+        # Triggers made in sampled spans, a batch per traceparent (empty while
+        # nothing is traced): a payload carries one trace context at most.
+        self.traced: dict[str, Batch] = {}
         self.inflight = 0
         self._pending_waiters: list[asyncio.Future[None]] = []
         self._inflight_waiters: list[asyncio.Future[None]] = []
@@ -96,7 +102,8 @@ class Sender:
     def wait_sent(self) -> asyncio.Future[None]:
         """A future set when every trigger gathered so far has been sent."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        (self._pending_waiters if self.pending else self._inflight_waiters).append(waiter)
+        pending = self.pending or self.traced
+        (self._pending_waiters if pending else self._inflight_waiters).append(waiter)
         return waiter
 
     def fail_waiters(self, exc: BaseException) -> None:
@@ -109,7 +116,15 @@ class Sender:
 
     def __len__(self) -> int:
         """Triggers gathered and not yet sent (distinct keys)."""
-        return len(self.pending) + self.inflight
+        traced = sum(map(len, self.traced.values())) if self.traced else 0
+        return len(self.pending) + traced + self.inflight
+
+    def traced_batch(self, traceparent: str) -> Batch:
+        """The pending batch of the triggers made in the span of ``traceparent``."""
+        batch = self.traced.get(traceparent)
+        if batch is None:
+            batch = self.traced[traceparent] = Batch()
+        return batch
 
     async def run(self) -> None:
         """Send batches until cancelled; failures are retried, never raised."""
@@ -118,13 +133,14 @@ class Sender:
         while True:
             await wakeup.wait()
             wakeup.clear()
-            while self.pending:
+            while self.pending or self.traced:
                 batch, self.pending = self.pending, Batch()
+                traced, self.traced = self.traced, {}
                 waiters, self._pending_waiters = self._pending_waiters, []
-                self.inflight = len(batch)
+                self.inflight = count = len(batch) + sum(map(len, traced.values()))
                 self._inflight_waiters = waiters
                 try:
-                    await self.send(batch)
+                    await self.send(batch, traced)
                 except CONNECTION_ERRORS as exc:
                     failures += 1
                     self.publish_errors += 1
@@ -132,10 +148,16 @@ class Sender:
                     self.connected = False
                     if failures == 1:
                         self._logger.warning(
-                            "aiopurgatory.postgres.publish_failed", error=text, triggers=len(batch)
+                            "aiopurgatory.postgres.publish_failed", error=text, triggers=count
                         )
+                    # Keep the batches, ahead of what came since; retry after a backoff.
                     batch.merge(self.pending)
                     self.pending = batch
+                    for traceparent, newer in self.traced.items():
+                        older = traced.setdefault(traceparent, newer)
+                        if older is not newer:
+                            older.merge(newer)
+                    self.traced = traced
                     self._pending_waiters = self._inflight_waiters + self._pending_waiters
                     self.inflight = 0
                     self._inflight_waiters = []
@@ -146,7 +168,7 @@ class Sender:
                     self._logger.error(
                         "aiopurgatory.postgres.send_failed",
                         error=self._source.record_bug(exc),
-                        triggers=len(batch),
+                        triggers=count,
                     )
                 if failures:
                     self._logger.warning("aiopurgatory.postgres.publish_resumed", attempts=failures)
@@ -158,11 +180,19 @@ class Sender:
                     if not waiter.done():
                         waiter.set_result(None)
 
-    async def send(self, batch: Batch) -> None:
-        """Send ``batch`` now (one statement per :data:`MAX_STATEMENT_TRIGGERS`)."""
+    async def send(self, batch: Batch, traced: dict[str, Batch] | None = None) -> None:
+        """Send ``batch`` now (one statement per :data:`MAX_STATEMENT_TRIGGERS`), and
+        each batch of ``traced`` (traceparent -> batch) with its trace context."""
         statement = self._statement
+        groups = [(self._id, batch)] if batch else []
+        if traced:
+            groups += [(sender_field(self._id, tp), part) for tp, part in traced.items()]
+        for sender, whole in groups:
+            await self._send(sender, whole, statement)
+
+    async def _send(self, sender: str, batch: Batch, statement: str) -> None:
         for part in split(batch, MAX_STATEMENT_TRIGGERS):
-            arguments = statement_arguments(self._id, part, self._channel, self._partitions)
+            arguments = statement_arguments(sender, part, self._channel, self._partitions)
 
             async def publish(connection: Any, arguments: Any = arguments) -> Any:
                 return await connection.fetchval(statement, *arguments)

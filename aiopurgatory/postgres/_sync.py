@@ -3,7 +3,9 @@
 The same table, statement and payloads as :class:`PostgresTriggers`, so an
 advance made here completes operations parked in any asyncio process on the
 channel. Each call is one statement, sent at once (no batching: synchronous
-callers wait for their own call anyway).
+callers wait for their own call anyway). A call made where a sampled
+OpenTelemetry span is current (the calling thread's) carries its
+``traceparent``, so the waits it completes elsewhere link to that span.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import threading
 from types import TracebackType
 from typing import Any, Self
 
+from .._local import _traceparent
 from .._transport import Key, Value, check_key, check_value
 from ._connections import describe_dsn, error_text
 from ._errors import PostgresTriggersClosedError, PostgresTriggersError
@@ -25,6 +28,7 @@ from ._wire import (
     check_channel,
     check_partitions,
     check_wire_size,
+    sender_field,
 )
 
 __all__ = ["SyncPublisher"]
@@ -168,13 +172,15 @@ class SyncPublisher:
                 self._ensure_table(self._ensure_connection())
         batch = Batch()
         batch.advance(key, value)
-        arguments = statement_arguments(SENDER_TRANSACTION, batch, self._channel, self._count)
+        sender = sender_field(SENDER_TRANSACTION, _traceparent())
+        arguments = statement_arguments(sender, batch, self._channel, self._count)
         conn.execute(self._statement, arguments)
 
     def _publish(self, batch: Batch) -> None:
         import psycopg
 
-        arguments = statement_arguments(SENDER_TRANSACTION, batch, self._channel, self._count)
+        sender = sender_field(SENDER_TRANSACTION, _traceparent())
+        arguments = statement_arguments(sender, batch, self._channel, self._count)
         with self._lock:
             if self._closed:
                 raise PostgresTriggersClosedError("SyncPublisher is closed")

@@ -12,6 +12,10 @@ The parts, one module each (the Redis transport's layout):
 * :mod:`._wire` and :mod:`._sql`: payloads, names and statements (sans-IO).
 
 This class checks arguments, wires the parts together, starts and closes them.
+A trigger made where a sampled OpenTelemetry span is current (``advance_in``
+included: the span current at the call) carries that span's ``traceparent``
+(:mod:`._wire`), and is applied elsewhere with it current, so a traced wait
+links to it (:mod:`aiopurgatory.tracing`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Self
 import asyncpg
 
 from .._detect import current_backend
+from .._local import _traceparent
 from .._logging import LazyLogger
 from .._operation import Outcome
 from .._purgatory import Purgatory
@@ -47,6 +52,7 @@ from ._wire import (
     check_channel,
     check_partitions,
     check_wire_size,
+    sender_field,
 )
 
 __all__ = ["PostgresTriggers", "refuse_virtual_time"]
@@ -288,7 +294,8 @@ class PostgresTriggers:
         purgatory = self._purgatory
         completed = 0 if purgatory is None else purgatory.check_and_complete(key)
         sender = self._sender
-        sender.pending.check(key)
+        traceparent = _traceparent()
+        (sender.pending if traceparent is None else sender.traced_batch(traceparent)).check(key)
         self._triggers += 1
         sender.wakeup.set()
         return completed
@@ -311,7 +318,9 @@ class PostgresTriggers:
         purgatory = self._purgatory
         completed = 0 if purgatory is None else purgatory.advance(key, value)
         sender = self._sender
-        sender.pending.advance(key, value)
+        traceparent = _traceparent()
+        batch = sender.pending if traceparent is None else sender.traced_batch(traceparent)
+        batch.advance(key, value)
         self._triggers += 1
         sender.wakeup.set()
         return completed
@@ -346,7 +355,8 @@ class PostgresTriggers:
         self._check_running()
         batch = Batch()
         batch.advance(key, value)
-        arguments = statement_arguments(SENDER_TRANSACTION, batch, self._channel, self._count)
+        sender = sender_field(SENDER_TRANSACTION, _traceparent())
+        arguments = statement_arguments(sender, batch, self._channel, self._count)
         if kind == "asyncpg":
             await conn.fetchval(self._publish_sql, *arguments)
         else:

@@ -11,6 +11,12 @@ A payload is ASCII JSON, a list of four (the format of the Redis transport)::
 
     [1, "<sender id>", [check keys...], [key, value, key, value, ...]]
 
+A trigger made where a sampled OpenTelemetry span is current carries that
+span's W3C ``traceparent`` in the sender field, after the id and a space
+(:func:`sender_field`, :func:`split_sender`; as the Redis transport does): the
+version before, which only compares the field with its own id, applies it as
+before (an id never holds a space, so the field is never its own).
+
 Keys keep their type: a ``str`` is a JSON string, an ``int`` a JSON integer,
 ``bytes`` an object ``{"b": "<the bytes as latin-1 text>"}``. In the watermark
 table a key is ``bytea``: a type letter (``s``, ``i``, ``b``) and the key's bytes
@@ -49,6 +55,8 @@ __all__ = [
     "notifications",
     "partition_channel",
     "partition_of",
+    "sender_field",
+    "split_sender",
     "stored_key",
     "wire_keys",
 ]
@@ -133,6 +141,17 @@ def partition_of(key: Key, count: int) -> int:
 def partition_channel(channel: str, n: int) -> str:
     """The NOTIFY channel of partition ``n`` of ``channel``."""
     return f"{channel}_{n}"
+
+
+def sender_field(instance: str, traceparent: str | None) -> str:
+    """The sender field of a payload from ``instance``, carrying ``traceparent`` if any."""
+    return instance if traceparent is None else f"{instance} {traceparent}"
+
+
+def split_sender(sender: str) -> tuple[str, str | None]:
+    """``(instance id, traceparent or None)`` from a payload's sender field."""
+    instance, space, traceparent = sender.partition(" ")
+    return (instance, traceparent) if space else (sender, None)
 
 
 def key_json(key: Key) -> str:
