@@ -13,15 +13,18 @@ calls into the compiled core (``bench parked``, issue 54). So this module has no
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._operation import Outcome
 from ._purgatory_core import _outcome, _park
 
+if TYPE_CHECKING:
+    from ._purgatory import OpT
+
 __all__ = ["watch"]
 
 
-async def watch(self: Any, op: Any, keys: Iterable[Hashable] | Mapping[Hashable, float]) -> Outcome:
+async def watch(self: Any, op: OpT, keys: Iterable[Hashable] | Mapping[Hashable, float]) -> Outcome:
     """:meth:`try_complete_else_watch`, then wait until ``op`` finishes.
 
     ``keys`` is a list (or other iterable but a tuple) of keys, or a Mapping
