@@ -13,13 +13,13 @@ calls into the compiled core (``bench parked``, issue 54). So this module has no
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
-from ._operation import Outcome
+from ._operation import DelayedOperation, Outcome
 from ._purgatory_core import _outcome, _park
 
-if TYPE_CHECKING:
-    from ._purgatory import OpT
+# Purgatory's own (aiopurgatory._purgatory.OpT) would be an import cycle.
+OpT = TypeVar("OpT", bound=DelayedOperation)
 
 __all__ = ["watch"]
 
