@@ -20,10 +20,11 @@ from ._histogram_recorder import _Recorder
 from ._histograms import Histogram, PurgatoryHistograms
 from ._logging import LazyLogger
 from ._operation import DelayedOperation, Outcome
-from ._purgatory_core import WatermarkOperation, _expire_now, _outcome, _park, _PurgatoryCore
+from ._purgatory_core import WatermarkOperation, _expire_now, _PurgatoryCore
 from ._thresholds import ThresholdIndex
 from ._timer import Timer
 from ._validation import as_number, hashable_key
+from ._watch import watch as _watch
 
 if sys.version_info >= (3, 13):
     from typing import TypeVar
@@ -290,35 +291,17 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
 
     # -- watching --------------------------------------------------------------------
 
-    async def watch(self, op: OpT, keys: Iterable[Hashable] | Mapping[Hashable, float]) -> Outcome:
-        """:meth:`try_complete_else_watch`, then wait until ``op`` finishes.
+    if TYPE_CHECKING:
 
-        ``keys`` is a list (or other iterable but a tuple) of keys, or a Mapping
-        of keys to thresholds (see :meth:`advance`).
+        async def watch(
+            self, op: OpT, keys: Iterable[Hashable] | Mapping[Hashable, float]
+        ) -> Outcome:
+            """See :func:`aiopurgatory._watch.watch`."""
+            ...
 
-        The caller owns the operation: if the awaiting task is cancelled (asyncio
-        task cancellation, a trio or anyio cancel scope, on any backend) the
-        operation is cancelled and the cancellation propagates. Raises everything that
-        :meth:`try_complete_else_watch` raises, and also what is listed below.
-
-        Returns:
-            ``Outcome.COMPLETED`` or ``Outcome.EXPIRED``; ``Outcome.CANCELLED`` if
-            someone else cancelled it (``op.cancel()``, ``cancel_for_key``, ``close``).
-
-        Raises:
-            RuntimeError: awaited on another loop than the one the purgatory is bound to.
-            Exception: whatever a callback of ``op`` raised (the op is finished).
-        """
-        waiter = _park(self, op, keys)
-        if waiter is not None:
-            try:
-                await waiter
-            except BaseException:
-                # Cancelled (asyncio's CancelledError, trio's Cancelled, an anyio
-                # cancel scope) or abandoned: the caller owns the op, withdraw it.
-                op.cancel()
-                raise
-        return _outcome(op)
+    else:
+        # A native coroutine on both cores, never a compiled one: see _watch.
+        watch = _watch
 
     # -- triggers ----------------------------------------------------------------------
 

@@ -239,6 +239,8 @@ def _print_report(report: dict[str, Any]) -> None:
             )
     if "acks" in report:
         _print_acks(report["acks"], print_table)
+    if "parked" in report:
+        _print_parked(report["parked"], print_table)
     # The project's own performance targets stay in the JSON report (--json), for
     # its benchmark pages; users are shown results and baselines.
 
@@ -312,3 +314,54 @@ def _print_acks(a: dict[str, Any], print_table: Any) -> None:
             for r in a["ratios"]
         ),
     )
+
+
+def _print_parked(p: dict[str, Any], print_table: Any) -> None:
+    """The tables of ``bench parked``: the cost per parked wait, then library / hand-written."""
+    core = "compiled core" if p.get("compiled") else "pure-Python core"
+    print_table(
+        f"bench parked: waits parked at once on {p['params']['keys']:,} keys, each run a "
+        f"fresh process; median of {p['repeat']} ({core})",
+        (
+            "loop",
+            "waits",
+            "impl",
+            "RSS B/wait",
+            "CPU us/wait",
+            "GC-tracked objects",
+            "per wait",
+            "gc.collect() ms",
+            "after gc.freeze() ms",
+        ),
+        (
+            (
+                c["loop"],
+                f"{c['waits']:,}",
+                c["impl"],
+                _fmt(c["median"]["rss_per_wait_bytes"], 4),
+                _fmt(c["median"]["cpu_us_per_wait"]),
+                f"{c['median']['gc_objects']:,.0f}",
+                _fmt(c["median"]["gc_objects_per_wait"], 4),
+                _fmt(c["median"]["collect_ms"], 4),
+                _fmt(c["median"]["collect_frozen_ms"]),
+            )
+            for c in p["cells"]
+        ),
+    )
+    if p["ratios"]:
+        print_table(
+            "bench parked: library / hand-written (below 1: the library costs less)",
+            ("loop", "waits", "pair", "memory", "CPU", "GC-tracked objects", "gc.collect()"),
+            (
+                (
+                    r["loop"],
+                    f"{r['waits']:,}",
+                    r["pair"],
+                    _fmt(r["memory"]),
+                    _fmt(r["cpu"]),
+                    _fmt(r["gc_objects"]),
+                    _fmt(r["collect"]),
+                )
+                for r in p["ratios"]
+            ),
+        )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from . import acks, purgatory, realistic, scale, timer  # noqa: F401 - each registers its runner
+from . import acks, parked, purgatory, realistic, scale, timer  # noqa: F401 - each registers its runner
 from ._common import quiet_logging
 from ._registry import runner
 

@@ -6,6 +6,7 @@ Usage::
     aiopurgatory bench purgatory [--num N] [--rate R] [--pct75 MS --pct50 MS] [--sweep] ...
     aiopurgatory bench purgatory --acks-only [--acks 100,1000,...] [--acks-partitions P] ...
     aiopurgatory bench scale [--pending 1000,10000,...] [--ops N] ...
+    aiopurgatory bench parked [--sizes 10000,100000,1000000] [--keys K] [--impls ...]
     aiopurgatory bench all [--quick]
     aiopurgatory bench redis-fanout [--processes 2,4,8] [--baseline CHECKOUT] ...
     aiopurgatory bench jobs [--waits 1000] [--web-workers 2] ...
@@ -36,6 +37,7 @@ from ._common import TRIO_LOOPS, quiet_logging
 from ._report import _print_report
 from ._runner import _positive_int, _Runner
 from .suite_acks import DEFAULT_PENDINGS, _acks_args, acks_params, run_acks_suite
+from .suite_parked import _parked_args, run_parked_suite
 from .suite_purgatory import (
     _DEFAULT_SWEEP,
     _headline_args,
@@ -133,6 +135,13 @@ def _parser() -> argparse.ArgumentParser:
     p = command("scale", "cost per op as pending timers grow (asyncio loops)")
     _scale_args(p)
 
+    p = command(
+        "parked",
+        "what one parked request costs (memory, CPU, GC-tracked objects, a full collection): "
+        "try_complete_else_watch and await watch() against hand-written code (asyncio loops)",
+    )
+    _parked_args(p)
+
     # Its options are its own (it runs processes against Redis, not specs):
     # main() hands its arguments to aiopurgatory.bench.redis_fanout.
     sub.add_parser(
@@ -203,6 +212,8 @@ def _count_runs(args: argparse.Namespace, loops: Sequence[str]) -> int:
         if not args.no_headline:
             n += len(headline_loops(loops)) * 3 * 2 * repeat + (2 if args.gc_pending else 0)
         return n
+    if args.command == "parked":
+        return len(args.sizes) * scale_cells * len(args.impls) * repeat
     if args.command == "scale":
         pendings: list[int] = args.pending
         return scale_cells * 2 * (repeat * len(pendings) + (1 if args.memory_pending else 0))
@@ -270,8 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.repeat = 1 if getattr(args, "quick", False) else 3
     loops = list(_LOOP_CHOICES[args.loop])
     quiet_logging()
-    if args.command == "scale" and not _scale_loops(loops):
-        parser.error("bench scale runs on asyncio loops only (asyncio, uvloop, virtual)")
+    if args.command in ("scale", "parked") and not _scale_loops(loops):
+        parser.error(f"bench {args.command} runs on asyncio loops only (asyncio, uvloop, virtual)")
     if args.command == "purgatory" and args.acks_only and not _scale_loops(loops):
         parser.error("the acks=all workload runs on asyncio loops only (asyncio, uvloop, virtual)")
     try:
@@ -337,6 +348,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             if _acks_pendings(args) and _scale_loops(loops):
                 report["acks"] = acks()
+        elif args.command == "parked":
+            report["parked"] = run_parked_suite(
+                _scale_loops(loops),
+                args.sizes,
+                {"keys": args.keys},
+                args.repeat,
+                runner,
+                impls=args.impls,
+            )
         elif args.command == "scale":
             report["scale"] = run_scale_suite(
                 _scale_loops(loops),

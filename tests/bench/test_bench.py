@@ -319,7 +319,7 @@ def test_cli_scale_and_printing(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("command", ["timer", "purgatory", "scale", "all"])
+@pytest.mark.parametrize("command", ["timer", "purgatory", "scale", "parked", "all"])
 def test_cli_help_describes_every_flag_and_shows_its_default(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -576,7 +576,7 @@ def test_bench_modules_import_only_shared_modules() -> None:
     import ast
 
     bench = Path(bench_cli.__file__).parent
-    workloads = {"timer", "purgatory", "scale", "realistic", "acks"}
+    workloads = {"timer", "purgatory", "scale", "realistic", "acks", "parked"}
     for path in bench.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.ImportFrom):

@@ -17,6 +17,7 @@ PACKAGE = Path(aiopurgatory.__file__).parent
 # to its right.
 CORE_ORDER = [
     "_purgatory",
+    "_watch",
     "_purgatory_core",
     "_thresholds",
     "_histograms",
@@ -189,7 +190,7 @@ def test_no_other_module_reaches_trio_through_sys_modules() -> None:
     assert offenders == []
 
 
-@pytest.mark.parametrize("module", ["_timeout", "_timer", "_purgatory", "_backends"])
+@pytest.mark.parametrize("module", ["_timeout", "_timer", "_purgatory", "_watch", "_backends"])
 def test_core_modules_import_no_backend(module: str) -> None:
     # The deadline of a Timeout, the timer's clock and wake-ups and the purgatory's
     # waiters all go through the driver: these modules import neither library
@@ -269,3 +270,21 @@ def test_clients_of_the_core_use_only_public_names(module: str) -> None:
         and node.module.lstrip(".").split(".")[-1] in core
     }
     assert private_imports == set()
+
+
+def test_watch_is_a_native_coroutine_on_both_cores() -> None:
+    # Compiled, watch() was a Cython coroutine: two more GC-tracked objects and
+    # about 50 more bytes per parked request (issue 54, docs/benchmarks.md). It
+    # lives in a module that is never compiled, whichever core is loaded.
+    import inspect
+    import types
+
+    from aiopurgatory._compiled import CORE_MODULES
+
+    assert "_watch" not in CORE_MODULES
+    assert not (PACKAGE / "_watch.pxd").exists()
+    watch = aiopurgatory.Purgatory.watch
+    assert type(watch) is types.FunctionType
+    assert inspect.iscoroutinefunction(watch)
+    assert watch.__module__ == "aiopurgatory._watch"
+    assert watch.__qualname__ == "Purgatory.watch"
