@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 _BLOCK = re.compile(r"^```python\n(?P<body>.*?)^```$", re.DOTALL | re.MULTILINE)
 _FRAGMENT = "<!-- fragment -->\n"
+# A program of a page, which the page's other programs may import by its name.
+_FILE = re.compile(r"<!-- file: (?P<name>\w+\.py) -->\n$")
 
 
 class Block(NamedTuple):
@@ -32,6 +34,7 @@ class Block(NamedTuple):
     line: int  # of the block's first line of code, in the page
     code: str
     fragment: bool
+    file: str | None = None  # a program's name (``<!-- file: NAME.py -->``)
 
 
 def blocks() -> list[Block]:
@@ -42,8 +45,18 @@ def blocks() -> list[Block]:
         text = path.read_text(encoding="utf-8")
         for match in _BLOCK.finditer(text):
             line = text.count("\n", 0, match.start()) + 2
-            fragment = text[: match.start()].endswith(_FRAGMENT)
-            found.append(Block(str(path.relative_to(ROOT)), line, match["body"], fragment))
+            before = text[max(0, match.start() - 200) : match.start()]
+            fragment = before.endswith(_FRAGMENT)
+            named = _FILE.search(before)
+            found.append(
+                Block(
+                    str(path.relative_to(ROOT)),
+                    line,
+                    match["body"],
+                    fragment,
+                    None if named is None else named["name"],
+                )
+            )
     return found
 
 
@@ -63,9 +76,15 @@ def test_the_docs_python_snippets_pass_mypy_strict(tmp_path: Path) -> None:
         if block.fragment:
             continue
         stem = re.sub(r"\W", "_", block.page.removesuffix(".md"))
-        name = f"snippet_{n:02d}_{stem}_L{block.line}.py"
-        (tmp_path / name).write_text(block.code, encoding="utf-8")
-        files[name] = block
+        if block.file is None:
+            path = tmp_path / f"snippet_{n:02d}_{stem}_L{block.line}.py"
+        else:
+            # A page's programs side by side under their own names, as its how-to
+            # runs them: one imports another (a web app, its worker's tasks).
+            path = tmp_path / f"programs_{stem}" / block.file
+            path.parent.mkdir(exist_ok=True)
+        path.write_text(block.code, encoding="utf-8")
+        files[str(path.resolve())] = block
     result = subprocess.run(
         [
             sys.executable,
@@ -76,7 +95,7 @@ def test_the_docs_python_snippets_pass_mypy_strict(tmp_path: Path) -> None:
             "--strict",
             "--no-error-summary",
             "--hide-error-context",
-            *sorted(str(tmp_path / name) for name in files),
+            *sorted(files),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -85,10 +104,10 @@ def test_the_docs_python_snippets_pass_mypy_strict(tmp_path: Path) -> None:
     )
     problems = []
     for line in result.stdout.splitlines():
-        match = re.match(r"(?:.*/)?(snippet_\w+\.py):(\d+): (.*)", line)
-        if match is None:
+        match = re.match(r"(.*?\.py):(\d+): (.*)", line)
+        block = None if match is None else files.get(str((ROOT / match[1]).resolve()))
+        if match is None or block is None:
             problems.append(line)
             continue
-        block = files[match[1]]
         problems.append(f"{block.page}:{block.line + int(match[2]) - 1}: {match[3]}")
     assert result.returncode == 0, "\n".join(problems) + result.stderr
