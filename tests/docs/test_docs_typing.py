@@ -105,9 +105,9 @@ def test_the_docs_python_snippets_pass_mypy_strict(tmp_path: Path) -> None:
     problems = []
     for line in result.stdout.splitlines():
         match = re.match(r"(.*?\.py):(\d+): (.*)", line)
-        block = None if match is None else files.get(str((ROOT / match[1]).resolve()))
-        if match is None or block is None:
+        where = None if match is None else files.get(str((ROOT / match[1]).resolve()))
+        if match is None or where is None:
             problems.append(line)
             continue
-        problems.append(f"{block.page}:{block.line + int(match[2]) - 1}: {match[3]}")
+        problems.append(f"{where.page}:{where.line + int(match[2]) - 1}: {match[3]}")
     assert result.returncode == 0, "\n".join(problems) + result.stderr
