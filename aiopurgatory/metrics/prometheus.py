@@ -315,6 +315,11 @@ class RedisTriggersCollector(Collector):
             "Triggers gathered and not yet sent to Redis.",
             labels=labels,
         )
+        subscribed = GaugeMetricFamily(
+            "aiopurgatory_redis_subscribed_partitions",
+            "Partition channels subscribed now (those of the keys watched here).",
+            labels=labels,
+        )
         counters = [
             (
                 CounterMetricFamily(f"aiopurgatory_redis_{field}", help_text, labels=labels),
@@ -331,11 +336,12 @@ class RedisTriggersCollector(Collector):
             values = [stats.channel, stats.purgatory or ""]
             connected.add_metric(values, 1.0 if stats.connected else 0.0)
             pending.add_metric(values, stats.pending)
+            subscribed.add_metric(values, stats.subscribed)
             for family, field in counters:
                 family.add_metric(values, getattr(stats, field))
             if stats.last_error is not None:
                 last_error.add_metric([*values, stats.last_error.split(":", 1)[0]], 1.0)
-        return [connected, pending, *(family for family, _ in counters), last_error]
+        return [connected, pending, subscribed, *(family for family, _ in counters), last_error]
 
 
 # dir() shows the public API, not the names the module uses.

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from aiopurgatory.redis.testing import RedisServer
 from tests.support.longpoll import Program, wait_until
 
 pytestmark = pytest.mark.realtime
@@ -61,6 +62,65 @@ def test_a_long_poll_span_links_to_the_post_that_woke_it() -> None:
     assert link["context"]["span_id"] == post["context"]["span_id"]
     assert link["context"]["trace_id"] == post["context"]["trace_id"]
     assert post["context"]["trace_id"] != get["context"]["trace_id"]
+
+
+def spans_of(server: Program) -> dict[str, list[dict[str, Any]]]:
+    """SIGTERM the server; the spans it wrote, by name."""
+    try:
+        server.proc.send_signal(signal.SIGTERM)
+        out, _ = server.proc.communicate(timeout=30)
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.communicate()
+    assert server.proc.returncode == 0
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for line in out.splitlines():
+        span = json.loads(line)
+        by_name.setdefault(span["name"], []).append(span)
+    return by_name
+
+
+def test_a_long_poll_woken_by_a_post_on_another_server_links_to_that_post(
+    redis_server: RedisServer,
+) -> None:
+    # Two processes on one Redis: the GET parks on one, the POST lands on the other;
+    # the POST's trace context crosses with its trigger (the message's sender field).
+    here = Program("--redis", redis_server.url, "--otel", "console", stdout=subprocess.PIPE)
+    there = Program("--redis", redis_server.url, "--otel", "console", stdout=subprocess.PIPE)
+    try:
+        parked = here.connection()
+        parked.request("GET", "/topics/news?offset=0&wait=60", headers={"traceparent": TRACEPARENT})
+        gauge = 'longpoll_parked_requests{waiter="purgatory"}'
+        wait_until(lambda: here.metrics()[gauge] == 1, "the GET parked")
+        # ... and its topic's partition subscribed here (within the sweep interval):
+        # before that, the POST's message would not reach this process, which would
+        # find the new watermark by reading it from Redis, with no trace to link.
+        wait_until(
+            lambda: any(
+                value >= 1
+                for name, value in here.metrics().items()
+                if name.startswith("aiopurgatory_redis_subscribed_partitions")
+            ),
+            "the topic's partition subscribed",
+        )
+        assert there.get_json("/topics/news", "POST", b"hello") == {"offset": 0}
+        response = parked.getresponse()
+        assert response.status == 200
+        assert json.loads(response.read())["messages"] == ["hello"]
+        parked.close()
+    finally:
+        spans_here = spans_of(here)
+        spans_there = spans_of(there)
+    (get,) = spans_here["GET /topics/{name}"]
+    (wait,) = spans_here["wait longpoll"]
+    (post,) = spans_there["POST /topics/{name}"]
+    assert get["context"]["trace_id"] == "0x" + TRACE_ID
+    assert wait["parent_id"] == get["context"]["span_id"]
+    assert wait["attributes"]["aiopurgatory.outcome"] == "completed"
+    (link,) = wait["links"]
+    assert link["context"]["span_id"] == post["context"]["span_id"]
+    assert link["context"]["trace_id"] == post["context"]["trace_id"]
 
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
