@@ -1,5 +1,5 @@
 """Command line: ``python -m examples.longpoll [--port 8080] [--waiter purgatory|asyncio]
-[--redis URL [--workers N]] [--otel console]``.
+[--redis URL [--workers N]] [--otel console|otlp]``.
 
 Serves until SIGTERM or SIGINT, then stops accepting connections, answers every
 parked GET with what its topic holds, lets the responses go out and exits 0.
@@ -185,11 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--otel",
-        choices=("console",),
+        choices=("console", "otlp"),
         default=None,
-        help="OpenTelemetry traces: console writes a span per request and per parked "
-        "GET's wait (linked to the POST that woke it) to stdout, one JSON line each; "
-        "needs opentelemetry-sdk (default: off)",
+        help="OpenTelemetry traces, a span per request and per parked GET's wait "
+        "(linked to the POST that woke it): console writes them to stdout, one JSON "
+        "line each; otlp sends them over OTLP/HTTP to OTEL_EXPORTER_OTLP_TRACES_ENDPOINT "
+        "or OTEL_EXPORTER_OTLP_ENDPOINT (default http://localhost:4318); needs "
+        "opentelemetry-sdk, and for otlp opentelemetry-exporter-otlp-proto-http "
+        "(default: off)",
     )
     # A worker of --workers N: bind with SO_REUSEPORT beside its siblings.
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
@@ -311,9 +314,9 @@ async def serve(
     if args.otel is not None:
         from aiopurgatory.tracing import trace_waits
 
-        from .tracing import TraceRequests, console_tracing
+        from .tracing import TraceRequests, tracer_provider
 
-        provider = console_tracing()
+        provider = tracer_provider(args.otel)
         served = TraceRequests(app, provider.get_tracer("examples.longpoll"))
         if isinstance(waiter, PurgatoryWaiter):  # the asyncio waiter has no purgatory
             tracing = trace_waits(waiter.purgatory, tracer_provider=provider)
@@ -435,7 +438,9 @@ def main(argv: list[str] | None = None) -> int:
         bounded_protocol(args.header_timeout, args.max_header_bytes, {})  # checks them
         loop_name, factory = loop_factory(args.loop)
         if args.otel is not None:
-            from . import tracing  # noqa: F401 - ImportError: the SDK is missing
+            from .tracing import require
+
+            require(args.otel)  # ImportError: the SDK or the exporter is missing
     except (TypeError, ValueError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
