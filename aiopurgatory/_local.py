@@ -31,7 +31,7 @@ from ._errors import TriggersClosedError
 from ._logging import LazyLogger
 from ._operation import DelayedOperation, Outcome
 from ._purgatory import Purgatory
-from ._transport import Key, Value, check_key, check_value
+from ._transport import Key, Value, check_key, check_value, wire_keys
 from ._validation import as_seconds
 
 __all__ = ["LocalBus", "LocalTriggers", "LocalTriggersStatistics"]
@@ -431,7 +431,7 @@ class LocalTriggers:
         if purgatory is None:
             return
         self._resyncs += 1
-        self._catch_up(_wire_keys(purgatory.keys()))
+        self._catch_up(wire_keys(purgatory.keys()))
         self._check_flushed()
 
     async def _wait_resumed(self) -> None:
@@ -535,13 +535,3 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
-
-
-def _wire_keys(keys: Iterable[Hashable]) -> list[Key]:
-    # The keys other processes can trigger (a key watched on the purgatory
-    # directly may be any hashable; only these can be stored on the bus).
-    return [
-        key
-        for key in keys
-        if isinstance(key, str | bytes) or (isinstance(key, int) and not isinstance(key, bool))
-    ]

@@ -23,12 +23,19 @@ from ._operation import DelayedOperation, Outcome
 
 __all__ = [
     "MAX_EXACT_INT",
+    "Batch",
     "Key",
+    "MalformedMessage",
     "Triggers",
     "TriggersStatistics",
     "Value",
     "check_key",
     "check_value",
+    "key_from_wire",
+    "sender_field",
+    "split_sender",
+    "value_text",
+    "wire_keys",
 ]
 
 #: A key that can cross between processes: a str, bytes or int (not bool).
@@ -63,6 +70,106 @@ def check_value(value: object, argument: str = "value") -> Value:
             f"{argument} must be within +-2**53 (watermarks are compared as doubles), got {value!r}"
         )
     return value
+
+
+# -- what every transport's wire format shares (sans-IO) ------------------------
+
+
+class MalformedMessage(ValueError):
+    """A message or payload that this version cannot read (nothing of it is applied)."""
+
+
+class Batch:
+    """Triggers gathered for one message: check keys, and the highest value per advanced key."""
+
+    __slots__ = ("advances", "checks")
+
+    def __init__(self) -> None:
+        # dicts as ordered sets: a key triggered twice is sent once.
+        self.checks: dict[Key, None] = {}
+        self.advances: dict[Key, Value] = {}
+
+    def __len__(self) -> int:
+        return len(self.checks) + len(self.advances)
+
+    def check(self, key: Key) -> None:
+        self.checks[key] = None
+
+    def advance(self, key: Key, value: Value) -> None:
+        advances = self.advances
+        current = advances.get(key)
+        if current is None or value > current:
+            advances[key] = value
+
+    def merge(self, newer: Batch) -> None:
+        """Add ``newer``'s triggers to this batch (it was gathered after this one)."""
+        self.checks.update(newer.checks)
+        for key, value in newer.advances.items():
+            self.advance(key, value)
+
+    def split(self, size: int) -> list[Batch]:
+        """This batch as batches of at most ``size`` triggers each (itself if it fits)."""
+        if len(self) <= size:
+            return [self]
+        parts: list[Batch] = []
+        part = Batch()
+        for key in self.checks:
+            if len(part) == size:
+                parts.append(part)
+                part = Batch()
+            part.checks[key] = None
+        for key, value in self.advances.items():
+            if len(part) == size:
+                parts.append(part)
+                part = Batch()
+            part.advances[key] = value
+        parts.append(part)
+        return parts
+
+
+def key_from_wire(item: object) -> Key:
+    """A key as JSON carries it back (a str, an int, or ``{"b": latin-1 text}`` for bytes)."""
+    kind = type(item)
+    if kind is str or kind is int:
+        return item  # type: ignore[return-value]
+    if kind is dict and len(item) == 1:  # type: ignore[arg-type]
+        text = item.get("b")  # type: ignore[attr-defined]
+        if type(text) is str:
+            try:
+                return text.encode("latin-1")
+            except UnicodeEncodeError:
+                pass
+    raise MalformedMessage(f"not a key: {item!r:.80}")
+
+
+def sender_field(instance: str, traceparent: str | None) -> str:
+    """A message's sender field from ``instance``, carrying ``traceparent`` if any."""
+    return instance if traceparent is None else f"{instance} {traceparent}"
+
+
+def split_sender(sender: str) -> tuple[str, str | None]:
+    """``(instance id, traceparent or None)`` from a message's (a payload's) sender field."""
+    instance, space, traceparent = sender.partition(" ")
+    return (instance, traceparent) if space else (sender, None)
+
+
+def value_text(value: Value) -> str:
+    """``value`` as decimal text, which is JSON too: an int's digits, a float's ``repr``.
+
+    An int or float subclass (an ``IntEnum``) is written as its plain value.
+    """
+    if type(value) is int or type(value) is float:
+        return repr(value)
+    return float.__repr__(value) if isinstance(value, float) else int.__repr__(value)
+
+
+def wire_keys(keys: Iterable[Hashable]) -> list[Key]:
+    """The keys of ``keys`` that can cross the wire, in order (others are skipped)."""
+    return [
+        key
+        for key in keys
+        if isinstance(key, str | bytes) or (isinstance(key, int) and not isinstance(key, bool))
+    ]
 
 
 @runtime_checkable

@@ -34,10 +34,19 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from collections.abc import Hashable, Iterable
 from typing import Final
 
-from .._transport import Key, Value
+from .._transport import (
+    Batch,
+    Key,
+    MalformedMessage,
+    Value,
+    key_from_wire,
+    sender_field,
+    split_sender,
+    value_text,
+    wire_keys,
+)
 
 __all__ = [
     "DEFAULT_CHANNEL",
@@ -82,10 +91,6 @@ _CHANNEL: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 
 _json_text = json.encoder.encode_basestring_ascii
 _loads = json.loads
-
-
-class MalformedMessage(ValueError):
-    """A payload on the channel that this version cannot read (nothing applied)."""
 
 
 def check_channel(channel: object) -> str:
@@ -143,17 +148,6 @@ def partition_channel(channel: str, n: int) -> str:
     return f"{channel}_{n}"
 
 
-def sender_field(instance: str, traceparent: str | None) -> str:
-    """The sender field of a payload from ``instance``, carrying ``traceparent`` if any."""
-    return instance if traceparent is None else f"{instance} {traceparent}"
-
-
-def split_sender(sender: str) -> tuple[str, str | None]:
-    """``(instance id, traceparent or None)`` from a payload's sender field."""
-    instance, space, traceparent = sender.partition(" ")
-    return (instance, traceparent) if space else (sender, None)
-
-
 def key_json(key: Key) -> str:
     """``key`` as JSON text in a payload."""
     if type(key) is str:
@@ -167,13 +161,6 @@ def key_json(key: Key) -> str:
     return _json_text(str.__str__(key)) if isinstance(key, str) else str(int(key))
 
 
-def value_text(value: Value) -> str:
-    """``value`` as JSON: an int's digits, a float's ``repr``."""
-    if type(value) is int or type(value) is float:
-        return repr(value)
-    return float.__repr__(value) if isinstance(value, float) else int.__repr__(value)
-
-
 def check_wire_size(key: Key, argument: str = "key") -> Key:
     """``key`` if it fits in a payload (at most :data:`MAX_KEY_BYTES` as JSON), else ValueError."""
     if isinstance(key, int):
@@ -184,34 +171,6 @@ def check_wire_size(key: Key, argument: str = "key") -> Key:
             f"{MAX_KEY_BYTES} bytes as JSON, got {len(key_json(key))}"
         )
     return key
-
-
-class Batch:
-    """Triggers gathered for one round trip: check keys, and the highest value per advanced key."""
-
-    __slots__ = ("advances", "checks")
-
-    def __init__(self) -> None:
-        self.checks: dict[Key, None] = {}
-        self.advances: dict[Key, Value] = {}
-
-    def __len__(self) -> int:
-        return len(self.checks) + len(self.advances)
-
-    def check(self, key: Key) -> None:
-        self.checks[key] = None
-
-    def advance(self, key: Key, value: Value) -> None:
-        advances = self.advances
-        current = advances.get(key)
-        if current is None or value > current:
-            advances[key] = value
-
-    def merge(self, newer: Batch) -> None:
-        """Add ``newer``'s triggers to this batch (it was gathered after this one)."""
-        self.checks.update(newer.checks)
-        for key, value in newer.advances.items():
-            self.advance(key, value)
 
 
 class _Part:
@@ -261,20 +220,6 @@ def notifications(
     return out_channels, out_payloads
 
 
-def _key_from_wire(item: object) -> Key:
-    kind = type(item)
-    if kind is str or kind is int:
-        return item  # type: ignore[return-value]
-    if kind is dict and len(item) == 1:  # type: ignore[arg-type]
-        text = item.get("b")  # type: ignore[attr-defined]
-        if type(text) is str:
-            try:
-                return text.encode("latin-1")
-            except UnicodeEncodeError:
-                pass
-    raise MalformedMessage(f"not a key: {item!r:.80}")
-
-
 def decode(payload: str) -> tuple[str, list[Key], list[tuple[Key, Value]]]:
     """``(sender, check keys, [(key, value), ...])`` from a payload.
 
@@ -292,20 +237,11 @@ def decode(payload: str) -> tuple[str, list[Key], list[tuple[Key, Value]]]:
         raise MalformedMessage(f"not a version {VERSION} payload: {payload!r:.80}")
     if len(flat) % 2:
         raise MalformedMessage("advances must be key, value pairs")
-    keys = [_key_from_wire(item) for item in checks]
+    keys = [key_from_wire(item) for item in checks]
     advances: list[tuple[Key, Value]] = []
     for i in range(0, len(flat), 2):
         value = flat[i + 1]
         if type(value) is not int and type(value) is not float:
             raise MalformedMessage(f"not a value: {value!r:.80}")
-        advances.append((_key_from_wire(flat[i]), value))
+        advances.append((key_from_wire(flat[i]), value))
     return sender, keys, advances
-
-
-def wire_keys(keys: Iterable[Hashable]) -> list[Key]:
-    """The keys of ``keys`` that can cross the wire, in order (others are skipped)."""
-    return [
-        key
-        for key in keys
-        if isinstance(key, str | bytes) or (isinstance(key, int) and not isinstance(key, bool))
-    ]

@@ -34,10 +34,22 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Hashable, Iterable
 from typing import Final
 
-from .._transport import MAX_EXACT_INT, Key, Value, check_key, check_value
+from .._transport import (
+    MAX_EXACT_INT,
+    Batch,
+    Key,
+    MalformedMessage,
+    Value,
+    check_key,
+    check_value,
+    key_from_wire,
+    sender_field,
+    split_sender,
+    value_text,
+    wire_keys,
+)
 
 __all__ = [
     "MAX_EXACT_INT",
@@ -66,58 +78,6 @@ _loads = json.loads
 VERSION: Final = 1
 
 
-class MalformedMessage(ValueError):
-    """A message on the channel that this version cannot read (nothing applied)."""
-
-
-class Batch:
-    """Triggers gathered for one message: check keys, and the highest value per advanced key."""
-
-    __slots__ = ("advances", "checks")
-
-    def __init__(self) -> None:
-        # dicts as ordered sets: a key triggered twice is sent once.
-        self.checks: dict[Key, None] = {}
-        self.advances: dict[Key, Value] = {}
-
-    def __len__(self) -> int:
-        return len(self.checks) + len(self.advances)
-
-    def check(self, key: Key) -> None:
-        self.checks[key] = None
-
-    def advance(self, key: Key, value: Value) -> None:
-        advances = self.advances
-        current = advances.get(key)
-        if current is None or value > current:
-            advances[key] = value
-
-    def merge(self, newer: Batch) -> None:
-        """Add ``newer``'s triggers to this batch (it was gathered after this one)."""
-        self.checks.update(newer.checks)
-        for key, value in newer.advances.items():
-            self.advance(key, value)
-
-    def split(self, size: int) -> list[Batch]:
-        """This batch as batches of at most ``size`` triggers each (itself if it fits)."""
-        if len(self) <= size:
-            return [self]
-        parts: list[Batch] = []
-        part = Batch()
-        for key in self.checks:
-            if len(part) == size:
-                parts.append(part)
-                part = Batch()
-            part.checks[key] = None
-        for key, value in self.advances.items():
-            if len(part) == size:
-                parts.append(part)
-                part = Batch()
-            part.advances[key] = value
-        parts.append(part)
-        return parts
-
-
 def _wire_key(key: Key) -> object:
     if type(key) is str or type(key) is int:
         return key
@@ -139,20 +99,6 @@ def encode(sender: str, batch: Batch) -> bytes:
     )
 
 
-def _key_from_wire(item: object) -> Key:
-    kind = type(item)
-    if kind is str or kind is int:
-        return item  # type: ignore[return-value]
-    if kind is dict and len(item) == 1:  # type: ignore[arg-type]
-        text = item.get("b")  # type: ignore[attr-defined]
-        if type(text) is str:
-            try:
-                return text.encode("latin-1")
-            except UnicodeEncodeError:
-                pass
-    raise MalformedMessage(f"not a key: {item!r:.80}")
-
-
 def decode(data: bytes | str) -> tuple[str, list[Key], list[tuple[Key, Value]]]:
     """``(sender, check keys, [(key, value), ...])`` from a message.
 
@@ -170,26 +116,15 @@ def decode(data: bytes | str) -> tuple[str, list[Key], list[tuple[Key, Value]]]:
         raise MalformedMessage(f"not a version {VERSION} message: {data!r:.80}")
     if len(flat) % 2:
         raise MalformedMessage("advances must be key, value pairs")
-    keys = [_key_from_wire(item) for item in checks]
+    keys = [key_from_wire(item) for item in checks]
     advances: list[tuple[Key, Value]] = []
     for i in range(0, len(flat), 2):
         value = flat[i + 1]
         kind = type(value)
         if kind is not int and kind is not float:
             raise MalformedMessage(f"not a value: {value!r:.80}")
-        advances.append((_key_from_wire(flat[i]), value))
+        advances.append((key_from_wire(flat[i]), value))
     return sender, keys, advances
-
-
-def sender_field(instance: str, traceparent: str | None) -> str:
-    """The sender field of a message from ``instance``, carrying ``traceparent`` if any."""
-    return instance if traceparent is None else f"{instance} {traceparent}"
-
-
-def split_sender(sender: str) -> tuple[str, str | None]:
-    """``(instance id, traceparent or None)`` from a message's sender field."""
-    instance, space, traceparent = sender.partition(" ")
-    return (instance, traceparent) if space else (sender, None)
 
 
 def redis_key(prefix: bytes, key: Key) -> bytes:
@@ -222,25 +157,6 @@ def parse_stored(raw: bytes | str | None) -> Value | None:
     return value if math.isfinite(value) else None
 
 
-def value_text(value: Value) -> str:
-    """``value`` as decimal text, which is JSON too: an int's digits, a float's ``repr``.
-
-    An int or float subclass (an ``IntEnum``) is written as its plain value.
-    """
-    if type(value) is int or type(value) is float:
-        return repr(value)
-    return float.__repr__(value) if isinstance(value, float) else int.__repr__(value)
-
-
 def stored(value: Value) -> bytes:
     """``value`` as written to Redis: decimal digits, a float keeping its ``repr``."""
     return value_text(value).encode("ascii")
-
-
-def wire_keys(keys: Iterable[Hashable]) -> list[Key]:
-    """The keys of ``keys`` that can cross the wire, in order (others are skipped)."""
-    return [
-        key
-        for key in keys
-        if isinstance(key, str | bytes) or (isinstance(key, int) and not isinstance(key, bool))
-    ]
