@@ -42,6 +42,8 @@ cdef class Timer:
     cdef public object _early_wake
     cdef public bint _flush_requested
     cdef public object _last_lag_log
+    cdef public object _last_tick
+    cdef public long long _last_tick_value
     cdef public object _logger
     cdef public double _max_when
     cdef public unsigned long _running_in
@@ -62,6 +64,7 @@ cdef class Timer:
     cpdef _unschedule(self, _TimerEntry entry)
     cpdef _arm(self, expiration, not_before=*)
     cpdef _disarm(self)
+    @cython.locals(tick=cython.longlong)
     cpdef bint _insert(self, _TimerEntry entry) except -1
     @cython.locals(entry=_TimerEntry, due_now=list, when=double)
     cpdef _compact(self, double now)

@@ -87,7 +87,7 @@ class _Watch(Future):  # type: ignore[type-arg]
     # -- the coroutine -------------------------------------------------------------------
 
     def __await__(self) -> Generator[Any, None, Outcome]:
-        return self  # type: ignore[return-value]
+        return self
 
     def __next__(self) -> Any:
         return self.send(None)
@@ -116,10 +116,7 @@ class _Watch(Future):  # type: ignore[type-arg]
 
     def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
         """Raise ``typ`` (an exception, or its class) here; if parked, cancel the op first."""
-        if val is None:
-            exc = typ() if isinstance(typ, type) else typ
-        else:
-            exc = val
+        exc = (typ() if isinstance(typ, type) else typ) if val is None else val
         if tb is not None:
             exc = exc.with_traceback(tb)
         pending = self._pending
@@ -193,7 +190,7 @@ class _Watch(Future):  # type: ignore[type-arg]
 
     # -- the future ------------------------------------------------------------------------
 
-    @property  # type: ignore[override]
+    @property
     def _asyncio_future_blocking(self) -> Any:
         # None until it is its task's future: asyncio.isfuture() is then False,
         # so ensure_future() and gather() wrap it in a task, as a coroutine.
