@@ -28,11 +28,11 @@ trio guest run) is awaited through that waiter's own iterator instead.
 from __future__ import annotations
 
 import warnings
-from asyncio import Future
 from collections.abc import Callable, Coroutine, Generator, Hashable, Iterable, Mapping
 from types import MethodType as _MethodType
 from typing import Any, TypeVar
 
+from ._asyncio_driver import Future
 from ._operation import DelayedOperation, Outcome
 from ._purgatory_core import _outcome, _park
 

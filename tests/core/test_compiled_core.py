@@ -37,6 +37,7 @@ from aiopurgatory import (
     _ticks,
     _timer,
     _validation,
+    _watch,
     _wheel,
     simulation,
 )
@@ -52,6 +53,7 @@ CORE = (
     _operation,
     _thresholds,
     _purgatory_core,
+    _watch,
     _purgatory,
     _histogram_recorder,
 )
