@@ -19,7 +19,7 @@ import aiopurgatory
 PACKAGE = Path(aiopurgatory.__file__).parent
 PXD_FILES = sorted(PACKAGE.glob("*.pxd"))
 # Compiled modules that declare functions only (no class, so no slots to match).
-FUNCTIONS_ONLY = {"_validation", "_ticks", "_purgatory"}
+FUNCTIONS_ONLY = {"_validation", "_ticks", "_purgatory", "_watch"}
 
 _CLASS = re.compile(r"^cdef class (\w+)\s*(?:\([^)]*\))?\s*:\s*$")
 # ``cdef [public|readonly] <type...> <name>``: an attribute (a method has parentheses);
@@ -115,6 +115,7 @@ def test_every_core_module_is_covered() -> None:
         "_validation",
         "_ticks",
         "_purgatory_core",
+        "_watch",
     }
 
 
