@@ -17,6 +17,7 @@ from celery import Celery
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
 from aiopurgatory.jobs.celery import publish_jobs
+
 # (celery_app's worker_ready receiver says when this worker is ready too)
 from tests.jobs.celery_app import URL, configure
 from tests.jobs.spans import export_to

@@ -4,7 +4,7 @@ A worker process calls :func:`export_to` with the path in
 ``AIOPURGATORY_JOBS_SPANS``: a TracerProvider of its own (the SDK's default
 sampler: every root span sampled) whose spans are appended to that file as they
 end, from any process of the worker (a prefork child too: one ``write`` per span
-on a file opened for appending). The test reads them with :func:`read_spans`.
+on a file opened for appending). The test finds them with :func:`find_span`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class FileExporter(SpanExporter):
         lines = []
         for span in spans:
             context = span.get_span_context()
+            assert context is not None  # an SDK span's, always
             lines.append(
                 json.dumps(
                     {
@@ -59,17 +60,16 @@ def export_to(path: str | None = None) -> TracerProvider | None:
     return provider
 
 
-def read_spans(path: Path, name: str, count: int = 1, within: float = 10.0) -> list[dict[str, Any]]:
-    """The spans named ``name`` in ``path``, once there are ``count`` (up to ``within`` s)."""
+def find_span(path: Path, name: str, attribute: str, value: str, within: float = 10.0) -> Any:
+    """The span ``name`` in ``path`` whose ``attribute`` is ``value``, once exported
+    (up to ``within`` s: a span is written when it ends, after what it published);
+    None if it never is."""
     deadline = time.monotonic() + within
     while True:
-        found = []
         if path.exists():
-            found = [
-                span
-                for span in map(json.loads, path.read_text().splitlines())
-                if span["name"] == name
-            ]
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
+            for span in map(json.loads, path.read_text().splitlines()):
+                if span["name"] == name and span["attributes"].get(attribute) == value:
+                    return span
+        if time.monotonic() > deadline:
+            return None
         time.sleep(0.05)

@@ -11,24 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from rq import Queue
 
-from aiopurgatory.jobs import JobWaiter
+from aiopurgatory.jobs import JobEnd, JobFailedError
 from aiopurgatory.jobs.celery import CeleryJobs
+from aiopurgatory.jobs.dramatiq import DramatiqJobs
+from aiopurgatory.jobs.rq import RQJobs
 from aiopurgatory.redis import RedisTriggers
 from aiopurgatory.redis.testing import RedisServer
 from aiopurgatory.tracing import trace_waits
-from tests.jobs import celery_app
+from tests.jobs import celery_app, rq_app
 from tests.jobs.conftest import WorkerProcess, python
-from tests.jobs.spans import ENV, read_spans
+from tests.jobs.spans import ENV, find_span
 
 CELERY_APP = "tests.jobs.celery_traced_app"
 ORDERS = ["first", "last"]  # Celery instrumented before or after publish_jobs
@@ -53,7 +57,8 @@ def linked_to(span: ReadableSpan) -> list[tuple[str, str]]:
 async def parked(triggers: RedisTriggers, key: Any) -> None:
     """Until the wait on ``key`` is parked and its partition subscribed."""
     subscriber, purgatory = triggers._subscriber, triggers.purgatory
-    assert subscriber is not None and purgatory is not None
+    assert subscriber is not None
+    assert purgatory is not None
     async with asyncio.timeout(10):
         while not (purgatory.pending and subscriber.covers([key])):  # noqa: ASYNC110
             await asyncio.sleep(0.005)
@@ -61,26 +66,33 @@ async def parked(triggers: RedisTriggers, key: Any) -> None:
 
 async def traced_wait(
     triggers: RedisTriggers,
-    jobs: JobWaiter,
-    job_id: str,
-    send: Any,
-    provider: TracerProvider,
-    exporter: InMemorySpanExporter,
+    key: Any,
+    wait: Callable[[], Awaitable[Any]],
+    send: Callable[[], Awaitable[Any]],
+    here: tuple[TracerProvider, InMemorySpanExporter],
 ) -> tuple[Any, ReadableSpan]:
-    """Wait for ``job_id`` (traced), sending it with ``send()`` once the wait is
-    parked; the wait's outcome (its result or exception) and its span."""
+    """``wait()`` for a job (traced), sending it with ``send()`` once the wait on
+    ``key`` is parked; the wait's outcome (its result or exception) and its span."""
+    provider, exporter = here
     purgatory = triggers.purgatory
     assert purgatory is not None
     with trace_waits(purgatory, tracer_provider=provider):
-        waiting = asyncio.ensure_future(jobs.wait(job_id, timeout=20.0))
-        await parked(triggers, jobs.key(job_id))
+        waiting = asyncio.ensure_future(wait())
+        await parked(triggers, key)
         await send()
         try:
             outcome: Any = await waiting
         except Exception as exc:
             outcome = exc
-    (wait,) = [s for s in exporter.get_finished_spans() if s.name.startswith("wait ")]
-    return outcome, wait
+    (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("wait ")]
+    return outcome, span
+
+
+def worker_span(spans: Path, name: str, attribute: str, job_id: str) -> dict[str, Any]:
+    """The worker's span ``name`` whose ``attribute`` is ``job_id`` (once exported)."""
+    span = find_span(spans, name, attribute, job_id)
+    assert span is not None, f"the worker exported no span {name!r} of job {job_id}"
+    return dict(span)
 
 
 # -- Celery (opentelemetry-instrumentation-celery in the worker) --------------------
@@ -95,16 +107,14 @@ def celery_workers(
     started = {}
     for order in ORDERS:
         spans = logs / f"{order}.spans"
-        started[order] = (
-            WorkerProcess(
-                [python(), "-m", "celery", "-A", CELERY_APP, "worker", "-P", "threads", "-c", "2",
-                 "-Q", order, "-n", f"{order}@%h", "--without-gossip", "--without-mingle",
-                 "--without-heartbeat", "-l", "info"],
-                url=jobs_redis.url, log=logs / f"{order}.log", ready=logs / f"{order}.ready",
-                env={ENV: str(spans), "AIOPURGATORY_JOBS_INSTRUMENT": order},
-            ),  # fmt: skip
-            spans,
-        )
+        worker = WorkerProcess(
+            [python(), "-m", "celery", "-A", CELERY_APP, "worker", "-P", "threads", "-c", "2",
+             "-Q", order, "-n", f"{order}@%h", "--without-gossip", "--without-mingle",
+             "--without-heartbeat", "-l", "info"],
+            url=jobs_redis.url, log=logs / f"{order}.log", ready=logs / f"{order}.ready",
+            env={ENV: str(spans), "AIOPURGATORY_JOBS_INSTRUMENT": order},
+        )  # fmt: skip
+        started[order] = (worker, spans)
     for worker, _ in started.values():
         worker.wait_ready()
     yield started
@@ -131,10 +141,7 @@ def celery_send(client: Celery, name: str, job_id: str, queue: str, *args: Any) 
 
 
 def celery_task_span(spans: Path, name: str, job_id: str) -> dict[str, Any]:
-    for span in read_spans(spans, f"run/{CELERY_APP}.{name}", count=1):
-        if span["attributes"].get("messaging.message.id") == job_id:
-            return span
-    raise AssertionError(f"the worker exported no span of task {job_id}")
+    return worker_span(spans, f"run/{CELERY_APP}.{name}", "messaging.message.id", job_id)
 
 
 @pytest.mark.parametrize("order", ORDERS)
@@ -148,7 +155,9 @@ async def test_a_celery_task_that_succeeded_links_the_wait_to_the_tasks_span(
     job_id = str(uuid.uuid4())
     jobs = CeleryJobs(triggers, celery_client)
     send = celery_send(celery_client, "nap", job_id, order, 0.05)
-    result, wait = await traced_wait(triggers, jobs, job_id, send, *here)
+    result, wait = await traced_wait(
+        triggers, jobs.key(job_id), lambda: jobs.wait(job_id, timeout=20.0), send, here
+    )
     assert result == "rested"
     task = celery_task_span(celery_workers[order][1], "nap", job_id)
     assert linked_to(wait) == [(task["trace_id"], task["span_id"])]
@@ -163,7 +172,112 @@ async def test_a_celery_task_that_failed_links_the_wait_to_the_tasks_span(
     job_id = str(uuid.uuid4())
     jobs = CeleryJobs(triggers, celery_client)
     send = celery_send(celery_client, "fail_after", job_id, "first", 0.05)
-    error, wait = await traced_wait(triggers, jobs, job_id, send, *here)
-    assert isinstance(error, ValueError) and str(error) == "failed on purpose"
+    error, wait = await traced_wait(
+        triggers, jobs.key(job_id), lambda: jobs.wait(job_id, timeout=20.0), send, here
+    )
+    assert isinstance(error, ValueError)
+    assert str(error) == "failed on purpose"
     task = celery_task_span(celery_workers["first"][1], "fail_after", job_id)
     assert linked_to(wait) == [(task["trace_id"], task["span_id"])]
+
+
+# -- RQ (a span around the work horse's perform_job) --------------------------------
+
+
+@pytest.fixture(scope="module")
+def rq_worker(
+    jobs_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[WorkerProcess, Path]]:
+    logs = tmp_path_factory.mktemp("rq-traced")
+    spans = logs / "rq.spans"
+    worker = WorkerProcess(
+        [python(), "-m", "rq.cli", "worker", "-w", "tests.jobs.rq_traced_app.TracedWorker",
+         "--url", jobs_redis.url, "--name", "traced", "traced"],
+        url=jobs_redis.url, log=logs / "rq.log", ready=logs / "rq.ready", env={ENV: str(spans)},
+    )  # fmt: skip
+    worker.wait_ready()
+    yield worker, spans
+    worker.stop()
+
+
+@pytest.mark.parametrize(("function", "args"), [(rq_app.add, (2, 3)), (rq_app.fail, ("boom",))])
+async def test_an_rq_job_links_the_wait_to_the_work_horses_span(
+    rq_worker: tuple[WorkerProcess, Path],
+    jobs_redis: RedisServer,
+    triggers: RedisTriggers,
+    here: tuple[TracerProvider, InMemorySpanExporter],
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+) -> None:
+    connection = redis.Redis.from_url(jobs_redis.url)
+    try:
+        jobs = RQJobs(triggers, connection)
+        job_id = str(uuid.uuid4())
+        queue = Queue("traced", connection=connection)
+
+        async def send() -> None:
+            await asyncio.to_thread(queue.enqueue, function, *args, job_id=job_id)
+
+        outcome, wait = await traced_wait(
+            triggers, jobs.key(job_id), lambda: jobs.wait(job_id, timeout=20.0), send, here
+        )
+    finally:
+        connection.close()
+    if function is rq_app.add:
+        assert outcome == 5
+    else:
+        assert isinstance(outcome, JobFailedError)
+        assert outcome.end is JobEnd.FAILED
+    job = worker_span(rq_worker[1], "rq job", "job.id", job_id)
+    assert linked_to(wait) == [(job["trace_id"], job["span_id"])]
+
+
+# -- Dramatiq (a tracing middleware added before publish_jobs) ----------------------
+
+
+@pytest.fixture(scope="module")
+def dramatiq_app(
+    jobs_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Any, Path]]:
+    """The traced app's module, imported with the module's Redis, and its worker."""
+    logs = tmp_path_factory.mktemp("dramatiq-traced")
+    spans = logs / "dramatiq.spans"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AIOPURGATORY_JOBS_REDIS", jobs_redis.url)
+        import tests.jobs.dramatiq_traced_app as module
+
+        assert jobs_redis.url == module.URL, "imported already with another Redis"
+        worker = WorkerProcess(
+            [python(), "-m", "dramatiq", "tests.jobs.dramatiq_traced_app", "-p", "1", "-t", "2",
+             "-Q", "traced"],
+            url=jobs_redis.url, log=logs / "dramatiq.log", ready=logs / "dramatiq.ready",
+            env={ENV: str(spans)},
+        )  # fmt: skip
+        worker.wait_ready()
+        yield module, spans
+        worker.stop()
+        module.broker.close()
+
+
+async def test_a_dramatiq_message_that_succeeded_links_the_wait_to_the_workers_span(
+    dramatiq_app: tuple[Any, Path],
+    triggers: RedisTriggers,
+    here: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    module, spans = dramatiq_app
+    jobs = DramatiqJobs(triggers, module.backend)
+    message = module.nap.message(0.05)
+
+    async def send() -> None:
+        await asyncio.to_thread(module.broker.enqueue, message)
+
+    result, wait = await traced_wait(
+        triggers,
+        jobs.key(message.message_id),
+        lambda: jobs.wait_message(message, timeout=20.0),
+        send,
+        here,
+    )
+    assert result == "rested"
+    span = worker_span(spans, "dramatiq nap", "message.id", message.message_id)
+    assert linked_to(wait) == [(span["trace_id"], span["span_id"])]
