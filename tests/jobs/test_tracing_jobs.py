@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from dramatiq.results import ResultFailure
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -259,25 +260,34 @@ def dramatiq_app(
         module.broker.close()
 
 
-async def test_a_dramatiq_message_that_succeeded_links_the_wait_to_the_workers_span(
+@pytest.mark.parametrize("actor", ["nap", "fail_after"])
+async def test_a_dramatiq_message_links_the_wait_to_the_workers_span(
     dramatiq_app: tuple[Any, Path],
     triggers: RedisTriggers,
     here: tuple[TracerProvider, InMemorySpanExporter],
+    actor: str,
 ) -> None:
+    # A failure is published from after_nack, which Dramatiq runs after the
+    # tracing middleware ended the span: PublishJobs keeps the context it
+    # failed in until then.
     module, spans = dramatiq_app
     jobs = DramatiqJobs(triggers, module.backend)
-    message = module.nap.message(0.05)
+    message = getattr(module, actor).message(0.05)
 
     async def send() -> None:
         await asyncio.to_thread(module.broker.enqueue, message)
 
-    result, wait = await traced_wait(
+    outcome, wait = await traced_wait(
         triggers,
         jobs.key(message.message_id),
         lambda: jobs.wait_message(message, timeout=20.0),
         send,
         here,
     )
-    assert result == "rested"
-    span = worker_span(spans, "dramatiq nap", "message.id", message.message_id)
+    if actor == "nap":
+        assert outcome == "rested"
+    else:
+        assert isinstance(outcome, ResultFailure)
+        assert "failed on purpose" in str(outcome)
+    span = worker_span(spans, f"dramatiq {actor}", "message.id", message.message_id)
     assert linked_to(wait) == [(span["trace_id"], span["span_id"])]
