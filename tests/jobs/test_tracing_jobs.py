@@ -23,11 +23,14 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from rq import Queue
+from saq import Job as SaqJob
+from saq import Queue as SaqQueue
 
 from aiopurgatory.jobs import JobEnd, JobFailedError
 from aiopurgatory.jobs.celery import CeleryJobs
 from aiopurgatory.jobs.dramatiq import DramatiqJobs
 from aiopurgatory.jobs.rq import RQJobs
+from aiopurgatory.jobs.saq import SaqJobs
 from aiopurgatory.redis import RedisTriggers
 from aiopurgatory.redis.testing import RedisServer
 from aiopurgatory.tracing import trace_waits
@@ -290,4 +293,55 @@ async def test_a_dramatiq_message_links_the_wait_to_the_workers_span(
         assert isinstance(outcome, ResultFailure)
         assert "failed on purpose" in str(outcome)
     span = worker_span(spans, f"dramatiq {actor}", "message.id", message.message_id)
+    assert linked_to(wait) == [(span["trace_id"], span["span_id"])]
+
+
+# -- saq (a span from before_process to after_process, hooks given to publish_jobs) --
+
+
+@pytest.fixture(scope="module")
+def saq_worker(
+    jobs_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[WorkerProcess, Path]]:
+    logs = tmp_path_factory.mktemp("saq-traced")
+    spans = logs / "saq.spans"
+    worker = WorkerProcess(
+        [python(), "-m", "saq", "tests.jobs.saq_traced_app.settings"],
+        url=jobs_redis.url, log=logs / "saq.log", ready=logs / "saq.ready", env={ENV: str(spans)},
+    )  # fmt: skip
+    worker.wait_ready()
+    yield worker, spans
+    worker.stop()
+
+
+@pytest.mark.parametrize("function", ["nap", "fail_after"])
+async def test_a_saq_job_links_the_wait_to_the_workers_span(
+    saq_worker: tuple[WorkerProcess, Path],
+    jobs_redis: RedisServer,
+    triggers: RedisTriggers,
+    here: tuple[TracerProvider, InMemorySpanExporter],
+    function: str,
+) -> None:
+    # publish_jobs' after_process runs after the one that ended the span: it
+    # publishes in the context its own before_process (the last) saw.
+    queue = SaqQueue.from_url(jobs_redis.url, name="traced")
+    await queue.connect()
+    try:
+        jobs = SaqJobs(triggers, queue)
+        job = SaqJob(function, kwargs={"seconds": 0.05}, key=str(uuid.uuid4()), retries=1)
+
+        async def send() -> None:
+            assert await queue.enqueue(job) is not None
+
+        outcome, wait = await traced_wait(
+            triggers, jobs.key(job.key), lambda: jobs.wait(job.key, timeout=20.0), send, here
+        )
+    finally:
+        await queue.disconnect()
+    if function == "nap":
+        assert outcome == "rested"
+    else:
+        assert isinstance(outcome, JobFailedError)
+        assert outcome.end is JobEnd.FAILED
+    span = worker_span(saq_worker[1], f"saq {function}", "job.key", job.key)
     assert linked_to(wait) == [(span["trace_id"], span["span_id"])]
