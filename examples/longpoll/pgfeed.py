@@ -84,6 +84,9 @@ PG_DOWN: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.OperatorInterventionError,  # shutting down, starting up
     asyncpg.exceptions.TooManyConnectionsError,
     asyncpg.InterfaceError,
+    # A connection the server ended (a restart) while this loop had not run yet: asyncpg
+    # (on uvloop) finds the server's last message in the way of the next statement.
+    asyncpg.InternalClientError,
     OSError,
     TimeoutError,
     EOFError,
