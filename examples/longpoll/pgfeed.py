@@ -48,13 +48,10 @@ import aiopurgatory as ap
 
 from .feed import (
     Appended,
-    Feed,
     FeedError,
     Fetched,
     Settings,
-    answer_reason,
     body_digest,
-    check_topic,
 )
 from .pgsql import (
     KEY_REUSED,
@@ -66,7 +63,7 @@ from .pgsql import (
     read_sql,
     schema_sql,
 )
-from .shared import Coalescer, View
+from .shared import Coalescer, StoredFeed, View
 from .waiters import PurgatoryWaiter
 
 __all__ = [
@@ -357,7 +354,7 @@ class PostgresWaiter(PurgatoryWaiter):
         return self.triggers is not None and bool(self.triggers.connected)
 
 
-class PostgresFeed(Feed):
+class PostgresFeed(StoredFeed):
     """Topics in PostgreSQL, GETs parked in this process's purgatory (see the module's docs).
 
     Args:
@@ -376,24 +373,8 @@ class PostgresFeed(Feed):
         self._read_statement = read_sql(waiter.prefix)
         # GETs of one topic and offset asking in one loop iteration share one read.
         self._reads = Coalescer()
-        #: Requests answered 503 because PostgreSQL could not be read or written.
-        self.unavailable = {"post": 0, "get": 0, "parked": 0}
-        #: The most a parked GET was answered (200 or 503) after its wait, seconds.
-        self.lateness_max = 0.0
 
     # -- posting ---------------------------------------------------------------------------
-
-    def post(self, name: str, body: bytes) -> int:
-        raise TypeError("a PostgresFeed posts asynchronously: await feed.append(name, body)")
-
-    def readable(self, name: str, offset: int) -> int:
-        raise TypeError("a PostgresFeed reads asynchronously: await feed.fetch(...)")
-
-    def check_fetch(self, name: str, offset: int) -> None:
-        raise TypeError("a PostgresFeed reads asynchronously: await feed.fetch(...)")
-
-    def read(self, name: str, offset: int) -> Fetched:
-        raise TypeError("a PostgresFeed reads asynchronously: await feed.fetch(...)")
 
     async def append(
         self, name: str, body: bytes, *, idempotency_key: str | None = None
@@ -492,54 +473,6 @@ class PostgresFeed(Feed):
         first = max(offset, start)
         position = total if position is None else position
         return View(start, end, total, position, Fetched(first, messages, first + len(messages)))
-
-    async def fetch(
-        self,
-        name: str,
-        offset: int,
-        wait: float,
-        min_bytes: int,
-        park: Callable[[Awaitable[None]], Awaitable[bool]] | None = None,
-    ) -> Fetched | None:
-        """Answer a fetch from PostgreSQL, parking it first if it is not answerable yet.
-
-        A parked fetch is answered from a read made once its wait ended: if that read
-        fails, the answer is a 503 (counted in :attr:`unavailable`), never an empty
-        answer before the wait. Returns None if ``park`` said the client went away.
-
-        Raises:
-            FeedError: a bad name or an offset past the end (400), too many parked
-                (503), PostgreSQL down (503).
-        """
-        check_topic(name)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        try:
-            view = await self._read(name, offset)
-        except FeedError:
-            self.unavailable["get"] += 1
-            raise
-        if offset > view.next:
-            raise FeedError(400, f"offset {offset} is past the end of topic {name} ({view.next})")
-        left = start + wait - loop.time()
-        if self.closing or left <= 0 or view.readable >= min_bytes:
-            return view.fetched
-        waiting = self._wait(name, left, view.position + min_bytes)
-        if park is None:
-            await waiting
-        elif not await park(waiting):
-            return None
-        try:
-            view = await self._read(name, offset)
-        except FeedError:
-            self.unavailable["parked"] += 1
-            self.lateness_max = max(self.lateness_max, loop.time() - start - wait)
-            raise
-        enough = view.readable >= min_bytes
-        now = loop.time()
-        self.answers[answer_reason(enough, self.closing, now, start + wait)] += 1
-        self.lateness_max = max(self.lateness_max, now - start - wait)
-        return view.fetched
 
     async def _wait(self, name: str, wait: float, threshold: int) -> None:
         # PostgresTriggers.watch LISTENs to the topic's partition, then reads its stored

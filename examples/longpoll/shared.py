@@ -1,6 +1,6 @@
-"""What the feeds kept outside the process share: reads coalesced per loop iteration,
-and the view one read gives of a topic (:mod:`~examples.longpoll.redisfeed`,
-:mod:`~examples.longpoll.pgfeed`)."""
+"""What the feeds kept outside the process share (:mod:`~examples.longpoll.redisfeed`,
+:mod:`~examples.longpoll.pgfeed`): the fetch, reads coalesced per loop iteration, and
+the view one read gives of a topic."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .feed import Fetched
+from .feed import Feed, FeedError, Fetched, Settings, answer_reason, check_topic
+from .waiters import Waiter
 
-__all__ = ["Coalescer", "View"]
+__all__ = ["Coalescer", "StoredFeed", "View"]
 
 T = TypeVar("T")
 
@@ -71,3 +72,96 @@ class View:
     @property
     def readable(self) -> int:
         return self.bytes - self.position
+
+
+class StoredFeed(Feed):
+    """A feed whose topics are kept outside the process (Redis, PostgreSQL): the fetch.
+
+    A subclass reads a topic (``_read``: one :class:`View`, FeedError 503 when its
+    store is down) and parks a fetch until the topic's byte count reaches a
+    threshold (``_wait``); it says its store's name in ``store``.
+    """
+
+    #: The store's name, in messages.
+    store = "the store"
+
+    def __init__(self, settings: Settings, waiter: Waiter) -> None:
+        super().__init__(settings, waiter)
+        #: Requests answered 503 because the store could not be read or written:
+        #: ``post``, ``get`` (a new GET's first read), ``parked`` (a parked GET's read
+        #: at its end).
+        self.unavailable = {"post": 0, "get": 0, "parked": 0}
+        #: The most a parked GET was answered (200 or 503) after its wait, seconds,
+        #: from its arrival in the application.
+        self.lateness_max = 0.0
+
+    # The in-memory feed's synchronous calls have no meaning here: the topics are in
+    # the store, read by fetch(). Refuse them rather than answer from an empty dict.
+    def post(self, name: str, body: bytes) -> int:
+        raise TypeError(f"a {type(self).__name__} posts asynchronously: await feed.append(...)")
+
+    def readable(self, name: str, offset: int) -> int:
+        raise TypeError(f"a {type(self).__name__} reads asynchronously: await feed.fetch(...)")
+
+    def check_fetch(self, name: str, offset: int) -> None:
+        raise TypeError(f"a {type(self).__name__} reads asynchronously: await feed.fetch(...)")
+
+    def read(self, name: str, offset: int) -> Fetched:
+        raise TypeError(f"a {type(self).__name__} reads asynchronously: await feed.fetch(...)")
+
+    async def _read(self, name: str, offset: int) -> View:
+        raise NotImplementedError
+
+    async def _wait(self, name: str, wait: float, threshold: int) -> None:
+        raise NotImplementedError
+
+    async def fetch(
+        self,
+        name: str,
+        offset: int,
+        wait: float,
+        min_bytes: int,
+        park: Callable[[Awaitable[None]], Awaitable[bool]] | None = None,
+    ) -> Fetched | None:
+        """Answer a fetch from the store, parking it first if it is not answerable yet.
+
+        A parked fetch is answered from a read made once its wait ended, never from
+        what was read when it parked: if that read fails, the answer is a 503
+        (counted in :attr:`unavailable`), never an empty answer before the wait.
+        Returns None if ``park`` said the client went away.
+
+        Raises:
+            FeedError: a bad name or an offset past the end (400), too many parked
+                (503), the store down (503).
+        """
+        check_topic(name)
+        loop = asyncio.get_running_loop()
+        # The wait counts from the request, so a slow first read shortens the park
+        # rather than adding to it.
+        start = loop.time()
+        try:
+            view = await self._read(name, offset)
+        except FeedError:
+            self.unavailable["get"] += 1
+            raise
+        if offset > view.next:
+            raise FeedError(400, f"offset {offset} is past the end of topic {name} ({view.next})")
+        left = start + wait - loop.time()
+        if self.closing or left <= 0 or view.readable >= min_bytes:
+            return view.fetched
+        waiting = self._wait(name, left, view.position + min_bytes)
+        if park is None:
+            await waiting
+        elif not await park(waiting):
+            return None
+        try:
+            view = await self._read(name, offset)
+        except FeedError:
+            self.unavailable["parked"] += 1
+            self.lateness_max = max(self.lateness_max, loop.time() - start - wait)
+            raise
+        enough = view.readable >= min_bytes
+        now = loop.time()
+        self.answers[answer_reason(enough, self.closing, now, start + wait)] += 1
+        self.lateness_max = max(self.lateness_max, now - start - wait)
+        return view.fetched
