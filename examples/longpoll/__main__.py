@@ -186,6 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
         "[a-z_][a-z0-9_]* (%(default)s)",
     )
     p.add_argument(
+        "--postgres-pool",
+        type=int,
+        default=10,
+        metavar="N",
+        help="connections of each process's pool for the feed (its triggers hold 3 more) "
+        "(%(default)s)",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -322,7 +330,9 @@ async def serve(
     if postgres_dsn is not None:
         from .pgfeed import PostgresWaiter
 
-        waiter = PostgresWaiter(postgres_dsn, prefix=args.postgres_prefix)
+        waiter = PostgresWaiter(
+            postgres_dsn, prefix=args.postgres_prefix, pool_size=args.postgres_pool
+        )
     elif redis_url is None:
         waiter = make_waiter(args.waiter)
     else:
@@ -466,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
             from .pgsql import check_prefix
 
             check_prefix(args.postgres_prefix)
+            if not 1 <= args.postgres_pool <= 1000:
+                raise ValueError(f"--postgres-pool must be in [1, 1000], got {args.postgres_pool}")
         if args.redis_replicas is not None and (redis_url is None or args.redis_replicas < 0):
             raise ValueError("--redis-replicas takes a number of 0 or more, with --redis")
         settings = Settings(

@@ -179,7 +179,7 @@ class PostgresWaiter(PurgatoryWaiter):
         *,
         prefix: str = "longpoll",
         command_timeout: float = 2.0,
-        pool_size: int = 6,
+        pool_size: int = 10,
     ) -> None:
         self.dsn = _check_dsn(dsn)
         self.prefix = check_prefix(prefix)

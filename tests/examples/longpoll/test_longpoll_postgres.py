@@ -158,3 +158,57 @@ def test_the_start_up_check_names_the_cause_never_the_password(server: PostgresS
         check_postgres(dsn)
     assert "no_such_db" in str(refused.value)
     assert "pw-not-shown" not in str(refused.value)
+
+
+PASSWORD = "pw-Zq8x-not-in-logs"
+
+
+def test_a_wrong_password_exits_at_once_naming_the_cause_and_the_right_one_serves(
+    server: PostgresServer,
+) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import psycopg
+
+    from tests.support.longpoll import ROOT, Program
+
+    with psycopg.connect(server.dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE app LOGIN PASSWORD '{PASSWORD}'")
+        admin.execute("GRANT ALL ON SCHEMA public TO app")
+    # TCP connections need a password from now on (the socket stays trusted).
+    (server.data / "pg_hba.conf").write_text(
+        "local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n"
+    )
+    with psycopg.connect(server.dsn, autocommit=True) as admin:  # read at the reload only
+        admin.execute("SELECT pg_reload_conf()")
+    right = f"postgresql://app:{PASSWORD}@127.0.0.1:{server.port}/postgres"
+    wrong = right.replace(PASSWORD, "Wr0ngPass-xyz")
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "examples.longpoll", "--port", "0", "--postgres", wrong],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert time.monotonic() - started < 15
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "authentication" in lines[0]
+    assert "Wr0ngPass-xyz" not in done.stderr + done.stdout
+    # the right password, from the environment: serves, and shows it in no log line
+    p = Program(env=dict(os.environ, LONGPOLL_POSTGRES=right))
+    try:
+        assert "***" in p.first["postgres"]
+        assert p.get_json("/topics/t", "POST", b"x") == {"offset": 0}
+        code, lines_ = p.stop()
+        assert code == 0
+        assert PASSWORD not in json.dumps([p.first, *p.early, *lines_])
+    finally:
+        if p.proc.poll() is None:
+            p.proc.kill()

@@ -540,14 +540,17 @@ async def test_a_cancelled_redis_call_is_cancelled_not_taken_for_redis_down() ->
     assert (waiter.redis_ok, waiter.timeouts, waiter.redis_errors) == (True, 0, 0)
 
 
-def test_a_small_crossbench_run(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("store", ["redis", "postgres"])
+def test_a_small_crossbench_run(capsys: pytest.CaptureFixture[str], store: str) -> None:
     from examples.longpoll import crossbench
 
     argv = ["--parked", "60", "--topics", "6", "--seconds", "1", "--scenarios", "across,two"]
-    assert crossbench.main(argv) == 0
+    assert crossbench.main([*argv, "--store", store]) == 0
     runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["scenario"], r["processes"]) for r in runs] == [("across", 2), ("two", 2)]
     for run in runs:
+        assert run["store"] == store
+        assert run["store_cpu_s"] > 0
         # 5 posts, each to the 10 GETs parked on its topic, all delivered
         assert (run["posts"], run["expected"], run["delivered"]) == (5, 50, 50)
         assert (run["errors"], run["exit_status"]) == (0, 0)
