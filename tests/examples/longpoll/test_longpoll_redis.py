@@ -550,7 +550,9 @@ def test_a_small_crossbench_run(capsys: pytest.CaptureFixture[str], store: str) 
     assert [(r["scenario"], r["processes"]) for r in runs] == [("across", 2), ("two", 2)]
     for run in runs:
         assert run["store"] == store
-        assert run["store_cpu_s"] > 0
+        assert run["store_cpu_s"] >= 0  # 5 posts: it may round to 0
+        if store == "postgres":
+            assert run["redis_cpu_s"] == 0
         # 5 posts, each to the 10 GETs parked on its topic, all delivered
         assert (run["posts"], run["expected"], run["delivered"]) == (5, 50, 50)
         assert (run["errors"], run["exit_status"]) == (0, 0)
