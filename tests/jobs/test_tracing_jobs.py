@@ -10,6 +10,8 @@ is the worker's span of that job.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -345,3 +347,18 @@ async def test_a_saq_job_links_the_wait_to_the_workers_span(
         assert outcome.end is JobEnd.FAILED
     span = worker_span(saq_worker[1], f"saq {function}", "job.key", job.key)
     assert linked_to(wait) == [(span["trace_id"], span["span_id"])]
+
+
+def test_the_publishers_context_helpers_import_nothing_of_opentelemetry() -> None:
+    # A worker that does not trace: no context to keep, nothing imported for it.
+    code = (
+        "import sys\n"
+        "from aiopurgatory.jobs._publisher import current_context, within\n"
+        "assert current_context() is None\n"
+        "with within(None):\n"
+        "    pass\n"
+        "assert not [m for m in sys.modules if m.startswith('opentelemetry')], 'imported'\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.stdout == "ok\n", out.stderr
