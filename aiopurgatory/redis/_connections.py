@@ -37,6 +37,7 @@ from ._link import Link
 from ._partitions import Partitions
 from ._redact import Redactor, describe_client, describe_url, url_password
 from ._topology import Target, describe_pool, target_for_url
+from ._wire import PublishMode
 
 __all__ = ["Connections"]
 
@@ -112,8 +113,8 @@ class Connections:
             self._options.setdefault("socket_connect_timeout", command_timeout)
             self._connection_class = self._options.pop("connection_class", None) or Connection
             self._slots = SlotMap(cluster.seeds, self.node_factory("map"), command_timeout)
-        #: The command that publishes: SPUBLISH on a cluster (a shard channel).
-        self.publish = b"PUBLISH" if cluster is None else b"SPUBLISH"
+        #: How triggers are published: shard channels on a cluster.
+        self.publish = PublishMode.PLAIN if cluster is None else PublishMode.SHARDED
         self.errors = 0  # connection failures (statistics' connection_errors)
         self.last_error: str | None = None
 

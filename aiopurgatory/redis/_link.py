@@ -34,7 +34,7 @@ from types import TracebackType
 from typing import Any, Final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from ._compat import has_pending_input
 
@@ -165,15 +165,6 @@ class Link:
             # A failure (or a cancellation) mid-call leaves the connection out of step.
             await self.drop()
             raise
-
-    async def script(self, sha: str, source: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """``EVALSHA`` (``EVAL`` if Redis does not have the script yet); an error reply raises."""
-        reply = (await self.execute(("EVALSHA", sha, len(keys), *keys, *args)))[0]
-        if isinstance(reply, NoScriptError):
-            reply = (await self.execute(("EVAL", source, len(keys), *keys, *args)))[0]
-        if isinstance(reply, ResponseError):
-            raise reply
-        return reply
 
     async def drop(self) -> None:
         """Close the connection (if any); the next call opens a new one."""

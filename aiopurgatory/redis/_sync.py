@@ -58,7 +58,18 @@ from ._redact import Redactor, describe_client, describe_url, url_password
 from ._statistics import SyncPublisherStatistics
 from ._topology import SentinelURL, is_sentinel_url, parse_sentinel_url
 from ._trace import traceparent
-from ._wire import VERSION, Batch, Key, Value, check_key, check_value, encode, sender_field, stored
+from ._wire import (
+    VERSION,
+    Batch,
+    Key,
+    PublishMode,
+    Value,
+    check_key,
+    check_value,
+    encode,
+    sender_field,
+    stored,
+)
 
 _Parsed = TypeVar("_Parsed")
 
@@ -256,7 +267,7 @@ class SyncPublisher:
         self._sentinels: list[redis.Redis] = []  # a Sentinel URL's, closed with the client
         given: object = url_or_client  # checked at run time, whatever the annotation says
         client: redis.Redis | RedisCluster
-        self._publish = b"PUBLISH"
+        self._publish = PublishMode.PLAIN
         if isinstance(given, str) and given.split("://", 1)[0].lower() in CLUSTER_SCHEMES:
             require_cluster_support()
             seeds = self._parse(given, parse_cluster_url)
@@ -274,7 +285,7 @@ class SyncPublisher:
                 retry=Retry(NoBackoff(), 1),
                 client_name=f"aiopurgatory-syncpub-{self._id}",
             )
-            self._publish = b"SPUBLISH"
+            self._publish = PublishMode.SHARDED
             self._owns_client = True
         elif isinstance(given, RedisCluster):
             require_cluster_support()
@@ -285,7 +296,7 @@ class SyncPublisher:
                 f"{n.host}:{n.port}" for n in client.nodes_manager.startup_nodes.values()
             )
             self._where = f"redis+cluster://{nodes}"
-            self._publish = b"SPUBLISH"
+            self._publish = PublishMode.SHARDED
             self._owns_client = False
         elif isinstance(given, str) and is_sentinel_url(given):
             parsed = self._parse(given, parse_sentinel_url)
@@ -647,7 +658,7 @@ class SyncPublisher:
             keys=[partitions.stored_key(key)],
             args=[
                 self._ttl_ms,
-                self._publish,
+                self._publish.value,
                 partitions.channel(key),
                 encode(sender, batch),
                 stored(value),
@@ -658,13 +669,13 @@ class SyncPublisher:
         batch = Batch()
         batch.check(key)
         self._client.execute_command(  # type: ignore[no-untyped-call]
-            self._publish.decode(), self._partitions.channel(key), encode(sender, batch)
+            self._publish.value.decode(), self._partitions.channel(key), encode(sender, batch)
         )
 
     def _send_batch(self, batch: Batch) -> None:
         """Send ``batch`` (the delivery thread's): on one server one call of the
         batch script per :data:`MAX_SCRIPT_TRIGGERS`; on a cluster, per partition."""
-        if self._publish == b"PUBLISH":
+        if self._publish is PublishMode.PLAIN:
             for part in batch.split(MAX_SCRIPT_TRIGGERS):
                 command = batch_command(
                     self._id, part, self._partitions, self._ttl_ms, self._publish
