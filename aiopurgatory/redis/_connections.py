@@ -33,7 +33,7 @@ from redis.backoff import NoBackoff
 
 from ._cluster import ClusterLink, ShardedSubscription, SlotMap, seeds_of_client
 from ._compat import require_cluster_support
-from ._link import Link
+from ._link import CommandLink, Link
 from ._partitions import Partitions
 from ._redact import Redactor, describe_client, describe_url, url_password
 from ._topology import Target, describe_pool, target_for_url
@@ -130,7 +130,7 @@ class Connections:
         """Redis is a cluster (its partitions are shard channels, routed by slot)."""
         return self._slots is not None
 
-    def link(self, role: str) -> Link | ClusterLink:
+    def link(self, role: str) -> CommandLink:
         """A new link for ``role`` (its connections are named after it)."""
         slots = self._slots
         if slots is None:

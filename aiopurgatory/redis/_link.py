@@ -31,14 +31,21 @@ import asyncio
 import math
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from ._compat import has_pending_input
 
-__all__ = ["CONNECTION_ERRORS", "CONNECTION_LOST", "Link", "closed_transport", "pack_commands"]
+__all__ = [
+    "CONNECTION_ERRORS",
+    "CONNECTION_LOST",
+    "CommandLink",
+    "Link",
+    "closed_transport",
+    "pack_commands",
+]
 
 # Errors that mean "Redis is unreachable, refused us or did not answer in time":
 # the connection is dropped and the call retried later. Anything else escaping a
@@ -109,6 +116,36 @@ Command = Sequence[Any]
 def _lost(exc: BaseException) -> bool:
     """A connection that closed (not one that stopped answering: that is a timeout)."""
     return isinstance(exc, RedisConnectionError | OSError) and not isinstance(exc, TimeoutError)
+
+
+class CommandLink(Protocol):
+    """What the sender and the reader send their commands on: a :class:`Link` (one
+    server), or a :class:`~._cluster.ClusterLink` (a cluster: a link per master).
+
+    Used by one task at a time.
+    """
+
+    #: Seconds a call may take, the (re)connect included.
+    timeout: float
+
+    @property
+    def connected(self) -> bool:
+        """A connection is open (it may still turn out dead at its next use)."""
+        ...
+
+    async def execute(self, *commands: Command) -> list[Any]:
+        """Send ``commands`` and read one reply each (an error reply returned as its
+        ``ResponseError``, not raised).
+
+        Raises:
+            TimeoutError: no complete answer within ``timeout`` seconds.
+            redis.exceptions.RedisError, OSError: Redis cannot be reached.
+        """
+        ...
+
+    async def drop(self) -> None:
+        """Close the connection(s); the next call opens new ones."""
+        ...
 
 
 class Link:

@@ -39,13 +39,13 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 from zlib import crc32
 
 from redis.exceptions import NoScriptError
 
 from ._connections import Connections
-from ._link import CONNECTION_ERRORS, CONNECTION_LOST, Link
+from ._link import CONNECTION_ERRORS, CONNECTION_LOST, CommandLink
 from ._partitions import Partitions
 from ._wire import (
     VERSION,
@@ -58,9 +58,6 @@ from ._wire import (
     stored,
     value_text,
 )
-
-if TYPE_CHECKING:
-    from ._cluster import ClusterLink
 
 __all__ = [
     "ADVANCE_SCRIPT",
@@ -286,7 +283,7 @@ class Sender:
     def __init__(
         self,
         instance: str,
-        link: Link | ClusterLink,
+        link: CommandLink,
         partitions: Partitions,
         *,
         ttl_ms: bytes,
