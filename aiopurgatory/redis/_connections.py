@@ -35,8 +35,8 @@ from ._cluster import ClusterLink, ShardedSubscription, SlotMap, seeds_of_client
 from ._compat import require_cluster_support
 from ._link import CommandLink, Link
 from ._partitions import Partitions
-from ._redact import Redactor, describe_client, describe_url, url_password
-from ._topology import Target, describe_pool, target_for_url
+from ._redact import Redactor, describe_client
+from ._topology import Target, describe_pool, locate, target_for
 from ._wire import PublishMode
 
 __all__ = ["Connections"]
@@ -70,17 +70,12 @@ class Connections:
         self._timeout = command_timeout
         self._first, self._longest = reconnect_delay
         if isinstance(url_or_client, str):
-            self.redactor = Redactor(url_password(url_or_client))
-            self.where = describe_url(url_or_client)
-            try:
-                # Only the URL's settings are used (see factory()): no
-                # connection is ever taken from this pool.
-                target = target_for_url(url_or_client, command_timeout)
-            except ValueError as exc:
-                raise ValueError(
-                    f"url_or_client: not a usable Redis URL ({self.redactor.error(exc)})"
-                ) from None
-            self.where = target.where or self.where
+            location = locate(url_or_client)
+            self.redactor = location.redactor
+            self.where = location.where
+            # Only the URL's settings are used (see factory()): no connection is
+            # ever taken from this pool.
+            target = target_for(location, command_timeout)
         elif isinstance(url_or_client, aioredis.Redis):
             pool = url_or_client.connection_pool
             target = Target(pool, "")

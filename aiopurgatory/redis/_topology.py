@@ -1,4 +1,10 @@
-"""Where the connections go: one server, or the primary a set of Sentinels names.
+"""Where the connections go: one server, the primary a set of Sentinels names, a cluster.
+
+One dispatch for both sides: :func:`locate` parses a URL once into a
+:class:`Location` (its :class:`Topology`, what to show, the password to keep out
+of every text), which ``RedisTriggers`` (asyncio, :func:`target_for`) and
+``SyncPublisher`` (redis-py's sync client) both start from; a Sentinel's
+settings are built once (:func:`sentinel_settings`) for either client.
 
 A :class:`RedisTriggers` never uses a redis-py pool's connections; it takes a
 pool's *settings* and makes its own connections from them. This module turns
@@ -19,6 +25,7 @@ what the user passed (a URL, or a client) into such a pool:
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -33,14 +40,18 @@ from ._cluster import (
     parse_cluster_url,
     shown_auth,
 )
+from ._redact import Redactor, describe_url, url_password
 
 __all__ = [
+    "Location",
     "SentinelURL",
     "Target",
+    "Topology",
     "describe_pool",
-    "is_sentinel_url",
+    "locate",
     "parse_sentinel_url",
-    "target_for_url",
+    "sentinel_settings",
+    "target_for",
 ]
 
 _SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
@@ -63,22 +74,6 @@ class Target:
             await client.aclose()
 
 
-def target_for_url(url: str, timeout: float) -> Target:
-    """The pool for ``url`` (see the module documentation).
-
-    Raises:
-        ValueError: not a usable URL (the message never holds the password).
-    """
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme in _SENTINEL_SCHEMES:
-        return _sentinel(url, timeout)
-    if scheme in CLUSTER_SCHEMES:
-        seeds = parse_cluster_url(url)
-        return Target(None, seeds.where, cluster=seeds)
-    pool = aioredis.ConnectionPool.from_url(url, socket_connect_timeout=timeout)
-    return Target(pool, "")
-
-
 @dataclass
 class SentinelURL:
     """What a ``redis+sentinel://`` URL names."""
@@ -97,11 +92,6 @@ class SentinelURL:
         auth = shown_auth(self.username, self.password)
         scheme = "rediss" if self.tls else "redis"
         return f"{scheme}+sentinel://{auth}{seeds}/{self.service}/{self.db}"
-
-
-def is_sentinel_url(url: str) -> bool:
-    """``url`` names a Sentinel-managed primary (``redis+sentinel://``, ``rediss+sentinel://``)."""
-    return "://" in url and url.split("://", 1)[0].lower() in _SENTINEL_SCHEMES
 
 
 def parse_sentinel_url(url: str) -> SentinelURL:
@@ -126,22 +116,107 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     return SentinelURL(username, password, hosts, service, db, tls)
 
 
-def _sentinel(url: str, timeout: float) -> Target:
+class Topology(enum.Enum):
+    """What a URL names."""
+
+    #: One server (``redis://``, ``rediss://``, ``unix://``).
+    SINGLE = "single"
+    #: The primary a set of Sentinels names (``redis+sentinel://``, ``rediss+sentinel://``).
+    SENTINEL = "sentinel"
+    #: A Redis Cluster, by some of its nodes (``redis+cluster://``, ``rediss+cluster://``).
+    CLUSTER = "cluster"
+
+
+@dataclass(frozen=True)
+class Location:
+    """A URL parsed once, for the async and the sync side alike (:func:`locate`).
+
+    Attributes:
+        url: the URL as given.
+        topology: what it names.
+        where: how to show it (the password hidden).
+        redactor: keeps its password out of every text.
+        sentinel: the sentinels, service and database (``SENTINEL`` only).
+        cluster: the seed nodes and settings (``CLUSTER`` only).
+    """
+
+    url: str
+    topology: Topology
+    where: str
+    redactor: Redactor
+    sentinel: SentinelURL | None = None
+    cluster: ClusterSeeds | None = None
+
+    def unusable(self, exc: BaseException) -> ValueError:
+        """The ValueError for a URL a client refused (``exc``), the password hidden."""
+        return ValueError(f"url_or_client: not a usable Redis URL ({self.redactor.error(exc)})")
+
+
+def locate(url: str) -> Location:
+    """What ``url`` names (see the module documentation).
+
+    Raises:
+        ValueError: a Sentinel or cluster URL that cannot be used (the message
+            never holds the password). A plain URL is checked by the client
+            made from it (:meth:`Location.unusable`).
+    """
+    redactor = Redactor(url_password(url))
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    try:
+        if scheme in _SENTINEL_SCHEMES:
+            parsed = parse_sentinel_url(url)
+            return Location(url, Topology.SENTINEL, parsed.where, redactor, sentinel=parsed)
+        if scheme in CLUSTER_SCHEMES:
+            seeds = parse_cluster_url(url)
+            return Location(url, Topology.CLUSTER, seeds.where, redactor, cluster=seeds)
+    except ValueError as exc:
+        raise ValueError(f"url_or_client: not a usable Redis URL ({redactor.error(exc)})") from None
+    return Location(url, Topology.SINGLE, describe_url(url), redactor)
+
+
+def sentinel_settings(parsed: SentinelURL, timeout: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """How to reach ``parsed``'s sentinels, and its primary, on either side.
+
+    Returns:
+        The sentinels' client settings (each asked within ``timeout`` seconds,
+        without a password: the URL's is the data servers'), and the primary's
+        connection settings (database, credentials, TLS, the connect bounded by
+        ``timeout``), to which each side adds its own.
+    """
+    sentinels = {"socket_connect_timeout": timeout, "socket_timeout": timeout}
+    primary: dict[str, Any] = {"db": parsed.db, "socket_connect_timeout": timeout}
+    primary.update(credentials(parsed.username, parsed.password))
+    if parsed.tls:
+        primary["ssl"] = True
+    return sentinels, primary
+
+
+def target_for(location: Location, timeout: float) -> Target:
+    """The pool (asyncio) for ``location`` (see the module documentation).
+
+    Raises:
+        ValueError: a URL redis-py refuses (the message never holds the password).
+    """
+    if location.topology is Topology.CLUSTER:
+        return Target(None, location.where, cluster=location.cluster)
+    if location.topology is Topology.SENTINEL:
+        assert location.sentinel is not None
+        return _sentinel(location.sentinel, timeout)
+    try:
+        pool = aioredis.ConnectionPool.from_url(location.url, socket_connect_timeout=timeout)
+    except ValueError as exc:
+        raise location.unusable(exc) from None
+    return Target(pool, location.where)
+
+
+def _sentinel(parsed: SentinelURL, timeout: float) -> Target:
     from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
-    parsed = parse_sentinel_url(url)
-    username, password, hosts = parsed.username, parsed.password, parsed.hosts
-    service, db, tls = parsed.service, parsed.db, parsed.tls
+    sentinels, primary = sentinel_settings(parsed, timeout)
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
-        hosts,
-        sentinel_kwargs={"socket_connect_timeout": timeout, "socket_timeout": timeout},
-        socket_connect_timeout=timeout,
+        parsed.hosts, sentinel_kwargs=sentinels, socket_connect_timeout=timeout
     )
-    options: dict[str, Any] = {"db": db, "socket_connect_timeout": timeout}
-    options.update(credentials(username, password))
-    if tls:
-        options["ssl"] = True
-    pool = SentinelConnectionPool(service, sentinel, **options)  # type: ignore[no-untyped-call]
+    pool = SentinelConnectionPool(parsed.service, sentinel, **primary)  # type: ignore[no-untyped-call]
     return Target(pool, parsed.where, list(sentinel.sentinels))
 
 

@@ -30,9 +30,7 @@ def subscribed(*keys: int, linger: float = 5.0) -> Interest:
     return interest
 
 
-def test_a_key_of_a_subscribed_partition_is_read_at_once_others_after_the_confirmation() -> (
-    None
-):
+def test_a_key_of_a_subscribed_partition_is_read_at_once_others_after_the_confirmation() -> None:
     interest = subscribed(3)
     assert interest.need([13], 1.0) == [Read([13], False)]
     assert interest.need([4, 14], 1.0) == (SEND,)
@@ -122,9 +120,7 @@ def test_a_subscription_the_server_ends_is_renewed_and_resynced_once_confirmed()
     assert interest.covers([3, 13])
 
 
-def test_a_lost_connection_forgets_what_was_in_flight_the_next_subscribes_the_wanted() -> (
-    None
-):
+def test_a_lost_connection_forgets_what_was_in_flight_the_next_subscribes_the_wanted() -> None:
     interest = subscribed(3, 5, linger=1.0)
     interest.need([6], 0.0)
     interest.commands()  # 6's SUBSCRIBE in flight
