@@ -31,12 +31,14 @@ from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from ._cluster import ClusterLink, ShardedSubscription, SlotMap, seeds_of_client
+from ._cluster import ClusterLink
 from ._compat import require_cluster_support
 from ._link import CommandLink, Link
 from ._partitions import Partitions
 from ._redact import Redactor, describe_client
-from ._topology import Target, describe_pool, locate, target_for
+from ._sharded import ShardedSubscription
+from ._slots import SlotMap
+from ._topology import Target, describe_pool, locate, seeds_of_client, target_for
 from ._wire import PublishMode
 
 __all__ = ["Connections"]

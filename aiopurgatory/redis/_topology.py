@@ -18,7 +18,8 @@ what the user passed (a URL, or a client) into such a pool:
   or found deaf by its canary) therefore lands on the new primary. The password
   is the data servers'; the sentinels are asked without one.
 * ``redis+cluster://[[user]:password@]host:port[,host:port...]`` (``rediss+cluster://``
-  for TLS): no pool, the seed nodes and the settings (:mod:`._cluster`).
+  for TLS): no pool, the seed nodes and the settings (:func:`parse_cluster_url`;
+  the connections are :mod:`._cluster`'s and :mod:`._sharded`'s).
 * A ``redis.asyncio.Redis`` client: its pool (a Sentinel-managed client's is a
   ``SentinelConnectionPool``, which works the same way).
 """
@@ -26,35 +27,139 @@ what the user passed (a URL, or a client) into such a pool:
 from __future__ import annotations
 
 import enum
+import inspect
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.connection import Connection
 
-from ._cluster import (
-    CLUSTER_SCHEMES,
-    ClusterSeeds,
-    credentials,
-    nodes_url,
-    parse_cluster_url,
-    shown_auth,
-)
 from ._redact import Redactor, describe_url, url_password
 
 __all__ = [
+    "CLUSTER_SCHEMES",
+    "Address",
+    "ClusterSeeds",
     "Location",
     "SentinelURL",
     "Target",
     "Topology",
+    "credentials",
     "describe_pool",
     "locate",
+    "nodes_url",
+    "parse_cluster_url",
     "parse_sentinel_url",
+    "seeds_of_client",
     "sentinel_settings",
+    "shown_auth",
     "target_for",
 ]
 
 _SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
+
+#: URL schemes of a Redis Cluster, and whether they mean TLS.
+CLUSTER_SCHEMES: Final = {"redis+cluster": False, "rediss+cluster": True}
+
+Address = tuple[str, int]
+
+
+@dataclass
+class ClusterSeeds:
+    """What a cluster URL or client says: seed nodes and the connections' settings."""
+
+    seeds: list[Address]
+    options: dict[str, Any] = field(default_factory=dict)
+    where: str = ""
+
+
+def nodes_url(url: str, what: str) -> tuple[str | None, str | None, list[Address], str]:
+    """The user, the password, the ``host:port`` list and the path of a URL naming
+    several nodes (a cluster's seeds, a set of sentinels).
+
+    Raises:
+        ValueError: a node is not ``host:port`` (``what`` names it).
+    """
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)
+    username = password = None
+    if len(netloc) == 2:
+        user, _, secret = netloc[0].partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if secret else None
+    nodes: list[Address] = []
+    for item in netloc[-1].split(","):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"{what} must be host:port, got {item!r}")
+        nodes.append((host.strip("[]"), int(port)))
+    return username, password, nodes, parts.path + ("?" + parts.query if parts.query else "")
+
+
+def shown_auth(username: str | None, password: str | None) -> str:
+    """The credentials part of a URL as shown (the password never)."""
+    return f"{username or ''}:***@" if password else (f"{username}@" if username else "")
+
+
+def credentials(username: str | None, password: str | None) -> dict[str, Any]:
+    """The connection settings a URL's user and password make (only those it gives)."""
+    options: dict[str, Any] = {}
+    if username is not None:
+        options["username"] = username
+    if password is not None:
+        options["password"] = password
+    return options
+
+
+def parse_cluster_url(url: str) -> ClusterSeeds:
+    """``redis+cluster://[[user]:password@]host:port[,host:port...]`` (``rediss+`` for TLS).
+
+    Raises:
+        ValueError: not such a URL (the message never holds the password).
+    """
+    scheme = url.split("://", 1)[0].lower()
+    tls = CLUSTER_SCHEMES[scheme]
+    username, password, seeds, rest = nodes_url(url, "a cluster node")
+    if rest.strip("/"):
+        raise ValueError(
+            "a cluster URL names nodes only (a cluster has one database): "
+            "redis+cluster://host:port[,host:port...]"
+        )
+    options = credentials(username, password)
+    if tls:
+        from redis.asyncio.connection import SSLConnection
+
+        options["connection_class"] = SSLConnection
+    nodes = ",".join(f"{host}:{port}" for host, port in seeds)
+    return ClusterSeeds(seeds, options, f"{scheme}://{shown_auth(username, password)}{nodes}")
+
+
+def seeds_of_client(client: Any) -> ClusterSeeds:
+    """The seeds and settings of a ``redis.asyncio.cluster.RedisCluster`` (not used otherwise)."""
+    manager = client.nodes_manager
+    seeds: dict[Address, None] = {}
+    for node in (*manager.startup_nodes.values(), *manager.nodes_cache.values()):
+        seeds[(node.host, int(node.port))] = None
+    given = client.get_connection_kwargs()
+    connection_class = given.get("connection_class") or Connection
+    # Only what a connection takes (the client's own settings, max_connections
+    # say, are not the connections').
+    accepted = {
+        name
+        for cls in connection_class.__mro__
+        if "__init__" in vars(cls)
+        for name in inspect.signature(vars(cls)["__init__"]).parameters
+    }
+    options = {
+        k: v
+        for k, v in given.items()
+        if k in accepted and k not in ("host", "port", "redis_connect_func")
+    }
+    options["connection_class"] = connection_class
+    nodes = ",".join(f"{host}:{port}" for host, port in seeds)
+    tls = "SSL" in getattr(options.get("connection_class"), "__name__", "")
+    return ClusterSeeds(list(seeds), options, f"{'rediss' if tls else 'redis'}+cluster://{nodes}")
 
 
 @dataclass

@@ -6,7 +6,7 @@ together and is the public face of them all:
 
 * :mod:`._connections`: where Redis is, the library's own connections (one per
   job, never redis-py's pool), the reconnection backoff and the record of
-  failures; :mod:`._topology` and :mod:`._cluster` say where a URL points.
+  failures; :mod:`._topology` says where a URL points.
 * :mod:`._lifecycle`: the state (an Enum: NEW, RUNNING, CLOSING, CLOSED), the
   start (``async with``) and the close (``aclose()``) of the parts and their tasks.
 * :mod:`._partitions`: which channel carries a key's triggers and which Redis
