@@ -198,12 +198,13 @@ class Interest:
 
     # -- events: interest ------------------------------------------------------------------
 
-    def need(self, keys: Iterable[Key], now: float) -> Sequence[Action]:
+    def need(self, keys: Iterable[Key], now: float) -> tuple[list[Key], bool]:
         """``keys`` were just watched (through ``RedisTriggers.watch``) at loop time ``now``.
 
-        Returns a :class:`Read` of those whose partition is subscribed, and
-        :data:`SEND` if a SUBSCRIBE is now to be sent; the others are read once
-        their partition's SUBSCRIBE is confirmed.
+        The hot path (a call per watch), so its actions are plain values rather
+        than action objects: the keys to read now (without a check: their
+        partition is subscribed), and whether commands now wait (:data:`SEND`).
+        The others are read once their partition's SUBSCRIBE is confirmed.
         """
         of = self._of
         state = self._state
@@ -224,9 +225,7 @@ class Interest:
                 ready.append(key)
             else:
                 send |= self._wait(n, key, current)
-        if not ready:
-            return (SEND,) if send else _NOTHING
-        return [Read(ready, False), SEND] if send else [Read(ready, False)]
+        return ready, send
 
     def _wait(self, n: int, key: Key, current: State | None) -> bool:
         """``key`` waits for ``n``'s confirmation; True if a command is now to be sent."""

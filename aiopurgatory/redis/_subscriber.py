@@ -163,9 +163,11 @@ class Subscriber:
         Keys whose partition is subscribed are read at once; the others after
         their partition's SUBSCRIBE is confirmed (then also checked once).
         """
-        actions = self._interest.need(keys, asyncio.get_running_loop().time())
-        if actions:
-            self._act(actions)
+        ready, send = self._interest.need(keys, asyncio.get_running_loop().time())
+        if ready:
+            self._reader.want(ready)
+        if send:
+            self._changed.set()
 
     def sweep(self) -> None:
         """Subscribe the partitions of keys watched directly; release the idle ones

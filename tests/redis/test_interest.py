@@ -22,7 +22,7 @@ def subscribed(*keys: int, linger: float = 5.0) -> Interest:
     assert interest.reconnecting() == []
     assert interest.connected() == (RESYNC,)
     if keys:
-        assert SEND in interest.need(list(keys), 0.0)
+        assert interest.need(list(keys), 0.0) == ([], True)
         _, join = interest.commands()
         for n in join:
             interest.subscribe_answered(n)
@@ -32,8 +32,8 @@ def subscribed(*keys: int, linger: float = 5.0) -> Interest:
 
 def test_a_key_of_a_subscribed_partition_is_read_at_once_others_after_the_confirmation() -> None:
     interest = subscribed(3)
-    assert interest.need([13], 1.0) == [Read([13], False)]
-    assert interest.need([4, 14], 1.0) == (SEND,)
+    assert interest.need([13], 1.0) == ([13], False)  # read now, no check
+    assert interest.need([4, 14], 1.0) == ([], True)  # a SUBSCRIBE to send
     assert interest.commands() == ([], [4])
     assert interest.state(4) is State.SUBSCRIBING
     assert not interest.covers([4])
@@ -62,7 +62,7 @@ def test_watched_again_before_its_unsubscribe_is_sent_a_partition_stays_subscrib
     assert interest.sweep(set(), 2.0) == (SEND,)
     assert interest.state(3) is State.LEAVING
     # Still subscribed on the server: read at once, no command at all.
-    assert interest.need([3], 2.5) == [Read([3], False)]
+    assert interest.need([3], 2.5) == ([3], False)
     assert interest.state(3) is State.SUBSCRIBED
     assert interest.commands() == ([], [])
 
@@ -71,7 +71,7 @@ def test_watched_again_while_its_unsubscribe_is_in_flight_it_subscribes_after_th
     interest = subscribed(3, linger=1.0)
     interest.sweep(set(), 2.0)
     assert interest.commands() == ([3], [])
-    assert interest.need([3], 2.5) == ()
+    assert interest.need([3], 2.5) == ([], False)
     assert interest.state(3) is State.RETURNING
     assert interest.commands() == ([], [])  # one command in flight per partition
     assert interest.unsubscribe_answered(3) == (SEND,)
@@ -88,7 +88,7 @@ def test_released_while_its_subscribe_is_in_flight_then_watched_again_it_ends_su
     assert interest.commands() == ([], [3])
     assert interest.sweep(set(), 1.0) == ()  # released, its SUBSCRIBE unanswered
     assert interest.state(3) is State.ABANDONING
-    assert interest.need([13], 1.1) == ()
+    assert interest.need([13], 1.1) == ([], False)
     assert interest.state(3) is State.SUBSCRIBING
     assert interest.subscribe_answered(3) == [Read([13], True)]
     assert interest.commands() == ([], [])
@@ -115,7 +115,7 @@ def test_a_subscription_the_server_ends_is_renewed_and_resynced_once_confirmed()
     assert interest.commands() == ([], [3])
     # The resync waits for the new SUBSCRIBE: a read before it could still miss
     # a trigger published before the subscription is back.
-    assert interest.need([13], 1.0) == ()
+    assert interest.need([13], 1.0) == ([], False)
     assert interest.subscribe_answered(3) == (RESYNC,)
     assert interest.covers([3, 13])
 
@@ -142,7 +142,7 @@ def test_the_reconnection_race_watches_and_releases_while_the_new_connection_sub
     interest.sweep({3}, 0.0)
     interest.disconnected()
     assert sorted(interest.reconnecting()) == [3, 5]
-    assert interest.need([7], 1.5) == (SEND,)  # not in the new connection's SUBSCRIBE
+    assert interest.need([7], 1.5) == ([], True)  # not in the new connection's SUBSCRIBE
     assert interest.sweep({3}, 2.0) == ()  # 5 released, its SUBSCRIBE in flight
     assert interest.state(5) is State.ABANDONING
     assert interest.connected() == (RESYNC, SEND)

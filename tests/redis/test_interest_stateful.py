@@ -115,7 +115,9 @@ class InterestMachine(RuleBasedStateMachine):
             self.watched.add(key)
             if n not in self.server:
                 self.unread.add(key)
-        self._apply(self.interest.need(keys, self.now), check=False)
+        ready, _ = self.interest.need(keys, self.now)
+        if ready:
+            self._apply([Read(ready, False)], check=False)
 
     @rule(keys=st.sets(KEYS, max_size=6), step=STEPS)
     def sweep(self, keys: set[int], step: float) -> None:
