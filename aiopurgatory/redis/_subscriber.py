@@ -56,7 +56,7 @@ from redis.exceptions import RedisError
 
 from .._purgatory import Purgatory
 from ._connections import Connections
-from ._interest import RESYNC, SEND, Action, Interest, Read
+from ._interest import RESYNC, SEND, Action, Dropped, Interest, Read
 from ._link import CONNECTION_ERRORS, CONNECTION_LOST
 from ._partitions import Partitions
 from ._publisher import Sender
@@ -187,12 +187,11 @@ class Subscriber:
                 self._changed.set()
             elif action is RESYNC:
                 self._reader.request_resync()
-            elif type(action) is Read:
+            elif isinstance(action, Read):
                 self._reader.want(action.keys, check=action.check)
-            else:  # Dropped: subscribed again, and resynced once confirmed
+            elif isinstance(action, Dropped):  # subscribed again, resynced once confirmed
                 self._logger.warning(
-                    "aiopurgatory.redis.unsubscribed_by_server",
-                    partition=action.partition,  # type: ignore[union-attr]
+                    "aiopurgatory.redis.unsubscribed_by_server", partition=action.partition
                 )
 
     # -- the task ------------------------------------------------------------------------

@@ -7,7 +7,10 @@ hands out are "sent", and their answers fed back in the order Redis gives them.
 from __future__ import annotations
 
 import pytest
+from structlog.testing import capture_logs
 
+import aiopurgatory as ap
+from aiopurgatory.redis import RedisTriggers
 from aiopurgatory.redis._interest import RESYNC, SEND, Dropped, Interest, Read, State
 
 
@@ -181,3 +184,19 @@ def test_keys_that_cannot_cross_the_wire_are_left_out_of_the_sweep() -> None:
 def test_a_negative_linger_is_refused(linger: float) -> None:
     with pytest.raises(ValueError, match="linger"):
         Interest(of, linger=linger)
+
+
+async def test_the_subscriber_carries_out_the_actions() -> None:
+    purgatory: ap.Purgatory[ap.WatermarkOperation] = ap.Purgatory("acts")
+    triggers = RedisTriggers(purgatory, "redis://127.0.0.1:1/0")  # never entered
+    subscriber = triggers._subscriber
+    assert subscriber is not None
+    with capture_logs() as logs:
+        subscriber._act([Dropped(3), SEND, RESYNC, Read(["k"], True)])
+    assert [(e["event"], e.get("partition")) for e in logs] == [
+        ("aiopurgatory.redis.unsubscribed_by_server", 3)
+    ]
+    assert subscriber._changed.is_set()
+    reader = triggers._reader
+    assert reader._resync
+    assert list(reader._checks) == ["k"]
