@@ -5,7 +5,9 @@ of the purgatory's keys, a (un)subscription answered, the connection lost or
 renewed), each with the loop time as ``now`` where time matters, and returns
 the actions the driver (:class:`~._subscriber.Subscriber`) carries out: read
 some keys, resync every key, send the commands that wait, log a subscription
-the server ended. The rules, which the stateful test checks against a model:
+the server ended (:meth:`Interest.need`, called once per watch, returns the
+same as plain values). The rules, which the stateful test
+(``tests/redis/test_interest_stateful.py``) checks against a model:
 
 * **One state per partition** (:class:`State`); a partition with no state is
   neither wanted nor subscribed, and nothing about it is in flight. A partition
@@ -162,10 +164,11 @@ class Interest:
         self._of = partition_of
         self._linger = linger
         self._state: dict[int, State] = {}
-        # Derived from _state, kept for speed (16,384 partitions by default): the
-        # partitions whose state is in _TO_SEND, and the keys waiting for their
-        # partition's confirmation (partitions wanted and not subscribed only).
+        # An index of _state, kept for speed (16,384 partitions by default, a turn
+        # of the keeper per new partition): the partitions whose state is in _TO_SEND.
         self._pending: set[int] = set()
+        # The keys waiting for their partition's confirmation (partitions wanted
+        # and not subscribed only), read and checked once it comes.
         self._waiting: dict[int, dict[Key, None]] = {}
         # The sweep's view: the purgatory's keys at the last sweep, the partition of
         # each, how many of them each partition holds, and since when a wanted
