@@ -19,7 +19,13 @@ same as plain values). The rules, which the stateful test
   ``unsubscribe`` nobody asked for); with one command in flight, the answer to
   a partition's command cannot be confused with anything but that. A change of
   mind while a command is in flight is remembered by the state
-  (``ABANDONING``, ``RETURNING``) and acted on when the answer comes.
+  (``ABANDONING``, ``RETURNING``) and acted on when the answer comes. (The one
+  ambiguity left: the server's own ``unsubscribe`` crossing an UNSUBSCRIBE of
+  ours is taken for its answer, and the real answer, if it comes after a new
+  SUBSCRIBE, for the server's own: a needless resync, and the partition still
+  ends subscribed. We know of no way a server ends a plain channel's
+  subscription but closing the connection; a cluster's shard channels are
+  watched by :mod:`._sharded`, which renews the whole subscription instead.)
 * **Subscribed first, read next.** A key whose partition is not subscribed yet
   waits for the confirmation of its SUBSCRIBE, then is read *and checked* once
   (:class:`Read` with ``check``): nothing published in between slips through.

@@ -123,6 +123,21 @@ def test_a_subscription_the_server_ends_is_renewed_and_resynced_once_confirmed()
     assert interest.covers([3, 13])
 
 
+def test_the_servers_own_unsubscribe_crossing_ours_still_ends_subscribed() -> None:
+    """The one ambiguity: the two unsubscribes cannot be told apart."""
+    interest = subscribed(3, linger=1.0)
+    interest.sweep(set(), 2.0)
+    assert interest.commands() == ([3], [])  # our UNSUBSCRIBE in flight
+    # The server's own, sent before it read ours, comes first: taken for the answer.
+    assert interest.unsubscribe_answered(3) == ()
+    assert interest.need([3], 2.5) == ([], True)
+    assert interest.commands() == ([], [3])
+    # The real answer to ours: taken for the server's own (a needless resync).
+    assert interest.unsubscribe_answered(3) == [Dropped(3)]
+    assert interest.subscribe_answered(3) == (RESYNC,)
+    assert interest.covers([3])
+
+
 def test_a_lost_connection_forgets_what_was_in_flight_the_next_subscribes_the_wanted() -> None:
     interest = subscribed(3, 5, linger=1.0)
     interest.need([6], 0.0)
