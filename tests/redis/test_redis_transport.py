@@ -125,3 +125,23 @@ def test_a_virtual_time_loop_is_refused_at_once_and_says_what_to_use() -> None:
         simulation.run(enter())
     assert time.monotonic() - started < 1.0
     assert made_outside.statistics().connection_errors == 0
+
+
+class Abandoned(BaseException):
+    """Neither an Exception nor asyncio's CancelledError (as trio's Cancelled is not)."""
+
+
+async def test_a_watch_abandoned_by_any_base_exception_cancels_its_op_as_purgatory_watch(
+    redis_server: RedisServer,
+) -> None:
+    purgatory: ap.Purgatory[ap.DelayedOperation] = ap.Purgatory("abandoned")
+    async with RedisTriggers(purgatory, redis_server.url, channel="jobs") as triggers:
+        # 30 s: abandoned while it waits for the op; 0 s: while it reads first.
+        for op_timeout in (30, 0):
+            for watch in (triggers.watch, purgatory.watch):
+                op = ap.WatermarkOperation(op_timeout)
+                watching = watch(op, {f"never-{op_timeout}": 1})
+                watching.send(None)  # to its first suspension
+                with pytest.raises(Abandoned):
+                    watching.throw(Abandoned())
+                assert op.cancelled()
