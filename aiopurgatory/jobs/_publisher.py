@@ -16,19 +16,49 @@ timeout comes (the last look of :meth:`JobWaiter.wait`). The failure is logged
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
 from .._logging import LazyLogger
 from .._transport import Key, Value
 from ._layout import END, JobEnd, check_job_id, check_namespace, check_progress, job_key
 
-__all__ = ["Advancer", "JobPublisher"]
+__all__ = ["Advancer", "JobPublisher", "current_context", "within"]
 
 _log = LazyLogger()
+
+
+def current_context() -> Any:
+    """OpenTelemetry's current context if a span or baggage was ever attached in it, else None.
+
+    Imports nothing: None where OpenTelemetry's API is not imported (nothing
+    there could have made a span).
+    """
+    context = sys.modules.get("opentelemetry.context")
+    if context is None:
+        return None
+    current = context.get_current()
+    return current if current else None
+
+
+@contextlib.contextmanager
+def within(saved: Any) -> Iterator[None]:
+    """Make ``saved`` (from :func:`current_context`) current meanwhile, if not None:
+    what is published meanwhile carries its span (the publisher reads the current one)."""
+    context = sys.modules.get("opentelemetry.context")
+    if saved is None or context is None:
+        yield
+        return
+    token = context.attach(saved)
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 @runtime_checkable

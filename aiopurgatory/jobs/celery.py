@@ -15,8 +15,12 @@ Which of Celery's signals publish what, each sent after Celery's backend stored
 the state (checked in ``celery/app/trace.py`` and ``celery/worker/request.py``,
 Celery 5.5-5.7):
 
-* ``task_postrun`` with state ``SUCCESS`` (in the pool's process or thread,
-  after ``mark_as_done``): SUCCEEDED;
+* ``task_success`` (in the pool's process or thread, after ``mark_as_done``
+  stored it): SUCCEEDED. Not ``task_postrun``: OpenTelemetry's Celery
+  instrumentation ends the task's span in its own ``task_postrun`` receiver,
+  and receivers run in the order they were connected, so whether the span was
+  still current there would depend on which of the two was set up first;
+  ``task_success`` and ``task_failure`` are sent inside it whatever the order;
 * ``task_failure`` (after ``mark_as_failure``: in the pool for an exception of
   the task, in the worker's main process for a hard time limit, a rejected
   message, a lost worker): FAILED, or LOST for ``WorkerLostError``;
@@ -26,6 +30,12 @@ A retry (``self.retry``, ``autoretry_for``) publishes nothing: the task has
 not ended. With ``acks_late`` and ``task_reject_on_worker_lost``, a task whose
 worker died is redelivered, not failed: nothing is published until its next
 run ends. Needs the ``celery`` extra.
+
+The span current where an end is published travels with it (see
+:mod:`aiopurgatory.tracing`): with ``opentelemetry-instrumentation-celery``, the
+task's span for SUCCEEDED and for FAILED in the pool; an end published by the
+worker's main process (REVOKED, a lost worker, a hard time limit) is outside
+any task span and carries none.
 """
 
 from __future__ import annotations
@@ -97,8 +107,11 @@ def publish_jobs(
     def ours(task: object) -> bool:
         return getattr(task, "app", None) is app
 
-    def on_postrun(sender: Any = None, task_id: Any = None, state: Any = None, **_: Any) -> None:
-        if state == states.SUCCESS and isinstance(task_id, str) and ours(sender):
+    def on_success(sender: Any = None, **_: Any) -> None:
+        # Sent with the task's request still pushed: its id is the one stored.
+        request = getattr(sender, "request", None)
+        task_id = getattr(request, "id", None)
+        if isinstance(task_id, str) and ours(sender):
             jobs.ended(task_id, JobEnd.SUCCEEDED)
 
     def on_failure(
@@ -118,7 +131,7 @@ def publish_jobs(
         jobs.close()
 
     # weak=False: the receivers are closures, which nothing else references.
-    signals.task_postrun.connect(on_postrun, weak=False)
+    signals.task_success.connect(on_success, weak=False)
     signals.task_failure.connect(on_failure, weak=False)
     signals.task_revoked.connect(on_revoked, weak=False)
     signals.worker_process_shutdown.connect(on_shutdown, weak=False)

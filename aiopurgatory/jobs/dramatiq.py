@@ -48,7 +48,7 @@ import anyio.to_thread
 from .._namespace import public_dir as _public_dir
 from .._transport import Triggers
 from ._layout import JobEnd
-from ._publisher import Advancer, JobPublisher
+from ._publisher import Advancer, JobPublisher, current_context, within
 from ._waiter import JobAnswer, JobWaiter
 
 __all__ = ["DramatiqJobs", "PublishJobs", "publish_jobs", "report_progress"]
@@ -79,6 +79,12 @@ class PublishJobs(dramatiq.Middleware):
         channel: str | None = None,
     ) -> None:
         self.jobs = JobPublisher(publisher, namespace=namespace, channel=channel)
+        # The OpenTelemetry context a message raised in, by message id, until its
+        # ack or nack: a failure is published from after_nack, which Dramatiq
+        # runs once the message was processed, after a tracing middleware's
+        # after_process_message ended the message's span. Popped by either hook
+        # (a retried message is acked), so nothing stays.
+        self._failed_in: dict[str, Any] = {}
 
     def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
         _running.message = message
@@ -95,6 +101,10 @@ class PublishJobs(dramatiq.Middleware):
         _running.message = None
         if exception is None:
             self.jobs.ended(message.message_id, JobEnd.SUCCEEDED)
+        else:
+            saved = current_context()
+            if saved is not None:
+                self._failed_in[message.message_id] = saved
 
     def after_skip_message(self, broker: dramatiq.Broker, message: Any) -> None:
         _running.message = None
@@ -102,8 +112,13 @@ class PublishJobs(dramatiq.Middleware):
             self.jobs.ended(message.message_id, JobEnd.REVOKED)
 
     def after_nack(self, broker: dramatiq.Broker, message: Any) -> None:
+        saved = self._failed_in.pop(message.message_id, None)
         if message.failed:
-            self.jobs.ended(message.message_id, JobEnd.FAILED)
+            with within(saved):
+                self.jobs.ended(message.message_id, JobEnd.FAILED)
+
+    def after_ack(self, broker: dramatiq.Broker, message: Any) -> None:
+        self._failed_in.pop(message.message_id, None)
 
     def after_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
         self.jobs.flush(5.0)

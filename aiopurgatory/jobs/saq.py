@@ -44,9 +44,13 @@ from ._async_worker import (
     triggers_factory,
 )
 from ._layout import JobEnd, check_namespace
+from ._publisher import current_context, within
 from ._waiter import JobAnswer, JobFailedError, JobWaiter
 
 __all__ = ["CONTEXT_KEY", "SaqJobs", "publish_jobs", "report_progress"]
+
+# The job's OpenTelemetry context in saq's ctx, from before_process to after_process.
+_OTEL_KEY = "aiopurgatory.jobs.otel_context"
 
 _ENDS = {
     Status.COMPLETE: JobEnd.SUCCEEDED,
@@ -71,10 +75,13 @@ def publish_jobs(
 ) -> dict[str, Any]:
     """Have the workers of ``settings`` publish every job's end for :class:`SaqJobs`.
 
-    Adds a ``startup`` hook (entering the worker's publisher), an
-    ``after_process`` hook (after the user's: publishing the job's end) and a
-    ``shutdown`` hook (closing the publisher, delivering what is pending) to
-    saq's worker settings; the hooks already there are kept.
+    Adds a ``startup`` hook (entering the worker's publisher), a
+    ``before_process`` hook (after the user's: noting the OpenTelemetry context
+    the job runs in), an ``after_process`` hook (after the user's: publishing
+    the job's end, in that context, so that it carries the span a tracing
+    ``before_process`` hook started) and a ``shutdown`` hook (closing the
+    publisher, delivering what is pending) to saq's worker settings; the hooks
+    already there are kept.
 
     Args:
         settings: saq's worker settings (``queue``, ``functions``...).
@@ -96,7 +103,14 @@ def publish_jobs(
     namespace = check_namespace(namespace)
     startup, shutdown = lifecycle_hooks(factory, namespace)
 
+    async def before_process(ctx: dict[str, Any]) -> None:
+        # The last before_process hook: the context the job is processed in,
+        # a tracing hook's span current. The end is published in it, since the
+        # hook ending that span (an after_process given here) runs before ours.
+        ctx[_OTEL_KEY] = current_context()
+
     async def after_process(ctx: dict[str, Any]) -> None:
+        saved = ctx.pop(_OTEL_KEY, None)
         job = ctx.get("job")
         if job is None or job.status not in _ENDS:
             return
@@ -108,11 +122,13 @@ def publish_jobs(
             stored = await job.get_queue().job(job.key)
             return None if stored is None else _ENDS.get(stored.status)
 
-        await publish_stored_end(ctx, job.key, stored_end)
+        with within(saved):
+            await publish_stored_end(ctx, job.key, stored_end)
 
     return {
         **settings,
         "startup": [startup, *_hooks(settings, "startup")],
+        "before_process": [*_hooks(settings, "before_process"), before_process],
         "after_process": [*_hooks(settings, "after_process"), after_process],
         "shutdown": [*_hooks(settings, "shutdown"), shutdown],
     }

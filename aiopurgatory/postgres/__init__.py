@@ -22,7 +22,7 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
 from .._namespace import public_dir as _public_dir
 from ._errors import PostgresTriggersClosedError, PostgresTriggersError
 from ._sql import schema_sql
-from ._statistics import PostgresTriggersStatistics
+from ._statistics import PostgresTriggersStatistics, SyncPublisherStatistics
 from ._sync import SyncPublisher
 from ._triggers import PostgresTriggers
 from ._wire import DEFAULT_CHANNEL, DEFAULT_PARTITIONS, MAX_KEY_BYTES
@@ -36,6 +36,7 @@ __all__ = [
     "PostgresTriggersError",
     "PostgresTriggersStatistics",
     "SyncPublisher",
+    "SyncPublisherStatistics",
     "schema_sql",
 ]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PostgresTriggersStatistics"]
+__all__ = ["PostgresTriggersStatistics", "SyncPublisherStatistics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,4 +68,44 @@ class PostgresTriggersStatistics:
     deaf_detected: int
     health_check_failures: int
     queue_usage: float | None
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPublisherStatistics:
+    """A snapshot of one PostgreSQL SyncPublisher's counters (running totals since
+    construction, or since the fork that made this process).
+
+    Kept triggers are coalesced (one entry per key and kind), so ``delivered_late``
+    and ``dropped`` count entries, not calls.
+
+    Attributes:
+        channel: the channel.
+        instance: this publisher's id (its payloads carry it).
+        connected: the last attempt to reach the server succeeded (True before any).
+        sent: calls committed at once, in the caller's thread.
+        kept: calls that returned with their trigger kept for delivery (the
+            server could not be reached, or earlier triggers were still kept).
+        pending: triggers (distinct keys) kept now, not yet delivered.
+        delivered_late: kept triggers the delivery thread has committed.
+        dropped: triggers not delivered: refused because ``max_pending`` were
+            kept (the call raised), refused by the server when sent alone, or
+            still kept when ``close()`` gave up.
+        errors: attempts to reach the server that failed (the callers' and the
+            delivery thread's).
+        outages: times the server could not be reached after it could (or at the
+            start), each logged once.
+        last_error: the last error, as ``"Type: message"`` (no password), or None.
+    """
+
+    channel: str
+    instance: str
+    connected: bool
+    sent: int
+    kept: int
+    pending: int
+    delivered_late: int
+    dropped: int
+    errors: int
+    outages: int
     last_error: str | None

@@ -31,12 +31,15 @@ from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from ._cluster import ClusterLink, ShardedSubscription, SlotMap, seeds_of_client
+from ._cluster import ClusterLink
 from ._compat import require_cluster_support
-from ._link import Link
+from ._link import CommandLink, Link
 from ._partitions import Partitions
-from ._redact import Redactor, describe_client, describe_url, url_password
-from ._topology import Target, describe_pool, target_for_url
+from ._redact import Redactor, describe_client
+from ._sharded import ShardedSubscription
+from ._slots import SlotMap
+from ._topology import Target, describe_pool, locate, seeds_of_client, target_for
+from ._wire import PublishMode
 
 __all__ = ["Connections"]
 
@@ -69,17 +72,12 @@ class Connections:
         self._timeout = command_timeout
         self._first, self._longest = reconnect_delay
         if isinstance(url_or_client, str):
-            self.redactor = Redactor(url_password(url_or_client))
-            self.where = describe_url(url_or_client)
-            try:
-                # Only the URL's settings are used (see factory()): no
-                # connection is ever taken from this pool.
-                target = target_for_url(url_or_client, command_timeout)
-            except ValueError as exc:
-                raise ValueError(
-                    f"url_or_client: not a usable Redis URL ({self.redactor.error(exc)})"
-                ) from None
-            self.where = target.where or self.where
+            location = locate(url_or_client)
+            self.redactor = location.redactor
+            self.where = location.where
+            # Only the URL's settings are used (see factory()): no connection is
+            # ever taken from this pool.
+            target = target_for(location, command_timeout)
         elif isinstance(url_or_client, aioredis.Redis):
             pool = url_or_client.connection_pool
             target = Target(pool, "")
@@ -112,8 +110,8 @@ class Connections:
             self._options.setdefault("socket_connect_timeout", command_timeout)
             self._connection_class = self._options.pop("connection_class", None) or Connection
             self._slots = SlotMap(cluster.seeds, self.node_factory("map"), command_timeout)
-        #: The command that publishes: SPUBLISH on a cluster (a shard channel).
-        self.publish = b"PUBLISH" if cluster is None else b"SPUBLISH"
+        #: How triggers are published: shard channels on a cluster.
+        self.publish = PublishMode.PLAIN if cluster is None else PublishMode.SHARDED
         self.errors = 0  # connection failures (statistics' connection_errors)
         self.last_error: str | None = None
 
@@ -129,7 +127,7 @@ class Connections:
         """Redis is a cluster (its partitions are shard channels, routed by slot)."""
         return self._slots is not None
 
-    def link(self, role: str) -> Link | ClusterLink:
+    def link(self, role: str) -> CommandLink:
         """A new link for ``role`` (its connections are named after it)."""
         slots = self._slots
         if slots is None:

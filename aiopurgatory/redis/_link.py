@@ -31,14 +31,21 @@ import asyncio
 import math
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from ._compat import has_pending_input
 
-__all__ = ["CONNECTION_ERRORS", "CONNECTION_LOST", "Link", "closed_transport", "pack_commands"]
+__all__ = [
+    "CONNECTION_ERRORS",
+    "CONNECTION_LOST",
+    "CommandLink",
+    "Link",
+    "closed_transport",
+    "pack_commands",
+]
 
 # Errors that mean "Redis is unreachable, refused us or did not answer in time":
 # the connection is dropped and the call retried later. Anything else escaping a
@@ -111,6 +118,36 @@ def _lost(exc: BaseException) -> bool:
     return isinstance(exc, RedisConnectionError | OSError) and not isinstance(exc, TimeoutError)
 
 
+class CommandLink(Protocol):
+    """What the sender and the reader send their commands on: a :class:`Link` (one
+    server), or a :class:`~._cluster.ClusterLink` (a cluster: a link per master).
+
+    Used by one task at a time.
+    """
+
+    #: Seconds a call may take, the (re)connect included.
+    timeout: float
+
+    @property
+    def connected(self) -> bool:
+        """A connection is open (it may still turn out dead at its next use)."""
+        ...
+
+    async def execute(self, *commands: Command) -> list[Any]:
+        """Send ``commands`` and read one reply each (an error reply returned as its
+        ``ResponseError``, not raised).
+
+        Raises:
+            TimeoutError: no complete answer within ``timeout`` seconds.
+            redis.exceptions.RedisError, OSError: Redis cannot be reached.
+        """
+        ...
+
+    async def drop(self) -> None:
+        """Close the connection(s); the next call opens new ones."""
+        ...
+
+
 class Link:
     """One connection to Redis, made by ``factory`` (a redis-py asyncio ``Connection``).
 
@@ -165,15 +202,6 @@ class Link:
             # A failure (or a cancellation) mid-call leaves the connection out of step.
             await self.drop()
             raise
-
-    async def script(self, sha: str, source: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """``EVALSHA`` (``EVAL`` if Redis does not have the script yet); an error reply raises."""
-        reply = (await self.execute(("EVALSHA", sha, len(keys), *keys, *args)))[0]
-        if isinstance(reply, NoScriptError):
-            reply = (await self.execute(("EVAL", source, len(keys), *keys, *args)))[0]
-        if isinstance(reply, ResponseError):
-            raise reply
-        return reply
 
     async def drop(self) -> None:
         """Close the connection (if any); the next call opens a new one."""

@@ -1,6 +1,9 @@
 """Kept triggers: what a SyncPublisher could not send at once, delivered when Redis is back.
 
-A :class:`~aiopurgatory.redis.SyncPublisher` sends each call in the caller's
+The outbox itself is transport-neutral (:mod:`aiopurgatory._outbox`, shared with
+the PostgreSQL SyncPublisher); this module gives it Redis's judgement of failures
+(:func:`failure_kind`), errors and event names. A
+:class:`~aiopurgatory.redis.SyncPublisher` sends each call in the caller's
 thread, one round trip, while Redis answers. When a send meets a *transient*
 failure (:func:`failure_kind`: the connection refused, reset or timed out, a
 server ``LOADING`` its data, a former primary answering ``READONLY`` after a
@@ -50,15 +53,9 @@ retried, logged at error level.
 
 from __future__ import annotations
 
-import atexit
-import os
-import random
 import re
-import threading
-import time
-import weakref
 from collections.abc import Callable
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from redis.exceptions import (
     AuthenticationError,
@@ -69,8 +66,10 @@ from redis.exceptions import (
     ResponseError,
 )
 
+from .._outbox import Kind
+from .._outbox import Outbox as _Outbox
 from ._errors import RedisTriggersClosedError, RedisTriggersError
-from ._wire import Batch, Key, Value
+from ._wire import Batch
 
 __all__ = ["DEFAULT_MAX_PENDING", "Outbox", "failure_kind"]
 
@@ -83,8 +82,6 @@ _TRANSIENT_REPLY: Final = re.compile(
     r"\b(LOADING|READONLY|MASTERDOWN|TRYAGAIN|CLUSTERDOWN|BUSY|OOM|NOREPLICAS|MOVED|ASK|UNBLOCKED)\b"
 )
 _AUTH_REPLY: Final = re.compile(r"\b(WRONGPASS|NOAUTH|NOPERM)\b|invalid password")
-
-Kind = Literal["transient", "auth", "refused"]
 
 
 def failure_kind(exc: BaseException) -> Kind:
@@ -111,42 +108,12 @@ def failure_kind(exc: BaseException) -> Kind:
     return "transient"
 
 
-# A log line decided under the lock and emitted after it: a slow log handler
-# never holds the callers of the publisher.
-_Log = tuple[Callable[..., Any], str, dict[str, Any]]
+class Outbox(_Outbox):
+    """The kept triggers of one Redis SyncPublisher and the thread that delivers them.
 
-
-def _emit(log: _Log | None) -> None:
-    if log is not None:
-        method, event, fields = log
-        method(event, **fields)
-
-
-# Every live outbox, for the fork and exit hooks (weakly: a publisher dropped
-# without close() is not kept alive by them).
-_LIVE: weakref.WeakSet[Outbox] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for outbox in list(_LIVE):
-        outbox.reset_after_fork()
-
-
-def _at_exit() -> None:
-    for outbox in list(_LIVE):
-        if outbox.pending:
-            outbox.close(outbox.close_timeout, reason="exit")
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(_at_exit)
-
-
-class Outbox:
-    """The kept triggers of one SyncPublisher and the thread that delivers them.
-
-    Thread-safe: every method may be called from any thread.
+    :class:`aiopurgatory._outbox.Outbox` with Redis's :func:`failure_kind`,
+    :class:`RedisTriggersError` and :class:`RedisTriggersClosedError`, and the
+    ``aiopurgatory.redis.publisher_*`` events. Thread-safe.
 
     Args:
         send: sends a batch to Redis (in the delivery thread); raises on failure.
@@ -154,49 +121,11 @@ class Outbox:
             ``last_error``).
         raise_for: makes the :class:`RedisTriggersError` a caller gets for an
             exception that is not kept.
-        max_pending: the most triggers (distinct keys) kept at once.
-        reconnect_delay: the first and the longest wait between two delivery
-            attempts, in seconds (each drawn between half and all of
-            ``min(longest, first * 2**attempt)``).
-        wait_bound: seconds a call that joined a batch being delivered waits
-            for it at most (the delivery's own failure ends the wait sooner).
-        close_timeout: seconds delivery may take at interpreter exit.
-        name: the delivery thread's name.
-        logger: the owner's bound logger.
+        max_pending, reconnect_delay, wait_bound, close_timeout, name, logger:
+            as :class:`aiopurgatory._outbox.Outbox`.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_batch",
-        "_cond",
-        "_delivered_generation",
-        "_down_since",
-        "_error_text",
-        "_first",
-        "_generation",
-        "_inflight",
-        "_kick",
-        "_logger",
-        "_longest",
-        "_name",
-        "_outage_delivered",
-        "_raise_for",
-        "_send",
-        "_stopping",
-        "_thread",
-        "_wait_bound",
-        "close_timeout",
-        "connected",
-        "delivered_late",
-        "dropped",
-        "errors",
-        "ever_sent",
-        "kept",
-        "last_error",
-        "max_pending",
-        "outages",
-        "sent",
-    )
+    __slots__ = ()
 
     def __init__(
         self,
@@ -211,306 +140,19 @@ class Outbox:
         name: str,
         logger: Any,
     ) -> None:
-        self._send = send
-        self._error_text = error_text
-        self._raise_for = raise_for
-        self.max_pending = max_pending
-        self._first, self._longest = reconnect_delay
-        self._wait_bound = wait_bound
-        self.close_timeout = close_timeout
-        self._name = name
-        self._logger = logger
-        self._fresh_state()
-        self.ever_sent = False
-        _LIVE.add(self)
-
-    def _fresh_state(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._batch = Batch()  # kept, not yet taken by the thread
-        self._inflight = 0  # triggers the thread is sending now
-        self._generation = 0  # batches the thread has taken
-        self._delivered_generation = 0  # the last of them it delivered
-        self._thread: threading.Thread | None = None
-        self._kick = False  # retry now (flush, close)
-        self._stopping = False
-        self._down_since: float | None = None  # monotonic start of the outage
-        self._outage_delivered = 0
-        self.connected = True  # the last attempt succeeded (or none was made)
-        self.sent = 0
-        self.kept = 0
-        self.delivered_late = 0
-        self.dropped = 0
-        self.errors = 0
-        self.outages = 0
-        self.last_error: str | None = None
-
-    # -- callers' side -------------------------------------------------------------------
-
-    @property
-    def pending(self) -> int:
-        """Triggers kept and not yet delivered (distinct keys; those in flight included)."""
-        return len(self._batch) + self._inflight
-
-    def join(self, key: Key, value: Value | None) -> bool:
-        """Keep the trigger (an advance, or a check if ``value`` is None) if
-        something is kept already (no overtaking).
-
-        Returns False when nothing is kept: the caller sends at once. When the
-        thread is delivering (Redis answers), waits until the batch joined is
-        delivered or the delivery fails (then it stays kept).
-
-        Raises:
-            RedisTriggersClosedError: the publisher is closing.
-            RedisTriggersError: ``max_pending`` triggers are kept already.
-        """
-        with self._cond:
-            if self._stopping:
-                raise RedisTriggersClosedError("SyncPublisher is closed")
-            if not self._batch and not self._inflight:
-                return False
-            self._add(key, value, None)
-            if not self.connected:  # the last attempt failed: Redis is away
-                return True
-            generation = self._generation + 1  # the batch the thread takes next
-            deadline = time.monotonic() + self._wait_bound
-            while (
-                self._delivered_generation < generation and self.connected and not self._closing()
-            ):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
-            return True
-
-    def sent_now(self) -> None:
-        """A call was sent at once (in the caller's thread)."""
-        log = None
-        with self._cond:
-            self.sent += 1
-            self.ever_sent = True
-            self.connected = True
-            if self._down_since is not None and not self._batch and not self._inflight:
-                log = self._end_outage()
-        _emit(log)
-
-    def keep(self, exc: BaseException, key: Key, value: Value | None) -> None:
-        """The caller's send of a trigger (an advance, or a check if ``value`` is
-        None) failed with ``exc``: keep the trigger, or raise.
-
-        Raises:
-            RedisTriggersError: ``exc`` is not worth retrying (see
-                :func:`failure_kind`), or ``max_pending`` triggers are kept already.
-            RedisTriggersClosedError: the publisher is closing.
-        """
-        kind = failure_kind(exc)
-        text = self._error_text(exc)
-        log = None
-        with self._cond:
-            self.errors += 1
-            self.last_error = text
-            if kind == "refused" or (kind == "auth" and not self.ever_sent):
-                raise self._raise_for(exc)
-            if self._stopping:
-                raise RedisTriggersClosedError("SyncPublisher is closed")
-            self.connected = False
-            self._add(key, value, exc)
-            log = self._start_outage(text, kind)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-        _emit(log)
-
-    def flush(self, timeout: float | None) -> int:
-        """Wait until nothing is kept (or ``timeout`` seconds); how many are still kept.
-
-        Asks the thread to try at once rather than after its backoff.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            if self.pending:
-                self._kick = True
-                self._cond.notify_all()
-            while self.pending and self._thread is not None:
-                if deadline is None:
-                    self._cond.wait()
-                else:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._cond.wait(remaining)
-            return self.pending
-
-    def close(self, timeout: float, *, reason: str = "close") -> int:
-        """Deliver within ``timeout`` seconds, then stop; how many triggers were not delivered.
-
-        Those are counted in ``dropped`` and logged (``publisher_dropped``).
-        Later calls raise :class:`RedisTriggersClosedError`.
-        """
-        self.flush(timeout)
-        with self._cond:
-            self._stopping = True
-            left = self.pending
-            self._batch = Batch()
-            self._inflight = 0
-            self.dropped += left
-            self._cond.notify_all()
-        _LIVE.discard(self)
-        if left:
-            self._logger.warning(
-                "aiopurgatory.redis.publisher_dropped",
-                triggers=left,
-                reason=reason,
-                error=self.last_error,
-            )
-        return left
-
-    def reset_after_fork(self) -> None:
-        """In a forked child: no thread, new locks, nothing kept (the parent delivers
-        its own), counters from zero."""
-        ever_sent = self.ever_sent
-        self._fresh_state()
-        self.ever_sent = ever_sent
-
-    # -- the delivery thread -------------------------------------------------------------
-
-    def _run(self) -> None:
-        failures = 1  # started by a failure: wait a little first
-        while True:
-            with self._cond:
-                delay = self._backoff(failures) if failures else 0.0
-                deadline = time.monotonic() + delay
-                while not self._kick and not self._stopping:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._cond.wait(remaining)
-                self._kick = False
-                if self._stopping or not self._batch:
-                    self._thread = None
-                    self._cond.notify_all()
-                    return
-                batch, self._batch = self._batch, Batch()
-                self._inflight = len(batch)
-                self._generation += 1
-                generation = self._generation
-            failure: BaseException | None = None
-            try:
-                self._send(batch)
-            except Exception as exc:
-                failure = exc
-            if failure is not None and failure_kind(failure) == "refused":
-                batch, failure = self._one_by_one(batch)
-            log = None
-            with self._cond:
-                if self._closing():  # close() counted the batch as not delivered
-                    self._thread = None
-                    self._cond.notify_all()
-                    return
-                self._inflight = 0
-                if failure is None:
-                    failures = 0
-                    self.delivered_late += len(batch)
-                    self._outage_delivered += len(batch)
-                    self.ever_sent = True
-                    self.connected = True
-                    self._delivered_generation = generation
-                    if self._down_since is not None and not self._batch:
-                        log = self._end_outage()
-                else:
-                    failures += 1
-                    self.errors += 1
-                    self.last_error = self._error_text(failure)
-                    self.connected = False
-                    batch.merge(self._batch)  # ahead of what came since
-                    self._batch = batch
-                    log = self._start_outage(self.last_error, failure_kind(failure))
-                self._cond.notify_all()
-            _emit(log)
-
-    def _one_by_one(self, batch: Batch) -> tuple[Batch, BaseException | None]:
-        """``batch`` refused as a whole: each trigger alone. Those refused alone are
-        dropped (logged); those that failed otherwise are returned, to keep, with
-        the last such failure (None if every trigger was delivered or dropped)."""
-        rest = Batch()
-        refused: list[str] = []
-        failure: BaseException | None = None
-        singles: list[Batch] = []
-        for key in batch.checks:
-            single = Batch()
-            single.check(key)
-            singles.append(single)
-        for key, value in batch.advances.items():
-            single = Batch()
-            single.advance(key, value)
-            singles.append(single)
-        delivered = 0
-        for single in singles:
-            try:
-                self._send(single)
-            except Exception as exc:
-                if failure_kind(exc) == "refused":
-                    refused.append(self._error_text(exc))
-                else:
-                    failure = exc
-                    rest.merge(single)
-                continue
-            delivered += 1
-        with self._cond:
-            self.dropped += len(refused)
-            self.delivered_late += delivered
-            self._outage_delivered += delivered
-            self.errors += len(refused)
-            if refused:
-                self.last_error = refused[-1]
-        if refused:
-            self._logger.error(
-                "aiopurgatory.redis.publisher_refused", triggers=len(refused), error=refused[-1]
-            )
-        return rest, failure
-
-    # -- helpers (under the lock) --------------------------------------------------------
-
-    def _add(self, key: Key, value: Value | None, exc: BaseException | None) -> None:
-        batch = self._batch
-        new = key not in (batch.checks if value is None else batch.advances)
-        if new and self.pending >= self.max_pending:
-            self.dropped += 1
-            raise RedisTriggersError(
-                f"SyncPublisher: {self.max_pending} triggers are kept for delivery already "
-                "(max_pending) and Redis has not taken them yet"
-                + ("" if exc is None else f" ({self._error_text(exc)})")
-            )
-        if value is None:
-            batch.check(key)
-        else:
-            batch.advance(key, value)
-        self.kept += 1
-
-    def _closing(self) -> bool:
-        # A method, not the attribute: it changes while the thread sends.
-        return self._stopping
-
-    def _start_outage(self, text: str, kind: Kind) -> _Log | None:
-        """Mark an outage's start; the log line to emit (outside the lock), if it is new."""
-        if self._down_since is not None:
-            return None
-        self._down_since = time.monotonic()
-        self._outage_delivered = 0
-        self.outages += 1
-        # Credentials refused after they worked: someone must act, so an error.
-        log = self._logger.error if kind == "auth" else self._logger.warning
-        return log, "aiopurgatory.redis.publisher_outage", {"error": text, "kept": self.pending}
-
-    def _end_outage(self) -> _Log:
-        """Mark the outage's end; the log line to emit (outside the lock)."""
-        since, self._down_since = self._down_since, None
-        assert since is not None
-        fields = {
-            "delivered": self._outage_delivered,
-            "seconds": round(time.monotonic() - since, 3),
-        }
-        return self._logger.warning, "aiopurgatory.redis.publisher_recovered", fields
-
-    def _backoff(self, attempt: int) -> float:
-        ceiling = min(self._longest, self._first * 2 ** min(attempt - 1, 30))
-        return random.uniform(ceiling / 2, ceiling)
+        super().__init__(
+            send,
+            classify=failure_kind,
+            error_text=error_text,
+            raise_for=raise_for,
+            closed=RedisTriggersClosedError,
+            full=RedisTriggersError,
+            server="Redis",
+            events="aiopurgatory.redis",
+            max_pending=max_pending,
+            reconnect_delay=reconnect_delay,
+            wait_bound=wait_bound,
+            close_timeout=close_timeout,
+            name=name,
+            logger=logger,
+        )

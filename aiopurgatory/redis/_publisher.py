@@ -39,18 +39,25 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 from zlib import crc32
 
 from redis.exceptions import NoScriptError
 
 from ._connections import Connections
-from ._link import CONNECTION_ERRORS, CONNECTION_LOST, Link
+from ._link import CONNECTION_ERRORS, CONNECTION_LOST, CommandLink
 from ._partitions import Partitions
-from ._wire import VERSION, Batch, Key, encode, redis_key, sender_field, stored, value_text
-
-if TYPE_CHECKING:
-    from ._cluster import ClusterLink
+from ._wire import (
+    VERSION,
+    Batch,
+    Key,
+    PublishMode,
+    encode,
+    redis_key,
+    sender_field,
+    stored,
+    value_text,
+)
 
 __all__ = [
     "ADVANCE_SCRIPT",
@@ -173,10 +180,10 @@ def key_json(key: Key) -> str:
 
 
 def batch_command(
-    sender: str, batch: Batch, partitions: Partitions, ttl_ms: bytes, publish: bytes
+    sender: str, batch: Batch, partitions: Partitions, ttl_ms: bytes, publish: PublishMode
 ) -> tuple[Any, ...]:
     """The one :data:`BATCH_SCRIPT` call that sends ``batch`` (at most
-    :data:`MAX_SCRIPT_TRIGGERS` triggers) on one server."""
+    :data:`MAX_SCRIPT_TRIGGERS` triggers) on one server (``publish`` is plain there)."""
     head = f"[{VERSION}," + _json_text(sender) + ","
     stem = len(partitions.prefix(0)) - 4  # the prefix less b":wm:"
     args: list[Any] = []
@@ -199,7 +206,7 @@ def batch_command(
         len(keys),
         *keys,
         ttl_ms,
-        publish,
+        publish.value,
         head,
         stem,
         MAX_MESSAGE_TRIGGERS,
@@ -210,7 +217,7 @@ def batch_command(
 
 
 def publish_commands(
-    sender: str, batch: Batch, partitions: Partitions, ttl_ms: bytes, publish: bytes
+    sender: str, batch: Batch, partitions: Partitions, ttl_ms: bytes, publish: PublishMode
 ) -> list[tuple[Any, ...]]:
     """The commands that send ``batch``: per partition (and per
     :data:`MAX_MESSAGE_TRIGGERS` triggers) one PUBLISH, or one EVALSHA of
@@ -230,6 +237,7 @@ def publish_commands(
             part = by_partition[n] = Batch()
         part.advances[key] = value
     commands: list[tuple[Any, ...]] = []
+    command = publish.value
     for n, whole in by_partition.items():
         channel = partitions.channels[n]
         prefix = partitions.prefix(n)
@@ -244,14 +252,14 @@ def publish_commands(
                         len(keys),
                         *keys,
                         ttl_ms,
-                        publish,
+                        command,
                         channel,
                         message,
                         *map(stored, part.advances.values()),
                     )
                 )
             else:
-                commands.append((publish, channel, message))
+                commands.append((command, channel, message))
     return commands
 
 
@@ -264,7 +272,7 @@ class Sender:
             :class:`~._link.Link`, or on a cluster a :class:`~._cluster.ClusterLink`.
         partitions: the channel's partitions.
         ttl_ms: stored watermarks' TTL, milliseconds as decimal bytes.
-        publish: ``b"PUBLISH"``, or ``b"SPUBLISH"`` on a cluster.
+        publish: plain, or sharded on a cluster.
         connections: the owner's connections: the wait before the n-th retry
             (``backoff``), and the record of failures (``record_error`` for a
             lost connection, ``record_bug`` for anything else; each returns
@@ -275,11 +283,11 @@ class Sender:
     def __init__(
         self,
         instance: str,
-        link: Link | ClusterLink,
+        link: CommandLink,
         partitions: Partitions,
         *,
         ttl_ms: bytes,
-        publish: bytes,
+        publish: PublishMode,
         connections: Connections,
         logger: Any,
     ) -> None:
@@ -368,7 +376,7 @@ class Sender:
                 try:
                     with CONNECTION_LOST:
                         await self.link.execute(
-                            *[(self._publish, channel, m) for channel, m in canaries]
+                            *[(self._publish.value, channel, m) for channel, m in canaries]
                         )
                 except CONNECTION_ERRORS:
                     pass  # a canary that is not sent is not received: the watchdog sees it
@@ -444,7 +452,7 @@ class Sender:
             groups += [(sender_field(self._id, tp), part) for tp, part in traced.items()]
         commands: list[tuple[Any, ...]] = []
         for sender, whole in groups:
-            if self._publish == b"PUBLISH":
+            if self._publish is PublishMode.PLAIN:
                 commands += [
                     batch_command(sender, part, self._partitions, self._ttl_ms, self._publish)
                     for part in whole.split(MAX_SCRIPT_TRIGGERS)

@@ -35,7 +35,7 @@ from typing import Any, Final
 
 from .._purgatory import Purgatory
 from ._connections import Connections
-from ._link import CONNECTION_ERRORS
+from ._link import CONNECTION_ERRORS, CommandLink
 from ._wire import Key, Value, parse_stored, wire_keys
 
 __all__ = ["READ_CHUNK", "WatermarkReader"]
@@ -83,7 +83,7 @@ class WatermarkReader:
     def __init__(
         self,
         purgatory: Purgatory[Any] | None,
-        link: Any,
+        link: CommandLink,
         stored_key: Callable[[Key], bytes],
         *,
         partition_of: Callable[[Key], int] | None = None,

@@ -10,12 +10,15 @@ worth of work, run by :meth:`Subscriber.run`:
   receives no trigger. A key watched through ``RedisTriggers.watch`` is known at
   once (:meth:`Subscriber.need`); a key watched on the purgatory directly is
   found by a sweep of the purgatory's keys every ``sweep_interval`` seconds.
-  A key whose partition is not subscribed yet waits for the confirmation of its
-  SUBSCRIBE, then is read *and checked* once (:meth:`WatermarkReader.want`):
-  subscribed first, read next, so nothing published in between slips through.
-  A partition is released (UNSUBSCRIBE) once no watched key has been in it for
-  ``linger`` seconds, so short-lived keys (one long poll after another on one
-  topic) do not subscribe and unsubscribe each time.
+  Which partitions are wanted, and where each one's subscription stands, is
+  :class:`~._interest.Interest`'s (sans-IO: its rules are in its module); the
+  subscriber feeds it the events and carries out its actions. A key whose
+  partition is not subscribed yet waits for the confirmation of its SUBSCRIBE,
+  then is read *and checked* once (:meth:`WatermarkReader.want`): subscribed
+  first, read next, so nothing published in between slips through. A partition
+  is released (UNSUBSCRIBE) once no watched key has been in it for ``linger``
+  seconds, so short-lived keys (one long poll after another on one topic) do
+  not subscribe and unsubscribe each time.
 * **Liveness.** After a silent health-check interval (nothing delivered; on a
   cluster, nothing delivered by some master), a PING
   goes down the connection and a *canary* (a message to this process's canary
@@ -27,7 +30,8 @@ worth of work, run by :meth:`Subscriber.run`:
 * **Renewal.** Any error ends the connection, never the task: it reconnects with
   exponential backoff and jitter, subscribes to every partition still wanted,
   and asks the reader for a *resync* (every watched key read and checked). A
-  partition the server unsubscribes by itself is subscribed again, and resynced.
+  partition the server unsubscribes by itself is subscribed again, and resynced
+  once that is confirmed.
 
 Each message is applied in a context of its own (a new ``contextvars.Context``),
 as a trigger from another process should be: nothing of the context the
@@ -52,11 +56,12 @@ from redis.exceptions import RedisError
 
 from .._purgatory import Purgatory
 from ._connections import Connections
+from ._interest import RESYNC, SEND, Action, Dropped, Interest, Read
 from ._link import CONNECTION_ERRORS, CONNECTION_LOST
 from ._partitions import Partitions
 from ._publisher import Sender
 from ._reader import WatermarkReader
-from ._wire import Key, MalformedMessage, Value, decode, split_sender, wire_keys
+from ._wire import Key, MalformedMessage, Value, decode, split_sender
 
 __all__ = ["DeafSubscription", "Subscriber"]
 
@@ -124,27 +129,8 @@ class Subscriber:
         self._advance = purgatory.advance
         self._check = purgatory.check_and_complete
 
-        # Partition -> the loop time a watched key was last seen in it.
-        self._wanted: dict[int, float] = {}
-        # Partitions whose SUBSCRIBE the current connection confirmed.
-        self._confirmed: set[int] = set()
-        # Requests sent on the current connection and not yet confirmed, per
-        # partition (replies come in the order of the requests).
-        self._subscribing: dict[int, int] = {}
-        self._unsubscribing: dict[int, int] = {}
-        # Keys waiting for their partition's confirmation, then read and checked.
-        self._waiting: dict[int, dict[Key, None]] = {}
-        # Partitions to (un)subscribe at the next turn of the keeper.
-        self._to_subscribe: set[int] = set()
-        self._to_unsubscribe: set[int] = set()
-        self._changed = asyncio.Event()
-        # The sweep's view: the purgatory's keys at the last sweep, the partition
-        # of each, how many of them each partition holds, and since when a
-        # wanted partition has held none (released after ``linger``).
-        self._swept: set[Any] = set()
-        self._key_partition: dict[Key, int] = {}
-        self._key_count: dict[int, int] = {}
-        self._idle: dict[int, float] = {}
+        self._interest = Interest(partitions.of, linger=linger)
+        self._changed = asyncio.Event()  # commands wait (the keeper sends them)
 
         self.connection: Any = None
         self.connected = False
@@ -163,12 +149,11 @@ class Subscriber:
     @property
     def subscribed(self) -> int:
         """Partition channels subscribed now (confirmed by Redis)."""
-        return len(self._confirmed)
+        return self._interest.subscribed
 
     def covers(self, keys: Iterable[Key]) -> bool:
         """The partitions of ``keys`` are all subscribed now (for benchmarks and tests)."""
-        of = self._partitions.of
-        return all(of(key) in self._confirmed for key in keys)
+        return self._interest.covers(keys)
 
     # -- interest (any task of the loop) -----------------------------------------------
 
@@ -178,85 +163,36 @@ class Subscriber:
         Keys whose partition is subscribed are read at once; the others after
         their partition's SUBSCRIBE is confirmed (then also checked once).
         """
-        now = asyncio.get_running_loop().time()
-        of = self._partitions.of
-        wanted = self._wanted
-        confirmed = self._confirmed
-        ready: list[Key] = []
-        count = self._key_count
-        idle = self._idle
-        for key in keys:
-            n = of(key)
-            wanted[n] = now
-            if n not in count:
-                idle[n] = now  # released after linger unless the sweep finds its key
-            if n in confirmed:
-                ready.append(key)
-            else:
-                self._wait(n, key)
+        ready, send = self._interest.need(keys, asyncio.get_running_loop().time())
         if ready:
             self._reader.want(ready)
-
-    def _wait(self, n: int, key: Key) -> None:
-        waiting = self._waiting.get(n)
-        if waiting is None:
-            waiting = self._waiting[n] = {}
-            if not self._subscribing.get(n):
-                self._to_subscribe.add(n)
-                self._to_unsubscribe.discard(n)
-                self._changed.set()
-        waiting[key] = None
+        if send:
+            self._changed.set()
 
     def sweep(self) -> None:
-        """Subscribe the partitions of keys watched directly; release the idle ones.
-
-        The purgatory's keys are compared with the last sweep's as sets (C loops);
-        only the keys that came or went since are looked at one by one, so a
-        sweep over many watched keys that did not change costs little.
-        """
+        """Subscribe the partitions of keys watched directly; release the idle ones
+        (:meth:`Interest.sweep <._interest.Interest.sweep>`)."""
         purgatory = self._purgatory
         if purgatory.closed:
             return
         now = asyncio.get_running_loop().time()
-        keys = set(purgatory.keys())
-        swept = self._swept
-        partition_of_key = self._key_partition
-        count = self._key_count
-        idle = self._idle
-        wanted = self._wanted
-        for key in swept - keys:
-            n = partition_of_key.pop(key, None)
-            if n is None:
-                continue  # a key that cannot cross the wire
-            left = count[n] - 1
-            if left:
-                count[n] = left
-            else:
-                del count[n]
-                idle[n] = now
-        of = self._partitions.of
-        confirmed = self._confirmed
-        for key in wire_keys(keys - swept):
-            n = partition_of_key[key] = of(key)
-            count[n] = count.get(n, 0) + 1
-            idle.pop(n, None)
-            wanted[n] = now
-            if n not in confirmed:
-                self._wait(n, key)
-        self._swept = keys
-        linger = self._linger
-        for n in [n for n, since in idle.items() if now - since > linger]:
-            del idle[n]
-            self._release(n)
+        actions = self._interest.sweep(set(purgatory.keys()), now)
+        if actions:
+            self._act(actions)
 
-    def _release(self, n: int) -> None:
-        self._wanted.pop(n, None)
-        self._waiting.pop(n, None)
-        self._to_subscribe.discard(n)
-        if n in self._confirmed or self._subscribing.get(n):
-            self._confirmed.discard(n)
-            self._to_unsubscribe.add(n)
-            self._changed.set()
+    def _act(self, actions: Iterable[Action]) -> None:
+        """Carry out the interest's actions."""
+        for action in actions:
+            if action is SEND:
+                self._changed.set()
+            elif action is RESYNC:
+                self._reader.request_resync()
+            elif isinstance(action, Read):
+                self._reader.want(action.keys, check=action.check)
+            elif isinstance(action, Dropped):  # subscribed again, resynced once confirmed
+                self._logger.warning(
+                    "aiopurgatory.redis.unsubscribed_by_server", partition=action.partition
+                )
 
     # -- the task ------------------------------------------------------------------------
 
@@ -299,7 +235,7 @@ class Subscriber:
                     text = self._connections.record_bug(exc)
                     self._logger.error("aiopurgatory.redis.subscriber_failed", error=text)
                 self.connected = False
-                self._confirmed.clear()
+                self._interest.disconnected()
                 await connection.disconnect(nowait=True)
                 connection = self.connection = None
                 # Even the first attempt waits a little, so a restarted Redis is
@@ -318,7 +254,7 @@ class Subscriber:
         """
         connection = self._new_connection()
         partitions = self._partitions
-        wanted = list(self._wanted)
+        wanted = self._interest.reconnecting()
         channels = [partitions.control, partitions.canary]
         channels += self._config_channels  # the configuration announced (_agreement)
         channels += [partitions.channels[n] for n in wanted]
@@ -348,28 +284,20 @@ class Subscriber:
                     f"no reply to SUBSCRIBE within {self._command_timeout:g} s"
                 ) from None
         except BaseException:
+            self._interest.disconnected()
             await connection.disconnect(nowait=True)
             raise
         self.connection = connection
         self.connected = True
-        self._subscribing.clear()
-        self._unsubscribing.clear()
-        self._to_unsubscribe.clear()
-        self._confirmed = set(wanted)
-        self._to_subscribe = {n for n in self._wanted if n not in self._confirmed}
-        if self._to_subscribe:
-            self._changed.set()
-        # Subscribed first, read next: nothing published in between is missed.
-        # The resync reads and checks every watched key: the waiting ones too.
-        self._waiting = {n: keys for n, keys in self._waiting.items() if n in self._to_subscribe}
-        self._reader.request_resync()
+        # Subscribed first, read next (a resync): nothing published in between is missed.
+        self._act(self._interest.connected())
         return connection
 
     async def drop(self) -> None:
         """Close the connection (at close)."""
         connection, self.connection = self.connection, None
         self.connected = False
-        self._confirmed.clear()
+        self._interest.disconnected()
         if connection is not None:
             await connection.disconnect(nowait=True)
 
@@ -392,6 +320,7 @@ class Subscriber:
         read = connection.read_response
         deliver = self._deliver
         partition_of_channel = self._partitions.partition_of_channel
+        interest = self._interest
         self._failure = None
         keeper = asyncio.create_task(self._keep(connection))
         keeper.add_done_callback(self._keeper_ended)
@@ -404,10 +333,14 @@ class Subscriber:
                         deliver(response[1], response[2])
                         continue
                     if kind == b"subscribe":
-                        self._confirm(partition_of_channel(response[1]))
+                        n = partition_of_channel(response[1])
+                        if n is not None:
+                            self._act(interest.subscribe_answered(n))
                         continue
                     if kind == b"unsubscribe":
-                        self._unsubscribed(partition_of_channel(response[1]))
+                        n = partition_of_channel(response[1])
+                        if n is not None:
+                            self._act(interest.unsubscribe_answered(n))
                         continue
                 if type(response) is list and response and response[0] == b"pong":
                     self._pongs += 1
@@ -420,35 +353,6 @@ class Subscriber:
             raise
         finally:
             keeper.cancel()
-
-    def _confirm(self, n: int | None) -> None:
-        if n is None:
-            return
-        pending = self._subscribing.get(n, 0)
-        if pending:
-            self._subscribing[n] = pending - 1
-        # An UNSUBSCRIBE still unanswered was sent after this SUBSCRIBE: not ours to keep.
-        if n in self._wanted and not self._unsubscribing.get(n):
-            self._confirmed.add(n)
-            keys = self._waiting.pop(n, None)
-            if keys:
-                self._reader.want(keys, check=True)
-
-    def _unsubscribed(self, n: int | None) -> None:
-        if n is None:
-            return
-        pending = self._unsubscribing.get(n, 0)
-        if pending:
-            self._unsubscribing[n] = pending - 1
-            return
-        # The server dropped a subscription we did not release: subscribe
-        # again, and resync (what was published meanwhile was missed).
-        self._confirmed.discard(n)
-        if n in self._wanted:
-            self._logger.warning("aiopurgatory.redis.unsubscribed_by_server", partition=n)
-            self._to_subscribe.add(n)
-            self._changed.set()
-            self._reader.request_resync()
 
     async def _keep(self, connection: Any) -> None:
         """Send the (un)subscriptions asked for, and probe the connection when silent."""
@@ -506,14 +410,7 @@ class Subscriber:
 
     async def _send_changes(self, connection: Any) -> None:
         partitions = self._partitions
-        leave = sorted(self._to_unsubscribe)
-        join = sorted(self._to_subscribe)
-        self._to_unsubscribe = set()
-        self._to_subscribe = set()
-        for n in leave:
-            self._unsubscribing[n] = self._unsubscribing.get(n, 0) + 1
-        for n in join:
-            self._subscribing[n] = self._subscribing.get(n, 0) + 1
+        leave, join = self._interest.commands()
         for command, group in (("UNSUBSCRIBE", leave), ("SUBSCRIBE", join)):
             channels = [partitions.channels[n] for n in group]
             for start in range(0, len(channels), _CHANNELS_PER_COMMAND):

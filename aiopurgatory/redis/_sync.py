@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Final, Self, TypeVar
+from typing import Any, Final, Self
 
 import redis
 from redis.backoff import NoBackoff
@@ -41,7 +41,6 @@ from redis.retry import Retry
 from .._logging import LazyLogger
 from .._validation import as_seconds
 from ._agreement import DEFAULT_CHECK_INTERVAL, Agreement, Config, check_once
-from ._cluster import CLUSTER_SCHEMES, credentials, parse_cluster_url
 from ._compat import require_cluster_support
 from ._errors import RedisTriggersClosedError, RedisTriggersError, connection_cause
 from ._options import check_channel, new_instance, positive_seconds
@@ -54,13 +53,22 @@ from ._publisher import (
     batch_command,
     publish_commands,
 )
-from ._redact import Redactor, describe_client, describe_url, url_password
+from ._redact import Redactor, describe_client
 from ._statistics import SyncPublisherStatistics
-from ._topology import SentinelURL, is_sentinel_url, parse_sentinel_url
+from ._topology import Location, SentinelURL, Topology, locate, sentinel_settings
 from ._trace import traceparent
-from ._wire import VERSION, Batch, Key, Value, check_key, check_value, encode, sender_field, stored
-
-_Parsed = TypeVar("_Parsed")
+from ._wire import (
+    VERSION,
+    Batch,
+    Key,
+    PublishMode,
+    Value,
+    check_key,
+    check_value,
+    encode,
+    sender_field,
+    stored,
+)
 
 __all__ = ["SyncPublisher"]
 
@@ -84,23 +92,16 @@ def _sentinel_client(
     """
     from redis.sentinel import Sentinel
 
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
-        parsed.hosts,
-        sentinel_kwargs={"socket_connect_timeout": timeout, "socket_timeout": timeout},
-    )
-    options = credentials(parsed.username, parsed.password)
-    if parsed.tls:
-        options["ssl"] = True
+    sentinels, primary = sentinel_settings(parsed, timeout)
+    sentinel = Sentinel(parsed.hosts, sentinel_kwargs=sentinels)  # type: ignore[no-untyped-call]
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
         parsed.service,
         redis_class=redis.Redis,
-        db=parsed.db,
-        socket_connect_timeout=timeout,
         socket_timeout=timeout,
         socket_keepalive=True,
         retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         client_name=name,
-        **options,
+        **primary,
     )
     return client, list(sentinel.sentinels)
 
@@ -256,25 +257,15 @@ class SyncPublisher:
         self._sentinels: list[redis.Redis] = []  # a Sentinel URL's, closed with the client
         given: object = url_or_client  # checked at run time, whatever the annotation says
         client: redis.Redis | RedisCluster
-        self._publish = b"PUBLISH"
-        if isinstance(given, str) and given.split("://", 1)[0].lower() in CLUSTER_SCHEMES:
-            require_cluster_support()
-            seeds = self._parse(given, parse_cluster_url)
-            self._where = seeds.where
-            client = RedisCluster(
-                startup_nodes=[ClusterNode(host, port) for host, port in seeds.seeds],  # type: ignore[no-untyped-call]
-                username=seeds.options.get("username"),
-                password=seeds.options.get("password"),
-                ssl="connection_class" in seeds.options,
-                socket_connect_timeout=wait,
-                socket_timeout=wait,
-                socket_keepalive=True,
-                # Once more after a lost connection or a moved slot, from a fresh
-                # slot map; a master that is away for good fails the call.
-                retry=Retry(NoBackoff(), 1),
-                client_name=f"aiopurgatory-syncpub-{self._id}",
-            )
-            self._publish = b"SPUBLISH"
+        self._publish = PublishMode.PLAIN
+        if isinstance(given, str):
+            # The one dispatch of a URL, the async side's too (_topology.locate).
+            location = locate(given)
+            self._redactor = location.redactor
+            self._where = location.where
+            client = self._client_for(location, wait)
+            if location.topology is Topology.CLUSTER:
+                self._publish = PublishMode.SHARDED
             self._owns_client = True
         elif isinstance(given, RedisCluster):
             require_cluster_support()
@@ -285,36 +276,8 @@ class SyncPublisher:
                 f"{n.host}:{n.port}" for n in client.nodes_manager.startup_nodes.values()
             )
             self._where = f"redis+cluster://{nodes}"
-            self._publish = b"SPUBLISH"
+            self._publish = PublishMode.SHARDED
             self._owns_client = False
-        elif isinstance(given, str) and is_sentinel_url(given):
-            parsed = self._parse(given, parse_sentinel_url)
-            self._where = parsed.where
-            client, self._sentinels = _sentinel_client(
-                parsed, wait, f"aiopurgatory-syncpub-{self._id}"
-            )
-            self._owns_client = True
-        elif isinstance(given, str):
-            self._redactor = Redactor(url_password(given))
-            self._where = describe_url(given)
-            try:
-                client = redis.Redis.from_url(
-                    given,
-                    socket_connect_timeout=wait,
-                    socket_timeout=wait,
-                    socket_keepalive=True,
-                    # Once, at once, and only for a broken connection: a pooled
-                    # connection that died with a restarted Redis is replaced
-                    # instead of failing the call. Not for timeouts: a hung Redis
-                    # would hold the caller twice as long.
-                    retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-                    client_name=f"aiopurgatory-syncpub-{self._id}",
-                )
-            except ValueError as exc:
-                raise ValueError(
-                    f"url_or_client: not a usable Redis URL ({self._redactor.error(exc)})"
-                ) from None
-            self._owns_client = True
         elif isinstance(given, redis.Redis):
             client = given
             kwargs = client.connection_pool.connection_kwargs
@@ -552,16 +515,45 @@ class SyncPublisher:
     ) -> None:
         self.close()
 
-    def _parse(self, url: str, parse: Callable[[str], _Parsed]) -> _Parsed:
-        # A URL naming several nodes: its password redacted from every message,
-        # this error's too.
-        self._redactor = Redactor(url_password(url))
+    def _client_for(self, location: Location, timeout: float) -> redis.Redis | RedisCluster:
+        """A sync client for ``location`` (the settings of this publisher's own)."""
+        name = f"aiopurgatory-syncpub-{self._id}"
+        if location.topology is Topology.CLUSTER:
+            require_cluster_support()
+            seeds = location.cluster
+            assert seeds is not None
+            return RedisCluster(
+                startup_nodes=[ClusterNode(host, port) for host, port in seeds.seeds],  # type: ignore[no-untyped-call]
+                username=seeds.options.get("username"),
+                password=seeds.options.get("password"),
+                ssl="connection_class" in seeds.options,
+                socket_connect_timeout=timeout,
+                socket_timeout=timeout,
+                socket_keepalive=True,
+                # Once more after a lost connection or a moved slot, from a fresh
+                # slot map; a master that is away for good fails the call.
+                retry=Retry(NoBackoff(), 1),
+                client_name=name,
+            )
+        if location.topology is Topology.SENTINEL:
+            assert location.sentinel is not None
+            client, self._sentinels = _sentinel_client(location.sentinel, timeout, name)
+            return client
         try:
-            return parse(url)
+            return redis.Redis.from_url(
+                location.url,
+                socket_connect_timeout=timeout,
+                socket_timeout=timeout,
+                socket_keepalive=True,
+                # Once, at once, and only for a broken connection: a pooled
+                # connection that died with a restarted Redis is replaced
+                # instead of failing the call. Not for timeouts: a hung Redis
+                # would hold the caller twice as long.
+                retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+                client_name=name,
+            )
         except ValueError as exc:
-            raise ValueError(
-                f"url_or_client: not a usable Redis URL ({self._redactor.error(exc)})"
-            ) from None
+            raise location.unusable(exc) from None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -647,7 +639,7 @@ class SyncPublisher:
             keys=[partitions.stored_key(key)],
             args=[
                 self._ttl_ms,
-                self._publish,
+                self._publish.value,
                 partitions.channel(key),
                 encode(sender, batch),
                 stored(value),
@@ -658,13 +650,13 @@ class SyncPublisher:
         batch = Batch()
         batch.check(key)
         self._client.execute_command(  # type: ignore[no-untyped-call]
-            self._publish.decode(), self._partitions.channel(key), encode(sender, batch)
+            self._publish.value.decode(), self._partitions.channel(key), encode(sender, batch)
         )
 
     def _send_batch(self, batch: Batch) -> None:
         """Send ``batch`` (the delivery thread's): on one server one call of the
         batch script per :data:`MAX_SCRIPT_TRIGGERS`; on a cluster, per partition."""
-        if self._publish == b"PUBLISH":
+        if self._publish is PublishMode.PLAIN:
             for part in batch.split(MAX_SCRIPT_TRIGGERS):
                 command = batch_command(
                     self._id, part, self._partitions, self._ttl_ms, self._publish

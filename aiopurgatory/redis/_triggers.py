@@ -6,7 +6,7 @@ together and is the public face of them all:
 
 * :mod:`._connections`: where Redis is, the library's own connections (one per
   job, never redis-py's pool), the reconnection backoff and the record of
-  failures; :mod:`._topology` and :mod:`._cluster` say where a URL points.
+  failures; :mod:`._topology` says where a URL points.
 * :mod:`._lifecycle`: the state (an Enum: NEW, RUNNING, CLOSING, CLOSED), the
   start (``async with``) and the close (``aclose()``) of the parts and their tasks.
 * :mod:`._partitions`: which channel carries a key's triggers and which Redis
@@ -525,8 +525,8 @@ class RedisTriggers:
         if wire and _timeout_of(op) < self._grace:
             try:
                 stored = await self._read_first(wire)
-            except asyncio.CancelledError:
-                op.cancel()
+            except BaseException:
+                op.cancel()  # abandoned before it is watched: as below
                 raise
             self._lifecycle.check_running()
         if purgatory.try_complete_else_watch(op, keys):
@@ -542,7 +542,10 @@ class RedisTriggers:
         self._subscriber.need(wire)
         try:
             outcome: Outcome = await op
-        except asyncio.CancelledError:
+        except BaseException:
+            # As Purgatory.watch (and LocalTriggers.watch): cancelled (asyncio's
+            # CancelledError, trio's Cancelled, an anyio cancel scope) or abandoned
+            # (a BaseException thrown in): the caller owns the op, withdraw it.
             op.cancel()
             raise
         return outcome
@@ -553,9 +556,10 @@ class RedisTriggers:
         watch is the one that retries)."""
         fetch = self._reader.fetch
         reads = [fetch(key) for key in dict.fromkeys(keys)]
+        gathered = asyncio.gather(*reads)
         try:
             async with asyncio.timeout(self._grace):
-                values = await asyncio.gather(*reads)
+                values = await gathered
         except (TimeoutError, Exception):
             for read in reads:
                 if read.done() and not read.cancelled():
@@ -563,6 +567,11 @@ class RedisTriggers:
                 else:
                     read.cancel()
             return []
+        except BaseException:
+            # Abandoned (a BaseException thrown in, not only a cancellation of
+            # the task, which cancels the gathering itself): no read left behind.
+            gathered.cancel()
+            raise
         return [
             (key, value)
             for key, value in zip(dict.fromkeys(keys), values, strict=True)

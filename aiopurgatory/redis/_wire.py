@@ -32,6 +32,7 @@ which the one-round-trip script needs.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 from typing import Final
@@ -57,6 +58,7 @@ __all__ = [
     "Batch",
     "Key",
     "MalformedMessage",
+    "PublishMode",
     "Value",
     "check_key",
     "check_value",
@@ -71,6 +73,21 @@ __all__ = [
     "watermark_prefix",
     "wire_keys",
 ]
+
+
+class PublishMode(enum.Enum):
+    """How a channel's triggers are published: its command, by the kind of channel.
+
+    The value is the command's name, as sent (bytes).
+    """
+
+    #: One server or a Sentinel-managed primary: plain channels (``PUBLISH``,
+    #: ``SUBSCRIBE``); a whole batch goes through one script call.
+    PLAIN = b"PUBLISH"
+    #: A Redis Cluster: shard channels (``SPUBLISH``, ``SSUBSCRIBE``), a partition's
+    #: triggers per command (a command cannot span slots).
+    SHARDED = b"SPUBLISH"
+
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode
 _loads = json.loads

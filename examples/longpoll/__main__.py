@@ -1,5 +1,5 @@
 """Command line: ``python -m examples.longpoll [--port 8080] [--waiter purgatory|asyncio]
-[--redis URL [--workers N]] [--otel console|otlp]``.
+[--redis URL | --postgres DSN [--workers N]] [--otel console|otlp]``.
 
 Serves until SIGTERM or SIGINT, then stops accepting connections, answers every
 parked GET with what its topic holds, lets the responses go out and exits 0.
@@ -29,11 +29,14 @@ from .feed import Feed, Settings
 from .protocol import bounded_protocol
 from .waiters import WAITERS, PurgatoryWaiter, Waiter, make_waiter
 
-__all__ = ["REDIS_ENV", "LongPollServer", "build_parser", "listen", "main", "serve"]
+__all__ = ["POSTGRES_ENV", "REDIS_ENV", "LongPollServer", "build_parser", "listen", "main", "serve"]
 
 #: The environment variable read when ``--redis`` is not given (keeps a password out
 #: of the process list; ``--workers`` passes the URL to its workers this way).
 REDIS_ENV = "LONGPOLL_REDIS"
+
+#: The same for ``--postgres`` (a DSN may hold a password too).
+POSTGRES_ENV = "LONGPOLL_POSTGRES"
 
 #: The server's cyclic garbage collector thresholds (``--gc-threshold``).
 GC_THRESHOLD = (50_000, 50, 1_000)
@@ -169,11 +172,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefix of the feed's Redis keys and trigger channel (%(default)s)",
     )
     p.add_argument(
+        "--postgres",
+        metavar="DSN",
+        default=None,
+        help="keep the feed in PostgreSQL tables, shared with other processes, each POST's "
+        "wake-up committed with it: postgresql://[user[:password]@]host[:port]/database; "
+        "when not given, $LONGPOLL_POSTGRES (%(default)s)",
+    )
+    p.add_argument(
+        "--postgres-prefix",
+        default="longpoll",
+        help="prefix of the feed's PostgreSQL tables and trigger channel, "
+        "[a-z_][a-z0-9_]* (%(default)s)",
+    )
+    p.add_argument(
+        "--postgres-pool",
+        type=int,
+        default=10,
+        metavar="N",
+        help="connections of each process's pool for the feed (its triggers hold 3 more) "
+        "(%(default)s)",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=1,
         help="processes serving one port (SO_REUSEPORT), each with its own purgatory; "
-        "more than 1 needs --redis (%(default)s)",
+        "more than 1 needs --redis or --postgres (%(default)s)",
     )
     p.add_argument(
         "--gc-threshold",
@@ -294,13 +319,21 @@ async def serve(
     loop_name: str,
     sock: socket.socket | None = None,
     redis_url: str | None = None,
+    postgres_dsn: str | None = None,
 ) -> None:
     """Serve on ``sock`` (default: :func:`listen` on ``args.host`` and ``args.port``)
     until SIGTERM/SIGINT, then shut down gracefully; with ``redis_url``, the feed
-    kept in Redis (:mod:`examples.longpoll.redisfeed`)."""
+    kept in Redis (:mod:`examples.longpoll.redisfeed`), with ``postgres_dsn`` in
+    PostgreSQL (:mod:`examples.longpoll.pgfeed`)."""
     log = structlog.get_logger("examples.longpoll")
     waiter: Waiter
-    if redis_url is None:
+    if postgres_dsn is not None:
+        from .pgfeed import PostgresWaiter
+
+        waiter = PostgresWaiter(
+            postgres_dsn, prefix=args.postgres_prefix, pool_size=args.postgres_pool
+        )
+    elif redis_url is None:
         waiter = make_waiter(args.waiter)
     else:
         from .redisfeed import RedisWaiter
@@ -342,6 +375,7 @@ async def serve(
         loop=loop_name,
         http="httptools",
         **_redis_fields(redis_url, args),
+        **_postgres_fields(postgres_dsn, args),
     )
     loop = asyncio.get_running_loop()
 
@@ -396,12 +430,24 @@ def _redis_fields(redis_url: str | None, args: argparse.Namespace) -> dict[str, 
     return {"redis": describe_url(redis_url), "redis_prefix": args.redis_prefix, "pid": os.getpid()}
 
 
+def _postgres_fields(dsn: str | None, args: argparse.Namespace) -> dict[str, object]:
+    if dsn is None:
+        return {}
+    from .pgfeed import describe_dsn
+
+    return {
+        "postgres": describe_dsn(dsn),
+        "postgres_prefix": args.postgres_prefix,
+        "pid": os.getpid(),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code.
 
     2 for bad arguments; 1 when the port cannot be listened on, or when Redis
-    (``--redis``) is unreachable or refuses the credentials at start, with one line
-    on stderr naming the cause.
+    (``--redis``) or PostgreSQL (``--postgres``) is unreachable or refuses the
+    credentials at start, with one line on stderr naming the cause.
     """
     args = build_parser().parse_args(argv)
     if args.supervisor is not None:
@@ -411,15 +457,27 @@ def main(argv: list[str] | None = None) -> int:
             print("error: the supervisor is gone", file=sys.stderr)
             return 1
     redis_url = args.redis or os.environ.get(REDIS_ENV) or None
+    postgres_dsn = args.postgres or os.environ.get(POSTGRES_ENV) or None
     try:
         if not 1 <= args.workers <= 64:
             raise ValueError(f"workers must be in [1, 64], got {args.workers}")
-        if args.workers > 1 and redis_url is None:
+        if redis_url is not None and postgres_dsn is not None:
+            raise ValueError("give --redis or --postgres, not both")
+        if args.workers > 1 and redis_url is None and postgres_dsn is None:
             raise ValueError(
-                "--workers N needs --redis URL: without Redis each process has its own topics"
+                "--workers N needs --redis URL or --postgres DSN: without a shared store "
+                "each process has its own topics"
             )
-        if redis_url is not None and args.waiter != "purgatory":
-            raise ValueError("--redis serves with the purgatory waiter only (--waiter purgatory)")
+        if (redis_url or postgres_dsn) is not None and args.waiter != "purgatory":
+            raise ValueError(
+                "--redis and --postgres serve with the purgatory waiter only (--waiter purgatory)"
+            )
+        if postgres_dsn is not None:
+            from .pgsql import check_prefix
+
+            check_prefix(args.postgres_prefix)
+            if not 1 <= args.postgres_pool <= 1000:
+                raise ValueError(f"--postgres-pool must be in [1, 1000], got {args.postgres_pool}")
         if args.redis_replicas is not None and (redis_url is None or args.redis_replicas < 0):
             raise ValueError("--redis-replicas takes a number of 0 or more, with --redis")
         settings = Settings(
@@ -459,10 +517,23 @@ def main(argv: list[str] | None = None) -> int:
 
                 emit("longpoll.redis_unavailable", level="error", error=str(exc))
             return 1
+    if postgres_dsn is not None:
+        from .pgfeed import PostgresUnavailable, check_postgres
+
+        try:
+            check_postgres(postgres_dsn)
+        except PostgresUnavailable as exc:
+            if args.supervisor is None:
+                print(f"error: {exc}", file=sys.stderr)
+            else:
+                from .workers import emit
+
+                emit("longpoll.postgres_unavailable", level="error", error=str(exc))
+            return 1
     if args.workers > 1:
         from .workers import supervise
 
-        return supervise(args, redis_url)
+        return supervise(args, redis_url, postgres_dsn)
     try:
         sock = listen(args.host, args.port, args.backlog, reuse_port=args.reuse_port)
     except OSError as exc:
@@ -474,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     _configure_logging(args.log_level)
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(serve(args, settings, loop_name, sock, redis_url))
+        runner.run(serve(args, settings, loop_name, sock, redis_url, postgres_dsn))
     return 0
 
 

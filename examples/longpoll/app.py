@@ -44,6 +44,7 @@ from aiopurgatory.asgi import CancelOnDisconnect, release_on_shutdown
 from aiopurgatory.metrics.prometheus import PurgatoryCollector
 
 from .feed import Feed, FeedError, Settings, check_idempotency_key
+from .looplag import LoopLag, LoopLagCollector
 from .protocol import REFUSED_HEAD_REASONS
 from .waiters import PurgatoryWaiter, Waiter
 
@@ -207,6 +208,8 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
             application enters it (``async with``) for its lifespan.
 
     The feed is ``app.state.feed``; ``app.state.registry`` the Prometheus registry;
+    ``app.state.loop_lag`` the event loop's measured lag (:class:`LoopLag`, in
+    ``/healthz`` and ``/metrics``);
     ``app.state.incomplete_bodies`` counts POST bodies that never arrived whole, by
     reason (:data:`INCOMPLETE_BODY_REASONS`); ``app.state.refused_heads`` is for the
     server's protocol to count heads it refused
@@ -221,6 +224,8 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
     refused_heads = dict.fromkeys(REFUSED_HEAD_REASONS, 0)
     registry = CollectorRegistry()
     registry.register(FeedCollector(feed, incomplete_bodies, refused_heads))
+    loop_lag = LoopLag()
+    registry.register(LoopLagCollector(loop_lag))
     if isinstance(waiter, PurgatoryWaiter):
         PurgatoryCollector([waiter.purgatory], registry=registry)
     # A waiter's own (RedisWaiter: its RedisTriggers' statistics).
@@ -266,7 +271,7 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
 
     async def healthz(request: Request) -> Response:
         status, body = feed.health()
-        return JSONResponse(body, status_code=status)
+        return JSONResponse({**body, **loop_lag.as_dict()}, status_code=status)
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page)
@@ -290,7 +295,7 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with waiter, release_on_shutdown(*purgatories, on_signal=on_signal):
+        async with loop_lag, waiter, release_on_shutdown(*purgatories, on_signal=on_signal):
             yield
             feed.shutdown()
 
@@ -308,6 +313,7 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
     )
     app.state.feed = feed
     app.state.registry = registry
+    app.state.loop_lag = loop_lag
     app.state.incomplete_bodies = incomplete_bodies
     app.state.refused_heads = refused_heads
     return app

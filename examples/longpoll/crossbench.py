@@ -1,4 +1,5 @@
-"""Long polling across processes through Redis: delivery latency and 1 against 2 processes.
+"""Long polling across processes through Redis or PostgreSQL: delivery latency, 1 against 2
+processes.
 
 ``python -m examples.longpoll.crossbench`` starts its own ``redis-server``
 (loopback, free port, temporary directory, ``appendfsync always``), then for each
@@ -15,6 +16,10 @@ and of Redis over the posting window, and errors. Scenarios:
   processes (``remote``), those to the first's did not (``local``).
 * ``one``: one server process (``--redis``) takes all GETs and POSTs.
 * ``two``: one port served by two processes (``--redis --workers 2``).
+
+``--store postgres`` runs the same on a throwaway PostgreSQL (made by ``initdb``,
+``synchronous_commit=on``; :mod:`aiopurgatory.postgres.testing`) with
+``--postgres``: each POST one transaction, its wake-up committed with it.
 
 Everything is bounded in count and time, loopback only::
 
@@ -99,6 +104,7 @@ class ScenarioResult:
     latency_p99_ms: float
     latency_max_ms: float
     server_cpu_s: float
+    #: Redis's CPU seconds (0 on PostgreSQL: see ``store_cpu_s``).
     redis_cpu_s: float
     #: The load generator's own (this process), which shares the machine's cores.
     client_cpu_s: float
@@ -109,6 +115,10 @@ class ScenarioResult:
     error_kinds: dict[str, int] = field(default_factory=dict)
     log_tail: list[str] = field(default_factory=list)
     by_server: dict[str, Any] = field(default_factory=dict)
+    #: Where the feed was kept: ``redis`` or ``postgres``.
+    store: str = "redis"
+    #: The store's CPU seconds (PostgreSQL: the postmaster and its backends).
+    store_cpu_s: float = 0.0
 
 
 def _own_cpu() -> float:
@@ -118,6 +128,9 @@ def _own_cpu() -> float:
 
 class _Redis:
     """A throwaway redis-server for the benchmark."""
+
+    name = "redis"
+    option = "--redis"
 
     def __init__(self) -> None:
         binary = shutil.which("redis-server")
@@ -155,21 +168,65 @@ class _Redis:
             s.sendall(b"FLUSHALL\r\n")
             s.recv(16)
 
+    def cpu(self) -> float:
+        return _cpu_seconds(self.proc.pid)
+
     def close(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-class _Server:
-    """One ``python -m examples.longpoll --redis`` (with ``--workers``: its workers' pids)."""
+class _Postgres:
+    """A throwaway PostgreSQL for the benchmark (durable at commit, as the tests run it)."""
 
-    def __init__(self, redis_url: str, bench: Bench, workers: int) -> None:
+    name = "postgres"
+    option = "--postgres"
+
+    def __init__(self) -> None:
+        from aiopurgatory.postgres.testing import PostgresMissing, PostgresServer
+
+        try:
+            self.server = PostgresServer(synchronous_commit="on", max_connections="200")
+        except PostgresMissing as exc:
+            raise SystemExit(f"error: {exc}") from None
+        self.server.start()
+        self.url = self.server.dsn
+
+    def flush(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            for table in (
+                "longpoll_topics",
+                "longpoll_messages",
+                "longpoll_idempotency",
+                "longpoll_triggers_watermarks",
+            ):
+                if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone() != (None,):
+                    conn.execute(f"TRUNCATE {table}")
+
+    def cpu(self) -> float:
+        # The backends: the servers' pools and triggers hold theirs for the whole run.
+        return sum(_cpu_seconds(pid) for pid in self.server.pids())
+
+    def close(self) -> None:
+        self.server.destroy()
+
+
+_STORES = ("postgres", "redis")
+
+
+class _Server:
+    """One ``python -m examples.longpoll --redis`` or ``--postgres`` (with ``--workers``: its
+    workers' pids)."""
+
+    def __init__(self, store: _Redis | _Postgres, bench: Bench, workers: int) -> None:
         profile = os.environ.get("CROSSBENCH_PROFILE")  # a file: cProfile the (single) server
         prefix = ["-m", "cProfile", "-o", profile] if profile and workers == 1 else []
         self.proc = subprocess.Popen(
             [sys.executable, *prefix, "-m", "examples.longpoll", "--port", "0",
-             "--redis", redis_url, "--workers", str(workers), "--loop", bench.loop,
+             store.option, store.url, "--workers", str(workers), "--loop", bench.loop,
              "--max-parked", str(bench.parked + 100), *bench.server_args],
             cwd=_ROOT,
             stderr=subprocess.PIPE,
@@ -292,15 +349,15 @@ class _Client:
             writer.close()
 
 
-async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioResult:
+async def run_scenario(scenario: str, bench: Bench, store: _Redis | _Postgres) -> ScenarioResult:
     """Start the scenario's servers, load them, stop them; what it measured."""
-    redis.flush()
+    store.flush()
     if scenario == "across":
-        servers = [_Server(redis.url, bench, 1), _Server(redis.url, bench, 1)]
+        servers = [_Server(store, bench, 1), _Server(store, bench, 1)]
     elif scenario == "one":
-        servers = [_Server(redis.url, bench, 1)]
+        servers = [_Server(store, bench, 1)]
     else:
-        servers = [_Server(redis.url, bench, 2)]
+        servers = [_Server(store, bench, 2)]
     pollers: list[asyncio.Task[None]] = []
     try:
         client = _Client(bench)
@@ -322,7 +379,7 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
         await asyncio.sleep(0.5)
         cpu0 = [s.cpu() for s in servers]
         client0 = _own_cpu()
-        redis_cpu0 = _cpu_seconds(redis.proc.pid)
+        store_cpu0 = store.cpu()
         client.recording = True
         lanes = 4
         start = asyncio.get_running_loop().time()
@@ -338,7 +395,7 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
                 break
             await asyncio.sleep(0.1)
         cpu = sum(s.cpu() - c for s, c in zip(servers, cpu0, strict=True))
-        redis_cpu = _cpu_seconds(redis.proc.pid) - redis_cpu0
+        store_cpu = store.cpu() - store_cpu0
         client_cpu = _own_cpu() - client0
         client.stopping = True
         # Stop them in threads: the client's loop must go on reading the answers.
@@ -376,29 +433,33 @@ async def run_scenario(scenario: str, bench: Bench, redis: _Redis) -> ScenarioRe
         latency_p99_ms=round(1000 * _percentile(every, 0.99), 2),
         latency_max_ms=round(1000 * every[-1], 2) if every else float("nan"),
         server_cpu_s=round(cpu, 2),
-        redis_cpu_s=round(redis_cpu, 2),
+        redis_cpu_s=round(store_cpu, 2) if store.name == "redis" else 0.0,
         client_cpu_s=round(client_cpu, 2),
-        cpu_us_per_delivery=round(1e6 * (cpu + redis_cpu) / len(every), 1) if every else 0.0,
+        cpu_us_per_delivery=round(1e6 * (cpu + store_cpu) / len(every), 1) if every else 0.0,
         errors=client.errors,
         exit_status=max(statuses),
         error_kinds=client.error_kinds,
         stop_s=max(s.stop_seconds for s in servers),
         log_tail=[line for s in servers for line in s.log_tail[-5:]] if max(statuses) else [],
         by_server=by_server,
+        store=store.name,
+        store_cpu_s=round(store_cpu, 2),
     )
 
 
-async def run_all(scenarios: list[str], bench: Bench) -> list[ScenarioResult]:
-    redis = _Redis()
+async def run_all(
+    scenarios: list[str], bench: Bench, store_name: str = "redis"
+) -> list[ScenarioResult]:
+    store: _Redis | _Postgres = _Redis() if store_name == "redis" else _Postgres()
     try:
         results = []
         for scenario in scenarios:
-            result = await run_scenario(scenario, bench, redis)
+            result = await run_scenario(scenario, bench, store)
             print(json.dumps(asdict(result)), flush=True)
             results.append(result)
         return results
     finally:
-        redis.close()
+        store.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -420,6 +481,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the servers' (%(default)s)",
     )
     p.add_argument("--seed", type=int, default=d.seed, help="GET order (%(default)s)")
+    p.add_argument(
+        "--store",
+        choices=_STORES,
+        default="redis",
+        help="where the servers keep the feed: a throwaway redis-server or PostgreSQL "
+        "(%(default)s)",
+    )
     p.add_argument("--out", type=Path, help="also write the results here (JSON) (%(default)s)")
     p.add_argument(
         "--server-args",
@@ -444,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    results = _run_client(run_all(scenarios, bench))
+    results = _run_client(run_all(scenarios, bench, args.store))
     if args.out is not None:
         args.out.write_text(json.dumps([asdict(r) for r in results], indent=1) + "\n")
     failed = any(r.errors or r.exit_status or r.delivered < r.expected for r in results)

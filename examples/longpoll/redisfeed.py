@@ -43,8 +43,7 @@ import math
 import os
 import urllib.parse
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Hashable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -55,7 +54,7 @@ import structlog
 import aiopurgatory as ap
 from aiopurgatory.redis import describe_url
 
-from .feed import Appended, Feed, FeedError, Fetched, Settings, answer_reason, check_topic
+from .feed import Appended, FeedError, Fetched, Settings
 from .redisstore import (
     REGISTER,
     append_replicated,
@@ -65,6 +64,7 @@ from .redisstore import (
     parse_redis_url,
     sync_client,
 )
+from .shared import Coalescer, StoredFeed, View
 from .waiters import PurgatoryWaiter
 
 __all__ = [
@@ -232,63 +232,6 @@ def check_redis(url: str, timeout: float = 3.0) -> None:
         if client is not None:
             close_sync_client(client)
     raise RedisUnavailable(f"redis at {shown}: {cause}")
-
-
-class Coalescer:
-    """Calls for one key made in the same loop iteration share one call, issued after them all.
-
-    The first caller starts a task; callers for the same key that come before the
-    task's first step (the same loop iteration: the GETs one POST completed, wakened
-    together) join it. The task forgets its key before it issues the call, so a
-    later caller never gets a result read before it asked: what a joined read
-    returns is at least as new as a read of its own would be.
-    """
-
-    def __init__(self) -> None:
-        self._pending: dict[Hashable, asyncio.Task[Any]] = {}
-        #: Calls made, calls joined.
-        self.calls = 0
-        self.joined = 0
-
-    async def run(self, key: Hashable, make: Callable[[], Awaitable[T]]) -> T:
-        task = self._pending.get(key)
-        if task is None:
-            task = asyncio.create_task(self._call(key, make))
-            # Every caller may be gone (their clients hung up) when the call fails:
-            # its error is then nobody's, and asyncio would log it as never retrieved.
-            task.add_done_callback(_collect)
-            self._pending[key] = task
-            self.calls += 1
-        else:
-            self.joined += 1
-        # shield: a caller cancelled (its client gone) leaves the call to the others.
-        result: T = await asyncio.shield(task)
-        return result
-
-    async def _call(self, key: Hashable, make: Callable[[], Awaitable[T]]) -> T:
-        del self._pending[key]
-        return await make()
-
-
-def _collect(task: asyncio.Task[Any]) -> None:
-    """Mark a task's error as retrieved: its callers (if any) got it from ``await``."""
-    if not task.cancelled():
-        task.exception()
-
-
-@dataclass(frozen=True)
-class _View:
-    """One READ: the topic's bounds and the messages from the requested offset."""
-
-    start: int
-    next: int
-    bytes: int
-    position: int  # bytes before the first message in ``fetched``
-    fetched: Fetched
-
-    @property
-    def readable(self) -> int:
-        return self.bytes - self.position
 
 
 class RedisWaiter(PurgatoryWaiter):
@@ -535,7 +478,7 @@ class RedisWaiter(PurgatoryWaiter):
         return bool(getattr(self.triggers.statistics(), "connected", True))
 
 
-class RedisFeed(Feed):
+class RedisFeed(StoredFeed):
     """Topics in Redis, GETs parked in this process's purgatory (see the module's docs).
 
     Args:
@@ -559,28 +502,8 @@ class RedisFeed(Feed):
         self._registered: set[str] = set()
         #: POSTs stored but not confirmed by enough replicas in time (answered 503).
         self.unreplicated = 0
-        #: Requests answered 503 because Redis could not be read or written: ``post``,
-        #: ``get`` (a new GET's first read), ``parked`` (a parked GET's read at its end).
-        self.unavailable = {"post": 0, "get": 0, "parked": 0}
-        #: The most a parked GET was answered (200 or 503) after its wait, seconds,
-        #: from its arrival in the application.
-        self.lateness_max = 0.0
 
     # -- posting ---------------------------------------------------------------------------
-
-    def post(self, name: str, body: bytes) -> int:
-        raise TypeError("a RedisFeed posts asynchronously: await feed.append(name, body)")
-
-    # The in-memory feed's synchronous reads have no meaning here: the topics are in
-    # Redis, read by fetch(). Refuse them rather than answer from an empty dict.
-    def readable(self, name: str, offset: int) -> int:
-        raise TypeError("a RedisFeed reads asynchronously: await feed.fetch(...)")
-
-    def check_fetch(self, name: str, offset: int) -> None:
-        raise TypeError("a RedisFeed reads asynchronously: await feed.fetch(...)")
-
-    def read(self, name: str, offset: int) -> Fetched:
-        raise TypeError("a RedisFeed reads asynchronously: await feed.fetch(...)")
 
     async def append(
         self, name: str, body: bytes, *, idempotency_key: str | None = None
@@ -674,7 +597,7 @@ class RedisFeed(Feed):
 
     # -- fetching --------------------------------------------------------------------------
 
-    async def _read(self, name: str, offset: int) -> _View:
+    async def _read(self, name: str, offset: int) -> View:
         w = self.redis
         keys = [w.key(name, "meta"), w.key(name, "log")]
         args = [offset, self.settings.max_response_bytes]
@@ -684,58 +607,7 @@ class RedisFeed(Feed):
         start, end, total, position = (int(v) for v in reply[:4])
         messages = [m.decode() for m in reply[4:]]
         first = max(offset, start)
-        return _View(start, end, total, position, Fetched(first, messages, first + len(messages)))
-
-    async def fetch(
-        self,
-        name: str,
-        offset: int,
-        wait: float,
-        min_bytes: int,
-        park: Callable[[Awaitable[None]], Awaitable[bool]] | None = None,
-    ) -> Fetched | None:
-        """Answer a fetch from Redis, parking it first if it is not answerable yet.
-
-        A parked fetch is answered from a read made once its wait ended, never from
-        what was read when it parked: if that read fails, the answer is a 503
-        (counted in :attr:`unavailable`), never an empty answer before the wait.
-        Returns None if ``park`` said the client went away.
-
-        Raises:
-            FeedError: a bad name or an offset past the end (400), too many parked
-                (503), Redis down (503).
-        """
-        check_topic(name)
-        loop = asyncio.get_running_loop()
-        # The wait counts from the request, so a slow first read shortens the park
-        # rather than adding to it.
-        start = loop.time()
-        try:
-            view = await self._read(name, offset)
-        except FeedError:
-            self.unavailable["get"] += 1
-            raise
-        if offset > view.next:
-            raise FeedError(400, f"offset {offset} is past the end of topic {name} ({view.next})")
-        left = start + wait - loop.time()
-        if self.closing or left <= 0 or view.readable >= min_bytes:
-            return view.fetched
-        waiting = self._wait(name, left, view.position + min_bytes)
-        if park is None:
-            await waiting
-        elif not await park(waiting):
-            return None
-        try:
-            view = await self._read(name, offset)
-        except FeedError:
-            self.unavailable["parked"] += 1
-            self.lateness_max = max(self.lateness_max, loop.time() - start - wait)
-            raise
-        enough = view.readable >= min_bytes
-        now = loop.time()
-        self.answers[answer_reason(enough, self.closing, now, start + wait)] += 1
-        self.lateness_max = max(self.lateness_max, now - start - wait)
-        return view.fetched
+        return View(start, end, total, position, Fetched(first, messages, first + len(messages)))
 
     async def _wait(self, name: str, wait: float, threshold: int) -> None:
         purgatory: ap.Purgatory[Any] = self.redis.purgatory

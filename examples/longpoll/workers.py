@@ -5,8 +5,9 @@ The supervisor (the process started by the user) binds the port with
 and the port stays taken while workers restart), then starts N workers,
 ``python -m examples.longpoll --port P --reuse-port ...``, which each listen on it
 with ``SO_REUSEPORT``: the kernel spreads new connections over the listening
-sockets, and a socket that only holds the port gets none. The Redis URL goes to
-the workers in the environment (``LONGPOLL_REDIS``), never on their command line.
+sockets, and a socket that only holds the port gets none. The Redis URL or the
+PostgreSQL DSN goes to the workers in the environment (``LONGPOLL_REDIS``,
+``LONGPOLL_POSTGRES``), never on their command line.
 
 The supervisor forwards the workers' JSON log lines to its stderr with a
 ``worker`` field, logs ``longpoll.listening`` once every worker listens, restarts a
@@ -61,7 +62,8 @@ def emit(event: str, level: str = "info", **fields: Any) -> None:
 
 def _worker_argv(args: argparse.Namespace, port: int) -> list[str]:
     """The command line of a worker: every option as given to the supervisor, except
-    the port (the one held), ``--workers`` and ``--redis`` (passed in the environment)."""
+    the port (the one held), ``--workers``, ``--redis`` and ``--postgres`` (passed in the
+    environment)."""
     from .__main__ import build_parser
 
     argv = [sys.executable, "-m", "examples.longpoll", "--port", str(port), "--reuse-port"]
@@ -80,7 +82,9 @@ def _worker_argv(args: argparse.Namespace, port: int) -> list[str]:
     return argv
 
 
-_NOT_PASSED = frozenset(("help", "port", "workers", "redis", "reuse_port", "supervisor"))
+_NOT_PASSED = frozenset(
+    ("help", "port", "workers", "redis", "postgres", "reuse_port", "supervisor")
+)
 
 #: From <linux/prctl.h>: the signal the calling process gets when its parent dies.
 PR_SET_PDEATHSIG = 1
@@ -167,9 +171,10 @@ class _Worker:
                 sys.stderr.flush()
 
 
-def supervise(args: argparse.Namespace, redis_url: str | None) -> int:
+def supervise(
+    args: argparse.Namespace, redis_url: str | None, postgres_dsn: str | None = None
+) -> int:
     """Run ``args.workers`` workers on one port until SIGTERM/SIGINT; the exit status."""
-    from aiopurgatory.redis import describe_url
 
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     holder = socket.socket(family)
@@ -184,6 +189,8 @@ def supervise(args: argparse.Namespace, redis_url: str | None) -> int:
     env = dict(os.environ)
     if redis_url is not None:
         env["LONGPOLL_REDIS"] = redis_url
+    if postgres_dsn is not None:
+        env["LONGPOLL_POSTGRES"] = postgres_dsn
     argv = _worker_argv(args, port)
     workers = [_Worker(i, argv, env) for i in range(args.workers)]
     stopping = threading.Event()
@@ -224,7 +231,7 @@ def supervise(args: argparse.Namespace, redis_url: str | None) -> int:
             workers=len(workers),
             pids=[w.proc.pid for w in workers if w.proc is not None],
             waiter="purgatory",
-            redis=describe_url(redis_url) if redis_url else None,
+            **_store_fields(redis_url, postgres_dsn),
         )
         pause = {w.index: 0.5 for w in workers}
         while not stopping.is_set():
@@ -247,6 +254,19 @@ def supervise(args: argparse.Namespace, redis_url: str | None) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         holder.close()
+
+
+def _store_fields(redis_url: str | None, postgres_dsn: str | None) -> dict[str, Any]:
+    """Where the workers keep the feed, for the ``longpoll.listening`` line (no password)."""
+    if postgres_dsn is not None:
+        from .pgfeed import describe_dsn
+
+        return {"postgres": describe_dsn(postgres_dsn)}
+    if redis_url is None:
+        return {"redis": None}
+    from aiopurgatory.redis import describe_url
+
+    return {"redis": describe_url(redis_url)}
 
 
 def _stop_all(

@@ -25,7 +25,10 @@ import pytest
 from aiopurgatory.redis.testing import RedisServer
 from tests.asgi.test_asgi_servers import free_port, read_answers
 
-pytestmark = [pytest.mark.realtime, pytest.mark.timeout(180)]
+# The page's programs are checked once, on 3.11 (not in the other Pythons' library
+# passes, to keep CI's time): what they use of the library, the Redis triggers and
+# the ASGI helpers, is tested on every Python by tests/redis and tests/asgi.
+pytestmark = [pytest.mark.realtime, pytest.mark.timeout(180), pytest.mark.not_library]
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "howto" / "web-frameworks.md"

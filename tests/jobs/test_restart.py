@@ -79,8 +79,10 @@ async def through_a_restart(
         # it found stuck through the outage: the system's doing, not ours).
         if answer.end is JobEnd.SUCCEEDED:
             assert (answer.value, result) == (5, 5), (result, log[-3000:])
-            # woken by the trigger (kept through the outage), not by the timeout
-            assert seconds < TIMEOUT - 1.0, seconds
+            # Woken by the trigger (kept through the outage), not by the timeout: a
+            # wait that timed out reads the job system at its timeout, after TIMEOUT
+            # seconds (a loaded machine may end the jobs themselves late).
+            assert seconds < TIMEOUT, seconds
         else:
             assert isinstance(result, JobFailedError), (result, log[-3000:])
             assert result.end is answer.end

@@ -86,8 +86,7 @@ async def routed(triggers: RedisTriggers, *keys: str | bytes | int) -> None:
     """
     subscriber = triggers._subscriber
     assert subscriber is not None
-    of = triggers._partitions.of
-    await eventually(lambda: all(of(key) in subscriber._confirmed for key in keys))
+    await eventually(lambda: subscriber.covers(keys))
     reader = triggers._reader
     await eventually(lambda: not (reader._keys or reader._checks or reader._resync))
     await asyncio.sleep(0.05)  # the read in flight, if any

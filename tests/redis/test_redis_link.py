@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError
 
 from aiopurgatory.redis import RedisTriggers, _link
 from aiopurgatory.redis._link import Link
@@ -115,22 +115,20 @@ async def test_a_call_to_a_hung_redis_ends_at_its_timeout(redis_server: RedisSer
         await link.drop()
 
 
-async def test_error_replies_are_returned_and_a_script_is_loaded_when_missing(
-    redis_server: RedisServer, redis_client: aioredis.Redis
+async def test_error_replies_are_returned_and_the_connection_stays_in_step(
+    redis_server: RedisServer,
 ) -> None:
+    # The one script path (EVALSHA, SCRIPT LOAD when missing, sent again) is the
+    # sender's: tests/redis/test_routing.py::test_a_flushed_script_cache_is_reloaded.
     link = link_to(redis_server)
-    source = "return ARGV[1] .. KEYS[1]"
-    sha = hashlib.sha1(source.encode()).hexdigest()
     try:
         replies = await link.execute(("SET", "k", "v"), ("INCR", "k"), ("GET", "k"))
         assert replies[0] == b"OK"
         assert "not an integer" in str(replies[1])
         assert replies[2] == b"v"  # the connection stayed in step
-        assert await link.script(sha, source, ["key"], ["arg-"]) == b"arg-key"
-        await redis_client.script_flush()
-        assert await link.script(sha, source, ["key"], ["again-"]) == b"again-key"
-        with pytest.raises(ResponseError, match="Unknown Redis command"):
-            await link.script(hashlib.sha1(b"bad").hexdigest(), "return redis.call('NOPE')", [], [])
+        (missing,) = await link.execute(("EVALSHA", hashlib.sha1(b"none").hexdigest(), 0))
+        assert isinstance(missing, NoScriptError)
+        assert await link.execute(("PING",)) == [b"PONG"]
     finally:
         await link.drop()
 

@@ -13,7 +13,7 @@ import aiopurgatory as ap
 from aiopurgatory.redis import DEFAULT_PARTITIONS, RedisTriggers, SyncPublisher
 from aiopurgatory.redis._partitions import SLOTS, Partitions, key_slot, partition_of
 from aiopurgatory.redis._publisher import BATCH_SCRIPT, MAX_MESSAGE_TRIGGERS, batch_command
-from aiopurgatory.redis._wire import Batch, Key, decode, parse_stored
+from aiopurgatory.redis._wire import Batch, Key, PublishMode, decode, parse_stored
 from aiopurgatory.redis.testing import RedisServer
 from tests.redis.test_redis import Flagged, eventually
 
@@ -278,7 +278,7 @@ async def test_a_batch_script_publishes_per_partition_what_encode_would(
         batch.check(b"\x01{}")
         batch.advance("enum", _Level.HIGH)  # an IntEnum value crosses as its int
         await client.set(partitions.stored_key(7), "1e301")  # higher: kept
-        command = batch_command("me", batch, partitions, b"60000", b"PUBLISH")
+        command = batch_command("me", batch, partitions, b"60000", PublishMode.PLAIN)
         await client.script_load(BATCH_SCRIPT)
         sent = await client.execute_command(*command)
         got: dict[bytes, list[tuple[str, list[Key], list[tuple[Key, float]]]]] = {}

@@ -56,10 +56,9 @@ async def routed(triggers: RedisTriggers, keys: list[Any]) -> None:
     """Wait (up to 10 s) until the partitions of ``keys`` are subscribed."""
     subscriber = triggers._subscriber
     assert subscriber is not None
-    of = triggers._partitions.of
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 10
-    while not all(of(key) in subscriber._confirmed for key in keys):
+    while not subscriber.covers(keys):
         if loop.time() > deadline:
             raise TimeoutError(f"the partitions of {keys!r} were not subscribed in 10 s")
         await asyncio.sleep(0.005)

@@ -30,7 +30,7 @@ import aiopurgatory as ap
 from aiopurgatory.redis import RedisTriggers, SyncPublisher
 from aiopurgatory.redis._partitions import Partitions
 from aiopurgatory.redis._publisher import publish_commands
-from aiopurgatory.redis._wire import Batch, decode, sender_field, split_sender
+from aiopurgatory.redis._wire import Batch, PublishMode, decode, sender_field, split_sender
 from aiopurgatory.redis.testing import RedisServer
 from aiopurgatory.tracing import ATTRIBUTE_COMPLETED_BY, trace_waits
 from tests.support.redis import Worker, encode_key
@@ -436,6 +436,6 @@ def test_the_sender_field_splits_at_the_first_space_only() -> None:
     batch.check("k")
     partitions = Partitions("chan", 4, "4242-1a2b3c4d")
     for command in publish_commands(
-        sender_field("4242-1a2b3c4d", parent), batch, partitions, b"1000", b"SPUBLISH"
+        sender_field("4242-1a2b3c4d", parent), batch, partitions, b"1000", PublishMode.SHARDED
     ):
         assert decode(command[-1]) == (f"4242-1a2b3c4d {parent}", ["k"], [])

@@ -209,7 +209,7 @@ async def test_shutdown_answers_every_parked_get_with_what_it_has(waiter: str) -
         )
         assert await request(app, "GET", "/healthz") == (
             503,
-            {"status": "stopping", "waiter": waiter},
+            {"status": "stopping", "waiter": waiter, "loop_lag_s": 0.0, "loop_lag_max_s": 0.0},
         )
         assert loop.time() == 2.0
 
@@ -305,7 +305,12 @@ async def test_metrics_and_healthz(waiter: str) -> None:
             assert 'aiopurgatory_operations_total{outcome="expired",purgatory="longpoll"}' in text
         else:
             assert "aiopurgatory_" not in text
-        assert await request(app, "GET", "/healthz") == (200, {"status": "ok", "waiter": waiter})
+        # The loop's lag is measured (on virtual time, probes fire on time: 0).
+        assert await request(app, "GET", "/healthz") == (
+            200,
+            {"status": "ok", "waiter": waiter, "loop_lag_s": 0.0, "loop_lag_max_s": 0.0},
+        )
+        assert "longpoll_loop_lag_max_seconds 0.0" in text
         get.disconnect()
 
 

@@ -1,5 +1,7 @@
 """The long-poll example across processes: ``--redis URL`` and ``--workers N`` on a real
-``redis-server`` (started by the test on a free port in a temporary directory).
+``redis-server`` (started by the test on a free port in a temporary directory). The
+acceptance tests, those taking the ``store`` fixture, run once on Redis and once on
+PostgreSQL (``--postgres DSN``, a server made by initdb: :mod:`tests.support.stores`).
 
 Wall-clock tests (``realtime``): they wait for states with generous deadlines and
 assert what the servers answer and report; the only durations asserted are bounds
@@ -34,6 +36,7 @@ from aiopurgatory.redis.testing import RedisServer
 from examples.longpoll.feed import Appended, FeedError, Fetched, Settings
 from tests.support.longpoll import ROOT, Program, wait_until
 from tests.support.redis import ServerFactory, write_on_a_closed_uvloop_transport
+from tests.support.stores import Store
 
 pytestmark = pytest.mark.realtime
 
@@ -134,11 +137,11 @@ def all_messages(port: int, topic: str) -> list[str]:
 
 
 def test_a_post_on_any_server_answers_gets_parked_on_every_server(
-    redis_server: RedisServer, program: Callable[..., Program]
+    store: Store, program: Callable[..., Program]
 ) -> None:
-    a = program("--redis", redis_server.url)
-    b = program("--redis", redis_server.url)
-    c = program("--redis", redis_server.url, "--workers", "2")
+    a = program(*store.args)
+    b = program(*store.args)
+    c = program(*store.args, "--workers", "2")
     assert c.first["workers"] == 2
     assert len({w["pid"] for w in c.early if w["event"] == "longpoll.worker_listening"}) == 2
     servers = [a, b, c]
@@ -161,9 +164,12 @@ def test_a_post_on_any_server_answers_gets_parked_on_every_server(
         assert answer(conn) == (200, {"offset": 1, "messages": ["second"], "next_offset": 2})
 
     metrics = a.metrics()
-    assert metrics["longpoll_redis_up"] == 1
-    connected = [v for k, v in metrics.items() if k.startswith("aiopurgatory_redis_connected")]
-    assert connected == [1]  # its RedisTriggers, through aiopurgatory.metrics.prometheus
+    assert metrics[f"longpoll_{store.name}_up"] == 1
+    if store.name == "redis":
+        connected = [v for k, v in metrics.items() if k.startswith("aiopurgatory_redis_connected")]
+        assert connected == [1]  # its RedisTriggers, through aiopurgatory.metrics.prometheus
+    else:
+        assert metrics["longpoll_postgres_triggers_connected"] == 1  # the listener
     for server in servers:
         status, lines = server.stop()
         assert status == 0
@@ -177,12 +183,12 @@ def test_a_post_on_any_server_answers_gets_parked_on_every_server(
 
 
 def test_racing_posts_on_three_servers_get_distinct_dense_offsets(
-    redis_server: RedisServer, program: Callable[..., Program]
+    store: Store, program: Callable[..., Program]
 ) -> None:
     servers = [
-        program("--redis", redis_server.url),
-        program("--redis", redis_server.url),
-        program("--redis", redis_server.url, "--workers", "2"),
+        program(*store.args),
+        program(*store.args),
+        program(*store.args, "--workers", "2"),
     ]
     per_lane = 40
     lanes = [(s.port, f"s{i}-l{j}") for i, s in enumerate(servers) for j in range(4)]
@@ -210,10 +216,10 @@ def test_racing_posts_on_three_servers_get_distinct_dense_offsets(
 
 
 def test_retention_is_kept_in_redis_for_every_process(
-    redis_server: RedisServer, program: Callable[..., Program]
+    store: Store, program: Callable[..., Program]
 ) -> None:
-    a = program("--redis", redis_server.url, "--retain", "3")
-    b = program("--redis", redis_server.url, "--retain", "3")
+    a = program(*store.args, "--retain", "3")
+    b = program(*store.args, "--retain", "3")
     for k in range(6):
         assert post((a, b)[k % 2].port, "kept", f"m{k}") == (200, {"offset": k})
     for server in (a, b):
@@ -227,10 +233,10 @@ def test_retention_is_kept_in_redis_for_every_process(
 
 
 def test_min_bytes_threshold_across_processes(
-    redis_server: RedisServer, program: Callable[..., Program]
+    store: Store, program: Callable[..., Program]
 ) -> None:
-    a = program("--redis", redis_server.url)
-    b = program("--redis", redis_server.url)
+    a = program(*store.args)
+    b = program(*store.args)
     assert post(a.port, "mb", "skip") == (200, {"offset": 0})
     conn = park(b.port, "/topics/mb?offset=1&wait=60&min_bytes=10")
     parked_by_pid(b.port, 1)
@@ -242,10 +248,10 @@ def test_min_bytes_threshold_across_processes(
 
 
 def test_redis_killed_and_restarted_mid_traffic(
-    redis_server: RedisServer, program: Callable[..., Program]
+    store: Store, program: Callable[..., Program]
 ) -> None:
-    a = program("--redis", redis_server.url)
-    c = program("--redis", redis_server.url, "--workers", "2")
+    a = program(*store.args)
+    c = program(*store.args, "--workers", "2")
     ports = [a.port, c.port]
     stop = threading.Event()
     acked: dict[int, str] = {}
@@ -302,7 +308,7 @@ def test_redis_killed_and_restarted_mid_traffic(
         t.start()
     try:
         wait_until(lambda: len(acked) >= 20, "posts acknowledged before the outage")
-        redis_server.kill()
+        store.kill()
         time.sleep(0.5)
         # degraded, not dead: both servers answer /healthz with 503 "degraded"
         for port in ports:
@@ -313,7 +319,7 @@ def test_redis_killed_and_restarted_mid_traffic(
         with lock:
             assert 503 in statuses[before:]
         time.sleep(2)
-        redis_server.start()
+        store.start()
         acked_at_restart = len(acked)
         wait_until(lambda: len(acked) >= acked_at_restart + 20, "posts resume", 30)
         for port in ports:
@@ -413,10 +419,14 @@ def test_a_wrong_password_exits_at_once_naming_the_cause(
             p.proc.kill()
 
 
-def test_unreachable_redis_exits_at_once_naming_the_cause() -> None:
+@pytest.mark.parametrize(
+    ("option", "address"),
+    [("--redis", "redis://127.0.0.1:{port}"), ("--postgres", "postgresql://u@127.0.0.1:{port}/db")],
+)
+def test_unreachable_redis_exits_at_once_naming_the_cause(option: str, address: str) -> None:
     port = free_port()  # nothing listens there
     done = subprocess.run(
-        [sys.executable, "-m", "examples.longpoll", "--redis", f"redis://127.0.0.1:{port}"],
+        [sys.executable, "-m", "examples.longpoll", option, address.format(port=port)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -438,13 +448,14 @@ def test_workers_need_redis() -> None:
     )
     assert done.returncode == 2
     assert "--redis" in done.stderr
+    assert "--postgres" in done.stderr
 
 
 def test_sigterm_with_redis_answers_every_parked_get(
-    redis_server: RedisServer, program: Callable[..., Program]
+    store: Store, program: Callable[..., Program]
 ) -> None:
-    a = program("--redis", redis_server.url)
-    c = program("--redis", redis_server.url, "--workers", "2")
+    a = program(*store.args)
+    c = program(*store.args, "--workers", "2")
     assert post(a.port, "t0", "kept") == (200, {"offset": 0})
     conns = {
         server.port: [
@@ -529,14 +540,19 @@ async def test_a_cancelled_redis_call_is_cancelled_not_taken_for_redis_down() ->
     assert (waiter.redis_ok, waiter.timeouts, waiter.redis_errors) == (True, 0, 0)
 
 
-def test_a_small_crossbench_run(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("store", ["redis", "postgres"])
+def test_a_small_crossbench_run(capsys: pytest.CaptureFixture[str], store: str) -> None:
     from examples.longpoll import crossbench
 
     argv = ["--parked", "60", "--topics", "6", "--seconds", "1", "--scenarios", "across,two"]
-    assert crossbench.main(argv) == 0
+    assert crossbench.main([*argv, "--store", store]) == 0
     runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["scenario"], r["processes"]) for r in runs] == [("across", 2), ("two", 2)]
     for run in runs:
+        assert run["store"] == store
+        assert run["store_cpu_s"] >= 0  # 5 posts: it may round to 0
+        if store == "postgres":
+            assert run["redis_cpu_s"] == 0
         # 5 posts, each to the 10 GETs parked on its topic, all delivered
         assert (run["posts"], run["expected"], run["delivered"]) == (5, 50, 50)
         assert (run["errors"], run["exit_status"]) == (0, 0)
@@ -561,9 +577,9 @@ def test_the_gc_threshold_option() -> None:
 
 
 def test_a_worker_that_dies_is_restarted_and_the_port_keeps_serving(
-    redis_server: RedisServer, program: Callable[..., Program]
+    store: Store, program: Callable[..., Program]
 ) -> None:
-    server = program("--redis", redis_server.url, "--workers", "2")
+    server = program(*store.args, "--workers", "2")
     pids = server.first["pids"]
     assert len(pids) == 2
     os.kill(pids[0], signal.SIGKILL)
@@ -649,9 +665,9 @@ def alive(pid: int) -> bool:
 
 
 def test_workers_die_with_a_supervisor_killed_with_sigkill(
-    redis_server: RedisServer, program: Callable[..., Program]
+    store: Store, program: Callable[..., Program]
 ) -> None:
-    server = program("--redis", redis_server.url, "--workers", "2")
+    server = program(*store.args, "--workers", "2")
     pids = server.first["pids"]
     conns = [park(server.port, "/topics/orphan?offset=0&wait=60") for _ in range(8)]
     parked_by_pid(server.port, 8, pids=2)
@@ -695,10 +711,10 @@ def post_with_key(
 
 
 def test_an_idempotency_key_holds_across_processes_for_its_ttl(
-    redis_server: RedisServer, program: Callable[..., Program]
+    store: Store, program: Callable[..., Program]
 ) -> None:
-    a = program("--redis", redis_server.url, "--idempotency-ttl", "3")
-    c = program("--redis", redis_server.url, "--workers", "2", "--idempotency-ttl", "3")
+    a = program(*store.args, "--idempotency-ttl", "3")
+    c = program(*store.args, "--workers", "2", "--idempotency-ttl", "3")
     assert post(a.port, "pay", "before") == (200, {"offset": 0})
     assert post_with_key(a.port, "pay", "order 1", "k-1") == (200, {"offset": 1}, None)
     # the retry lands on other processes (the client lost the reply, say): not stored again
@@ -709,14 +725,8 @@ def test_an_idempotency_key_holds_across_processes_for_its_ttl(
     assert post_with_key(c.port, "pay", "order 2", "k-2") == (200, {"offset": 2}, None)
     assert all_messages(a.port, "pay") == ["before", "order 1", "order 2"]
     assert a.metrics()["longpoll_replayed_posts_total"] == 0
-    # the record lives in Redis beside the topic, with the TTL asked for
-    ttl = subprocess.run(
-        ["redis-cli", "-p", str(redis_server.port), "PTTL", "longpoll:{t:pay}:idem:c:k-1"],
-        capture_output=True,
-        text=True,
-        timeout=10,
-    )
-    assert 0 < int(ttl.stdout) <= 3000
+    # the record lives in the store beside the topic, with the TTL asked for
+    assert 0 < store.idempotency_ttl_ms("pay", "k-1") <= 3000
     time.sleep(3.5)  # the key is forgotten: a POST with it is a new message
     assert post_with_key(c.port, "pay", "order 1", "k-1") == (200, {"offset": 3}, None)
     assert all_messages(c.port, "pay") == ["before", "order 1", "order 2", "order 1"]
@@ -847,16 +857,16 @@ def _children(pid: int) -> set[int]:
 
 
 def test_a_worker_restarted_while_redis_is_down_says_so_in_json_and_comes_back(
-    redis_server: RedisServer, program: Callable[..., Program]
+    store: Store, program: Callable[..., Program]
 ) -> None:
     # A worker that dies during a Redis outage is started again by its supervisor,
     # finds Redis away, and exits: its one line about it is JSON like every other
     # (the soak's "only JSON lines" check), and once Redis is back a later start
     # takes its place.
-    server = program("--redis", redis_server.url, "--workers", "2")
+    server = program(*store.args, "--workers", "2")
     pids = server.first["pids"]
     supervisor = server.proc.pid
-    redis_server.kill()
+    store.kill()
     os.kill(pids[0], signal.SIGKILL)
     seen: set[int] = set()
 
@@ -866,7 +876,7 @@ def test_a_worker_restarted_while_redis_is_down_says_so_in_json_and_comes_back(
         return bool(seen - now)
 
     wait_until(a_restart_came_and_went, "a worker started while Redis is down to exit", 30)
-    redis_server.start()
+    store.start()
 
     def replaced() -> bool:
         answered = set()
@@ -885,7 +895,7 @@ def test_a_worker_restarted_while_redis_is_down_says_so_in_json_and_comes_back(
     events = [line["event"] for line in lines]
     # Every line of every worker from its own logger: none the supervisor had to wrap.
     assert "longpoll.worker_output" not in events
-    unavailable = [line for line in lines if line["event"] == "longpoll.redis_unavailable"]
+    unavailable = [line for line in lines if line["event"] == f"longpoll.{store.name}_unavailable"]
     assert unavailable
     assert "unreachable" in unavailable[0]["error"]
 
