@@ -4,7 +4,7 @@ Usage::
 
     aiopurgatory bench jobs [--systems celery,rq,saq,dramatiq,arq] [--waits 1000]
         [--web-workers 2] [--rate 250] [--poll 0.25] [--modes triggers,poll]
-        [--count-seconds 5] [--json PATH]
+        [--count-seconds 5] [--restart-redis OUTAGE] [--timeout 120] [--json PATH]
 
 For each job system and mode, on a Redis of its own (``redis-server``, started
 here): the system's worker (:mod:`._jobs_systems` says how: Celery's threads
@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -83,10 +84,35 @@ def _commands(client: Any) -> int:
     return int(client.info("stats")["total_commands_processed"])
 
 
+def _send(send: Any, task_id: str, patience: float = 60.0) -> int:
+    """Send one task, as a producer that retries does (Redis may be away); the retries."""
+    deadline = time.monotonic() + patience
+    retries = 0
+    while True:
+        try:
+            send(task_id)
+            return retries
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            retries += 1
+            time.sleep(0.1)
+
+
 def _round(
-    port: int, ids: list[str], send: Any, rate: float, redis_client: Any, count_s: float
+    port: int,
+    ids: list[str],
+    send: Any,
+    rate: float,
+    redis_client: Any,
+    count_s: float,
+    restart: Any = None,
 ) -> dict[str, Any]:
-    """Park a request per id, count Redis's commands, send the tasks; the measurements."""
+    """Park a request per id, count Redis's commands, send the tasks; the measurements.
+
+    ``restart``, if given, is called (in a thread of its own) once half the tasks
+    are sent: the Redis restart of ``--restart-redis``.
+    """
     client = subprocess.Popen(
         [sys.executable, "-m", "aiopurgatory.bench._jobs_client", str(port)],
         stdin=subprocess.PIPE,
@@ -104,26 +130,123 @@ def _round(
     waiting_rate = (_commands(redis_client) - before) / (time.monotonic() - started)
     interval = 1.0 / rate
     next_at = time.monotonic()
-    for task_id in ids:
-        send(task_id)
+    retries = 0
+    restarter = None
+    for sent, task_id in enumerate(ids):
+        if restart is not None and sent == len(ids) // 2:
+            restarter = threading.Thread(target=restart, name="bench-redis-restart")
+            restarter.start()
+        retries += _send(send, task_id)
         next_at += interval
         pause = next_at - time.monotonic()
         if pause > 0:
             time.sleep(pause)
+    if restarter is not None:
+        restarter.join()
     answers = json.loads(client.stdout.readline())
     client.wait(timeout=30)
     latencies = []
+    errors: dict[str, int] = {}
+    results: dict[str, bool] = {}
     for task_id in ids:
         answered_at, body = answers[task_id]
-        latencies.append(answered_at - float(json.loads(body)["end"]))
+        answer = json.loads(body) if body.startswith("{") else {"error": "unreadable answer"}
+        results[task_id] = "end" in answer
+        if "end" in answer:
+            latencies.append(answered_at - float(answer["end"]))
+        else:
+            errors[str(answer.get("error"))] = errors.get(str(answer.get("error")), 0) + 1
     latencies.sort()
-    return {
+    measured: dict[str, Any] = {
         "waits": len(ids),
         "answered": len(answers),
         "redis_commands_per_s_while_waiting": round(waiting_rate, 1),
-        "p50_ms": round(1000 * statistics.median(latencies), 2),
-        "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 2),
-        "max_ms": round(1000 * latencies[-1], 2),
+    }
+    if latencies:
+        measured.update(
+            p50_ms=round(1000 * statistics.median(latencies), 2),
+            p99_ms=round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 2),
+            max_ms=round(1000 * latencies[-1], 2),
+        )
+    if restart is not None:
+        measured.update(answered_with_result=len(latencies), errors=errors, send_retries=retries)
+        measured["_results"] = results
+    return measured
+
+
+class _Supervisor:
+    """The job system's worker process, started again when it exits once :meth:`watch`
+    is called (as systemd or Kubernetes would: RQ's worker quits on a Redis outage)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Any) -> None:
+        self._argv, self._env, self._log = argv, env, log
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.restarts = 0
+        self.process = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            self._argv,
+            env=self._env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def watch(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="bench-supervisor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(0.5):
+            if self.process.poll() is not None:
+                self.restarts += 1
+                self.process = self._start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+        _stop(self.process)
+
+
+def _after_the_restart(
+    driver: Any, url: str, ids: list[str], answered: dict[str, bool]
+) -> dict[str, Any]:
+    """Which jobs the system finished (asked through its own API), and which of those
+    waiters did not get their result: the figure that must be 0."""
+    import asyncio
+
+    # The systems' app modules (Celery's, Dramatiq's) read their Redis from the
+    # environment when imported; here they are only read through, as in mode poll.
+    os.environ.update(AIOPURGATORY_BENCH_REDIS=url, AIOPURGATORY_BENCH_MODE="poll")
+
+    async def ask() -> list[bool]:
+        await driver.start(url, None)
+        try:
+            return [(await driver.poll_once(task_id))[0] for task_id in ids]
+        finally:
+            await driver.stop()
+
+    finished = asyncio.run(ask())
+    return {
+        "jobs_finished": sum(finished),
+        "finished_but_not_answered": sum(
+            1 for task_id, done in zip(ids, finished, strict=True) if done and not answered[task_id]
+        ),
+    }
+
+
+def _tracebacks(log: Path) -> dict[str, int]:
+    """Tracebacks in the worker's and web servers' output, and those through the library."""
+    text = log.read_text(errors="replace")
+    blocks = text.split("Traceback (most recent call last):")[1:]
+    return {
+        "tracebacks": len(blocks),
+        "tracebacks_through_aiopurgatory": sum(
+            1 for block in blocks if "aiopurgatory/jobs" in block or "aiopurgatory/redis" in block
+        ),
     }
 
 
@@ -136,8 +259,17 @@ def run(
     rate: float,
     poll: float,
     count_s: float = 5.0,
+    outage: float | None = None,
+    timeout: float = 120.0,
 ) -> dict[str, Any]:
-    """One system's and mode's run, on a Redis and servers of its own; its measurements."""
+    """One system's and mode's run, on a Redis and servers of its own; its measurements.
+
+    ``outage``: Redis is killed (SIGKILL) once half the jobs are sent and started
+    again (same port, its append-only file) that many seconds later; the result
+    then says which jobs the system finished and whether their waiters got them.
+    A worker that exits is then started again (``worker_restarts``).
+    ``timeout``: each request's wait, in seconds.
+    """
     import redis
 
     from ..redis.testing import RedisServer
@@ -154,16 +286,11 @@ def run(
             "AIOPURGATORY_BENCH_MODE": mode,
             "AIOPURGATORY_BENCH_POLL": str(poll),
             "AIOPURGATORY_BENCH_SYSTEM": system,
+            "AIOPURGATORY_BENCH_TIMEOUT": str(timeout),
         }
         log = (Path(tmp) / "servers.log").open("wb")
         port = _free_port()
-        worker = subprocess.Popen(
-            driver.worker_argv(server.url),
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        supervisor = _Supervisor(driver.worker_argv(server.url), env, log)
         web = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "aiopurgatory.bench._jobs_app:app",
              "--workers", str(web_workers), "--port", str(port), "--log-level", "warning",
@@ -179,14 +306,29 @@ def run(
             warm = [str(uuid.uuid4()) for _ in range(20)]
             _round(port, warm, send, 100.0, redis_client, min(count_s, 0.5))
             ids = [str(uuid.uuid4()) for _ in range(waits)]
-            result = _round(port, ids, send, rate, redis_client, count_s)
+
+            def restart() -> None:
+                assert outage is not None
+                supervisor.watch()  # a worker that quits on the outage is started again
+                server.kill()
+                time.sleep(outage)
+                server.start()
+
+            result = _round(
+                port, ids, send, rate, redis_client, count_s, None if outage is None else restart
+            )
+            if outage is not None:
+                result.update(_after_the_restart(driver, server.url, ids, result.pop("_results")))
+                result["worker_restarts"] = supervisor.restarts
         finally:
             _stop(web)
-            _stop(worker)
+            supervisor.stop()
             close_sender()
             redis_client.close()
             server.kill()
             log.close()
+            if outage is not None:
+                result.update(_tracebacks(Path(tmp) / "servers.log"))
     return {
         "system": system,
         "mode": mode,
@@ -218,6 +360,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=5.0,
         help="seconds Redis's commands are counted while the requests wait (5)",
     )
+    parser.add_argument(
+        "--restart-redis",
+        type=float,
+        metavar="OUTAGE",
+        help="kill Redis once half the jobs are sent, start it again OUTAGE s later, "
+        "and report which finished jobs' waiters did not get their result",
+    )
+    parser.add_argument("--timeout", type=float, default=120.0, help="each request's wait (120 s)")
     parser.add_argument("--json", type=Path, help="write the results there too")
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -225,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--modes: a comma-separated list of {', '.join(MODES)}")
     if args.waits < 1 or args.web_workers < 1 or min(args.rate, args.poll, args.count_seconds) <= 0:
         parser.error("--waits and --web-workers must be >= 1; --rate, --poll, --count-seconds > 0")
+    if args.timeout <= 0 or (args.restart_redis is not None and args.restart_redis < 0):
+        parser.error("--timeout must be > 0 and --restart-redis >= 0")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
     from ._jobs_systems import SYSTEMS
@@ -242,6 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rate=args.rate,
             poll=args.poll,
             count_s=args.count_seconds,
+            outage=args.restart_redis,
+            timeout=args.timeout,
         )
         results.append(result)
         print(json.dumps(result), flush=True)

@@ -42,3 +42,22 @@ def check_a_small_run(system: str, tmp_path: Path) -> None:
 
 def test_a_small_run_answers_every_wait_in_both_modes(tmp_path: Path) -> None:
     check_a_small_run("rq", tmp_path)
+
+
+def test_restart_redis_mid_run_reports_every_finished_job_answered(tmp_path: Path) -> None:
+    """``--restart-redis``: RQ's worker quits on the outage and is started again; every
+    job ends, and every waiter of a finished job gets its result."""
+    out = tmp_path / "restart.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "aiopurgatory.cli", "bench", "jobs", "--systems", "rq",
+         "--modes", "triggers", "--waits", "60", "--rate", "60", "--count-seconds", "0.5",
+         "--restart-redis", "1", "--timeout", "40", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=170,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run,) = json.loads(out.read_text())
+    assert run["answered"] == run["waits"] == 60
+    assert run["jobs_finished"] == run["answered_with_result"] == 60, run
+    assert run["finished_but_not_answered"] == 0
+    assert run["errors"] == {}
+    assert run["tracebacks_through_aiopurgatory"] == 0

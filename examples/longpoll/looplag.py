@@ -1,0 +1,120 @@
+"""The server's event-loop lag, measured: how late a timer set every ``interval`` fires.
+
+The bound the docs give a parked GET (its wait + 2.5 s + the process's loop lag)
+holds only if the loop lag is known: a loop busy with a burst (a catch-up after
+Redis resumes, a collection, a slow callback) answers everything late by as much.
+:class:`LoopLag` sleeps ``interval`` seconds again and again on the loop it
+measures and records how much later than asked each sleep ended: the latest
+lateness, the largest within the last ``window`` seconds, and the largest since
+the start. ``/healthz`` and ``/metrics`` show them (``loop_lag_s``,
+``loop_lag_max_s``; ``longpoll_loop_lag_seconds``, ``longpoll_loop_lag_max_seconds``).
+
+Costs one timer every ``interval`` (0.1 s by default): nothing measurable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Self
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["LoopLag", "LoopLagCollector"]
+
+
+class LoopLag:
+    """Measures the running loop's lag while entered (``async with LoopLag() as lag``).
+
+    Args:
+        interval: seconds between two probes (> 0).
+        window: seconds :attr:`recent_max` looks back (>= ``interval``).
+
+    Raises:
+        ValueError: ``interval`` or ``window`` out of range.
+    """
+
+    def __init__(self, interval: float = 0.1, window: float = 10.0) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
+        if not window >= interval:
+            raise ValueError(f"window must be >= interval ({interval}), got {window!r}")
+        self.interval = interval
+        self.window = window
+        #: The latest probe's lateness, in seconds.
+        self.last = 0.0
+        #: The largest lateness since entered, in seconds.
+        self.peak = 0.0
+        self.probes = 0
+        # (loop time the probe ended, its lateness), the last ``window`` seconds.
+        self._recent: collections.deque[tuple[float, float]] = collections.deque()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def recent_max(self) -> float:
+        """The largest lateness of the last ``window`` seconds (seconds)."""
+        if self._task is not None:
+            self._forget(self._task.get_loop().time())
+        return max((lateness for _, lateness in self._recent), default=0.0)
+
+    def _forget(self, now: float) -> None:
+        while self._recent and self._recent[0][0] < now - self.window:
+            self._recent.popleft()
+
+    async def _probe(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            asked = loop.time() + self.interval
+            await asyncio.sleep(self.interval)
+            now = loop.time()
+            lateness = max(0.0, now - asked)
+            self.last = lateness
+            self.peak = max(self.peak, lateness)
+            self.probes += 1
+            self._recent.append((now, lateness))
+            self._forget(now)
+
+    async def __aenter__(self) -> Self:
+        if self._task is not None:
+            raise RuntimeError("this LoopLag is already measuring")
+        self._task = asyncio.get_running_loop().create_task(self._probe(), name="loop-lag")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def as_dict(self) -> dict[str, float]:
+        """``/healthz``'s fields: the latest and the window's largest lateness (s)."""
+        return {"loop_lag_s": round(self.last, 4), "loop_lag_max_s": round(self.recent_max, 4)}
+
+
+class LoopLagCollector(Collector):
+    """Prometheus gauges of a :class:`LoopLag`."""
+
+    def __init__(self, lag: LoopLag) -> None:
+        self._lag = lag
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "longpoll_loop_lag_seconds",
+            "How late the latest event-loop probe fired.",
+            value=self._lag.last,
+        )
+        yield GaugeMetricFamily(
+            "longpoll_loop_lag_max_seconds",
+            f"The largest event-loop probe lateness of the last {self._lag.window:g} seconds.",
+            value=self._lag.recent_max,
+        )
