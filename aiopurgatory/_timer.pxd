@@ -3,6 +3,8 @@
 
 cimport cython
 
+cimport aiopurgatory.cthread as _thread
+
 from aiopurgatory._ticks cimport ceil_tick, floor_tick
 from aiopurgatory._timer_entry cimport _EntrySet, _TimerEntry
 from aiopurgatory._timer_handle cimport TimerHandle
@@ -24,7 +26,7 @@ cdef class Timer(_EntrySet):
     cdef public object _last_lag_log
     cdef public object _logger
     cdef public double _max_when
-    cdef public object _running_in
+    cdef public unsigned long _running_in
     cdef public object _running_is
     cdef public bint _shared
     cdef public double _tick_width

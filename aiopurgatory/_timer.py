@@ -38,11 +38,11 @@ docs/architecture.md lists the invariant each keeps. Seconds become ticks in
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import contextvars
 from collections.abc import Callable
 from math import inf
-from threading import get_ident
 from time import monotonic as _monotonic
 from typing import TYPE_CHECKING, Any, Final, TypeVarTuple, Unpack
 
@@ -413,8 +413,9 @@ class Timer(_EntrySet):
     def _is_current(self) -> bool:
         """True if called on the loop or trio run the timer is bound to (for a bound timer)."""
         # Once per watched operation: the driver's own test is a Python call.
+        # _thread.get_ident is a C function in the compiled core (cthread.pxd).
         is_running = self._running_is
-        if is_running is not None and self._running_in == get_ident() and is_running():
+        if is_running is not None and self._running_in == _thread.get_ident() and is_running():
             return True
         return self._driver.is_current()  # type: ignore[union-attr]
 
