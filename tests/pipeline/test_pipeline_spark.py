@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from aiopurgatory.events import EVENT
-from aiopurgatory.pipeline import aggregates, analyze, replay, trace
+from aiopurgatory.pipeline import aggregates, analyze, replay, spark_hash, trace
 from aiopurgatory.pipeline.replay_core import ReplayParams, replay_table, replay_trace
 from aiopurgatory.pipeline.schema import FACT_COLUMNS, fact_schema
 from aiopurgatory.pipeline.trace import TraceSpec, generate_trace, write_trace
@@ -195,7 +195,7 @@ def test_replay_groups_get_a_task_each(spark: Any) -> None:
     assert [row[0] for row in got] == [replay.spark_hash_int(v) for v in values]
     # ... so each task's key lands in that task under repartition(n, key).
     for tasks in (1, 2, 5, 8):
-        keys = replay._task_keys(tasks)
+        keys = spark_hash._task_keys(tasks)
         frame = spark.createDataFrame([(k,) for k in keys], "task int").repartition(tasks, "task")
         placed = frame.select("task", F.spark_partition_id().alias("p")).collect()
         assert sorted((keys.index(row["task"]), row["p"]) for row in placed) == [
