@@ -27,7 +27,8 @@ from ._operation import DelayedOperation, Outcome
 from ._purgatory import Purgatory, PurgatoryStatistics, WatermarkOperation
 from ._shared_timer import shared_timer, timeout, timeout_at
 from ._timeout import Timeout
-from ._timer import Timer, TimerHandle
+from ._timer import Timer
+from ._timer_handle import TimerHandle
 from ._transport import Triggers, TriggersStatistics
 
 if TYPE_CHECKING:

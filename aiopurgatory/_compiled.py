@@ -34,6 +34,8 @@ CORE_MODULES = (
     "_validation",
     "_ticks",
     "_wheel",
+    "_timer_entry",
+    "_timer_handle",
     "_timer",
     "_operation",
     "_thresholds",

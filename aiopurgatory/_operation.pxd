@@ -1,10 +1,12 @@
 # Declarations that compile _operation.py into a C extension (see setup.py); the
 # .py stays the pure-Python build and the one source of the logic.
 
-from aiopurgatory._timer cimport _TimerEntry
+from aiopurgatory._timer_entry cimport _TimerEntry
 
 # The outcomes as C variables: read on every operation, never looked up by name.
 cdef object COMPLETED, EXPIRED, CANCELLED, FAILED
+# An entry's state out of the timer (see _timer_entry.py).
+cdef int IDLE
 cdef object Future, _set_result
 cdef _wake(waiter)
 

@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 from ._backends import done_callback_scheduler, new_waiter, running_call_soon_threadsafe
 from ._logging import LazyLogger
-from ._timer import _TimerEntry
+from ._timer_entry import _TimerEntry
+from ._timer_states import IDLE
 from ._validation import as_seconds
 
 # asyncio's Future.set_result, called on its futures without a lookup by name.
@@ -257,7 +258,7 @@ class DelayedOperation(_TimerEntry):
             timeout = as_seconds(timeout, "timeout")
         if timeout < 0:
             raise ValueError(f"timeout must not be negative, got {timeout!r}")
-        self._tick = None
+        self._state = IDLE
         self._bucket = None
         self._id = 0
         self._when: float | None = None  # type: ignore[assignment]

@@ -20,6 +20,8 @@ cdef extern from *:
 
 # Read per operation: C variables, never looked up by name.
 cdef object COMPLETED, EXPIRED, CANCELLED
+# An entry's state out of the timer (see _timer_entry.py).
+cdef int IDLE
 cdef dict _modules
 
 

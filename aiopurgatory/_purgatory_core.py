@@ -29,6 +29,7 @@ from ._histogram_recorder import _Recorder
 from ._operation import DelayedOperation, Outcome, _Owner
 from ._thresholds import ThresholdIndex
 from ._timer import Timer
+from ._timer_states import IDLE
 from ._validation import as_number, hashable_key, keys_of, thresholds_of, unhashable_key
 
 __all__ = ["WatermarkOperation"]
@@ -525,7 +526,7 @@ class _PurgatoryCore(_Owner):
                 self._unwatch_thresholds(op)
             self._watched -= len(keys)
             self._pending -= 1
-        if op._tick is not None:  # still in the timer: not an expiry
+        if op._state != IDLE:  # still in the timer: not an expiry
             self._timer._unschedule(op)
 
 

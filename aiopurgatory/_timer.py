@@ -38,46 +38,39 @@ docs/architecture.md lists the invariant each keeps. Seconds become ticks in
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import contextvars
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from math import inf
 from time import monotonic as _monotonic
 from typing import TYPE_CHECKING, Any, Final, TypeVarTuple, Unpack
 
-from ._backends import Driver, current_time, new_driver
+from ._backends import current_time, new_driver
 from ._errors import TimerClosedError
 from ._logging import LazyLogger
 from ._ticks import MAX_TICKS, ceil_tick, floor_tick
 from ._timeout import Timeout
+from ._timer_entry import _EntrySet, _TimerEntry
+from ._timer_handle import TimerHandle
+from ._timer_states import DUE, IDLE, STAGED, UNARMED, WAITING
 from ._validation import as_seconds
-from ._wheel import Entry, TimingWheel
+from ._wheel import TimingWheel
 
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["Timer", "TimerHandle"]
+__all__ = ["Timer"]
 
 _Ts = TypeVarTuple("_Ts")
 
-
 _copy_context = contextvars.copy_context
-
-# The calling thread's id. Pure Python: threading.get_ident, a module global
-# set through globals() because the compiled core must not see an assignment:
-# there _timer.pxd makes ``get_ident`` CPython's C function (no Python call,
-# no int object), once per watched operation in _is_current.
-globals()["get_ident"] = threading.get_ident
 
 # Timer lag (how late the driver wakes up) is logged at debug level when above
 # this, at most once per _LAG_LOG_INTERVAL seconds of loop time.
 _LAG_LOG_THRESHOLD: Final = 0.05
 _LAG_LOG_INTERVAL: Final = 10.0
 
-# The tick of an entry that is staged (scheduled, not yet in the wheel). Any int
-# does: only "is None" (not pending) is ever tested before the real tick is set.
-_STAGED: Final = -1
 # After two early wake-ups at the same clock reading (uvloop), the next one is
 # asked for no sooner than this.
 _EARLY_WAKE_RETRY: Final = 0.001
@@ -85,85 +78,7 @@ _EARLY_WAKE_RETRY: Final = 0.001
 _STAGE_LIMIT: Final = 4096
 
 
-class _TimerEntry(Entry):
-    """Something the driver can schedule: knows its deadline and how to fire."""
-
-    __slots__ = ("_when",)
-
-    # The loop time it is due at; set by Timer._schedule (delayed operations keep
-    # None here until they are scheduled).
-    _when: float
-
-    def _fire(self) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def _timer_closed(self) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-
-class TimerHandle(_TimerEntry):
-    """A callback scheduled on a :class:`Timer`; returned by ``call_later``/``call_at``."""
-
-    __slots__ = ("_args", "_callback", "_cancelled", "_context", "_timer")
-
-    # Handles are made by Timer._new_handle (for call_later and call_at), which
-    # sets these slots directly.
-    _timer: Timer
-    _callback: Callable[..., object] | None
-    _args: tuple[Any, ...] | None
-    _context: contextvars.Context | None
-    _cancelled: bool
-
-    def __init__(self) -> None:
-        raise TypeError("TimerHandle objects are created by Timer.call_later() and call_at()")
-
-    def __repr__(self) -> str:
-        state = "cancelled" if self._cancelled else "pending" if self._tick is not None else "done"
-        return f"<TimerHandle {state} when={self._when!r} callback={self._callback!r}>"
-
-    def when(self) -> float:
-        """The loop time (seconds) the callback is due at."""
-        return self._when
-
-    def cancelled(self) -> bool:
-        """True once :meth:`cancel` has been called (as in asyncio)."""
-        return self._cancelled
-
-    def cancel(self) -> None:
-        """Cancel the callback if it has not run yet. Idempotent, O(1)."""
-        if self._cancelled:
-            return
-        self._cancelled = True
-        self._callback = self._args = self._context = None
-        if self._tick is not None:
-            # Timer._unschedule, inlined: this is half of the add+cancel hot path.
-            self._tick = None
-            bucket = self._bucket
-            if bucket is not None:
-                del bucket[self._id]
-                self._bucket = None
-            timer = self._timer
-            timer._count = count = timer._count - 1
-            if not count:
-                timer._disarm()
-
-    def _fire(self) -> None:
-        args = self._args
-        context = self._context
-        self._args = self._context = None
-        # A pending handle always has a context: the caller's, or a copy of the
-        # one current at scheduling time (as asyncio does). The callback is let go
-        # only once it has returned: a failure's report (the handle's repr, as
-        # asyncio's) names it.
-        context.run(self._callback, *args)  # type: ignore[arg-type, misc, union-attr]
-        self._callback = None
-
-    def _timer_closed(self) -> None:
-        self._cancelled = True
-        self._callback = self._args = self._context = None
-
-
-class Timer:
+class Timer(_EntrySet):
     """Many cheap timers on one event loop, driven by a hierarchical timing wheel.
 
     A drop-in for ``loop.call_later``/``loop.call_at`` where there are very many
@@ -187,22 +102,16 @@ class Timer:
 
     __slots__ = (
         "__weakref__",
-        "_armed",
         "_closed",
-        "_count",
-        "_driver",
         "_due_now",
         "_early_wake",
         "_flush_requested",
         "_last_lag_log",
-        "_last_tick",
-        "_last_tick_value",
         "_logger",
         "_max_when",
         "_running_in",
         "_running_is",
         "_shared",
-        "_staged",
         "_tick_width",
         "_time",
         "_wheel",
@@ -214,26 +123,21 @@ class Timer:
             raise ValueError(f"tick must be positive, got {tick!r}")
         # The wheel checks wheel_size; its clock starts once the timer is bound.
         self._wheel = TimingWheel(wheel_size)
+        # The pending entries, the stage and the armed wake-up (see _EntrySet);
+        # the driver is set on first use (_bind), with its clock.
+        _EntrySet.__init__(self)
         self._tick_width = tick
-        # Set on first use (_bind): the driver, and its clock.
-        self._driver: Driver | None = None
         self._time: Callable[[], float] = _monotonic
         # The driver's running_here, for _is_current without a call into it:
         # the thread, and the loop's is_running (None if the driver has none).
         self._running_in = 0
         self._running_is: Callable[[], bool] | None = None
-        # Tick the driver is armed for; inf when unarmed.
-        self._armed: float = inf
         # Deadlines past this many ticks are refused: the tick would not fit a
         # float division (2**62 ms is about 146 million years).
         self._max_when = MAX_TICKS * tick
-        # The tick last given to an entry, and its int (see _insert).
-        self._last_tick: int | None = None
-        self._last_tick_value = 0
+        # Entries found due when staged, in scheduling order: they run from the
+        # next _drive (see _compact).
         self._due_now: list[_TimerEntry] = []
-        self._count = 0
-        # New entries wait here until the next loop iteration (see _schedule).
-        self._staged: list[_TimerEntry] = []
         self._flush_requested = False
         self._closed = False
         # The loop's shared timer (shared_timer()): not closed by users.
@@ -418,7 +322,7 @@ class Timer:
         if self._closed:
             return
         self._closed = True
-        self._armed = inf
+        self._armed = UNARMED
         self._flush_requested = False
         if self._driver is not None:
             self._driver.close()
@@ -429,15 +333,17 @@ class Timer:
         ]
         self._staged = []
         self._due_now = []
+        # Out of the stage and the wheel at once: each is now due, to be told.
+        for entry in entries:
+            if entry._state != IDLE:
+                entry._state = DUE
         self._tell_closed(entries)
 
     def _tell_closed(self, entries: list[_TimerEntry]) -> None:
         """Take the pending ones of ``entries`` out and tell each that the timer closed."""
         for entry in entries:
-            if entry._tick is not None:
-                entry._tick = None
-                entry._bucket = None
-                self._count -= 1
+            if entry._state != IDLE:
+                self._unschedule(entry)
                 entry._timer_closed()
 
     def next_due(self) -> float | None:
@@ -461,7 +367,7 @@ class Timer:
         if staged:
             now = self._time()
             for entry in staged:
-                if entry._tick is not None:
+                if entry._state == STAGED:
                     when = entry._when
                     # Already reached by the clock: it runs at the next flush,
                     # now, not at its tick (see _compact).
@@ -507,8 +413,9 @@ class Timer:
     def _is_current(self) -> bool:
         """True if called on the loop or trio run the timer is bound to (for a bound timer)."""
         # Once per watched operation: the driver's own test is a Python call.
+        # _thread.get_ident is a C function in the compiled core (cthread.pxd).
         is_running = self._running_is
-        if is_running is not None and self._running_in == get_ident() and is_running():  # type: ignore[name-defined]  # noqa: F821
+        if is_running is not None and self._running_in == _thread.get_ident() and is_running():
             return True
         return self._driver.is_current()  # type: ignore[union-attr]
 
@@ -561,7 +468,7 @@ class Timer:
             # First, so that a closed loop refuses before anything has changed.
             self._request_flush()
         entry._when = when
-        entry._tick = _STAGED
+        entry._state = STAGED
         self._count += 1
         staged = self._staged
         staged.append(entry)
@@ -573,46 +480,28 @@ class Timer:
         self._driver.request_flush()  # type: ignore[union-attr]
         self._flush_requested = True
 
-    def _unschedule(self, entry: _TimerEntry) -> None:
-        """Withdraw a pending ``entry`` (``entry._tick`` is not None)."""
-        entry._tick = None
-        bucket = entry._bucket
-        if bucket is not None:
-            del bucket[entry._id]
-            entry._bucket = None
-        self._count -= 1
-        if not self._count:
-            self._disarm()
-
     def _arm(self, expiration: int, not_before: float = -inf) -> None:
         self._armed = expiration
         when = expiration * self._tick_width
         self._driver.arm(when if when >= not_before else not_before)  # type: ignore[union-attr]
 
-    def _disarm(self) -> None:
-        if self._armed != inf:
-            self._armed = inf
-            self._driver.disarm()  # type: ignore[union-attr]
-
     def _on_wake(self) -> None:
         armed = self._armed
-        self._armed = inf
+        self._armed = UNARMED
         self._drive(armed)
 
     def _on_flush(self) -> None:
         self._flush_requested = False
-        self._drive(None)
+        self._drive(UNARMED)
 
-    def _insert(self, entry: _TimerEntry) -> bool:
-        """Give a staged entry its tick and put it in the wheel; False if already due."""
-        tick = ceil_tick(entry._when, self._tick_width, self._max_when)
-        # Entries staged together mostly share their tick: they share its int
-        # too, rather than keep one each (32 bytes per parked request, issue 54).
-        if tick != self._last_tick_value or self._last_tick is None:
-            self._last_tick_value = tick
-            self._last_tick = tick  # compiled: the one conversion to an int object
-        entry._tick = self._last_tick
-        return self._wheel.add(entry)
+    def _insert(self, entry: _TimerEntry) -> None:
+        """Give a staged entry its tick and put it in the wheel, or in _due_now if due."""
+        entry._tick = ceil_tick(entry._when, self._tick_width, self._max_when)
+        if self._wheel.add(entry):
+            entry._state = WAITING
+        else:
+            entry._state = DUE
+            self._due_now.append(entry)
 
     def _compact(self, now: float) -> None:
         # Move the live staged entries into the wheel: from _drive once per loop
@@ -625,23 +514,29 @@ class Timer:
         # clock is rounded down) would keep it until the tick turns over.
         due_now = self._due_now
         for entry in self._staged:
-            if entry._tick is not None:
-                when = entry._when
-                if when <= now or not self._insert(entry):
+            if entry._state == STAGED:
+                if entry._when <= now:
+                    entry._state = DUE
                     due_now.append(entry)
+                else:
+                    self._insert(entry)
         self._staged = []
 
-    def _drive(self, armed: float | None) -> None:
+    def _drive(self, armed: int) -> None:
         """Run everything due, bring staged entries into the wheel, re-arm.
 
         Called from the driver's wake-up (``armed`` is the tick it was armed for)
-        and from its per-iteration flush (``armed`` None).
+        and from its per-iteration flush (``armed`` is ``UNARMED``).
         """
         now = self._time()
         wheel = self._wheel
         # The wheel's clock only moves here; moving it to now before inserting
         # means new entries land on the right level (no needless cascading).
-        due: list[Entry] = wheel.advance(floor_tick(now, self._tick_width, self._max_when))
+        due: list[_TimerEntry] = wheel.advance(  # type: ignore[assignment]
+            floor_tick(now, self._tick_width, self._max_when)
+        )
+        for entry in due:
+            entry._state = DUE
         # Woken before the armed instant, the timer re-arms for it. asyncio wakes
         # handles up to its clock resolution (~1 ns) early and then honours the
         # re-armed instant. uvloop's clock moves in whole milliseconds (and rounds
@@ -649,11 +544,12 @@ class Timer:
         # first one left it, re-arming for the same instant would only spin until
         # the millisecond ticks over, so ask for no sooner than a millisecond on.
         not_before = -inf
-        if armed is not None and now < armed * self._tick_width:
+        woken = armed != UNARMED
+        if woken and now < armed * self._tick_width:
             if now == self._early_wake:
                 not_before = now + _EARLY_WAKE_RETRY
             self._early_wake = now
-        lag = now - armed * self._tick_width if armed is not None and due else 0.0
+        lag = now - armed * self._tick_width if woken and due else 0.0
         # Staged entries into the wheel; those already due join the ones set
         # aside by earlier compactions, after the wheel's (scheduling order).
         if self._staged:
@@ -675,20 +571,18 @@ class Timer:
                 if expiration is not None and expiration < self._armed:
                     self._arm(expiration, not_before)
 
-    def _run(self, due: Sequence[Entry]) -> None:
+    def _run(self, due: list[_TimerEntry]) -> None:
         i = 0
         try:
             for i, entry in enumerate(due):  # noqa: B007 - i is read on the way out
-                if entry._tick is None:
-                    continue  # cancelled after it became due
-                entry._tick = None
-                self._count -= 1
+                if entry._state == IDLE:
+                    continue  # withdrawn after it became due
+                self._unschedule(entry)
                 if self._closed:  # a callback of this batch closed the timer
-                    entry._bucket = None
-                    entry._timer_closed()  # type: ignore[attr-defined]
+                    entry._timer_closed()
                     continue
                 try:
-                    entry._fire()  # type: ignore[attr-defined]
+                    entry._fire()
                 except (SystemExit, KeyboardInterrupt):
                     raise
                 except BaseException as exc:
@@ -696,14 +590,11 @@ class Timer:
         except BaseException:
             # Do not lose the rest of the batch: stage it again, so that it runs
             # from the next iteration's flush (it is due: it runs at once).
-            rest = [e for e in due[i + 1 :] if e._tick is not None]
+            rest = [e for e in due[i + 1 :] if e._state != IDLE]
             if rest and not self._closed:
                 for entry in rest:
-                    entry._tick = _STAGED
-                self._staged.extend(rest)  # type: ignore[arg-type]
+                    entry._state = STAGED
+                self._staged.extend(rest)
                 if not self._flush_requested:
                     self._request_flush()
             raise
-        finally:
-            if not self._count:
-                self._disarm()

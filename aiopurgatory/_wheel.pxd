@@ -4,7 +4,7 @@
 cdef class Entry:
     cdef public object _bucket
     cdef public object _id
-    cdef public object _tick
+    cdef public long long _tick
 
 
 cimport cython

@@ -66,16 +66,18 @@ _NOT_QUEUED: Final = _TICK_MAX
 class Entry:
     """Base of anything stored in a wheel.
 
-    ``_tick`` is the deadline in ticks while the entry is pending (in the wheel or
-    due but not yet run) and None otherwise. ``_bucket`` is the dict holding the
-    entry while it sits in a bucket, else None. ``_id`` is ``id(entry)`` once the
-    entry has been given one (0 before; no object has id 0): its key in a bucket.
+    ``_tick`` is the deadline in ticks, set by the caller before :meth:`TimingWheel.add`
+    (an int always; what it means outside the wheel is the caller's business: a
+    timer keeps its entries' states apart, see :mod:`aiopurgatory._timer_entry`).
+    ``_bucket`` is the dict holding the entry while it sits in a bucket, else None.
+    ``_id`` is ``id(entry)`` once the entry has been given one (0 before; no
+    object has id 0): its key in a bucket.
     """
 
     __slots__ = ("_bucket", "_id", "_tick")
 
     def __init__(self) -> None:
-        self._tick: int | None = None
+        self._tick = 0
         self._bucket: dict[int, Entry] | None = None
         self._id = 0
 
@@ -189,7 +191,7 @@ class TimingWheel:
             ValueError: the tick is ``2**63 - 1`` or more (timers give ticks
                 within ``2**62 + 1`` either way).
         """
-        e: int = entry._tick  # type: ignore[assignment]
+        e = entry._tick
         if e <= self.current:
             return False
         if e >= _TICK_MAX:

@@ -241,14 +241,14 @@ def _timed_run(command: list[str]) -> tuple[float, dict[str, Any], Any]:
 
 def _cpu_ticks(pid: int) -> int | None:
     """User + system CPU time of a process so far (clock ticks), None if it is gone."""
-    from .cluster import _stat_fields
+    from .cluster_processes import _stat_fields
 
     fields = _stat_fields(Path(f"/proc/{pid}"))
     return None if fields is None else int(fields[11]) + int(fields[12])
 
 
 def _descendants(pid: int) -> list[int]:
-    from .cluster import _children
+    from .cluster_processes import _children
 
     return _children(pid)
 

@@ -333,7 +333,7 @@ def _spark_replay(
 
 def _tree() -> list[Path]:
     """/proc entries of this process and its descendants (the driver JVM, Python workers)."""
-    from .cluster import _children
+    from .cluster_processes import _children
 
     return [Path("/proc") / str(pid) for pid in [os.getpid(), *_children(os.getpid())]]
 
@@ -352,7 +352,7 @@ def _kind(process: Path) -> str | None:
 def _tree_cpu() -> dict[str, float]:
     """CPU seconds of this process tree so far, by kind (see :func:`_kind`): every live
     process's user and system time, with that of its reaped children; {} without /proc."""
-    from .cluster import _stat_fields
+    from .cluster_processes import _stat_fields
 
     ticks: dict[str, int] = {}
     for process in _tree():

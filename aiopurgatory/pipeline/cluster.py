@@ -25,6 +25,8 @@ classic ``spark://`` application and Connect sessions can take turns on the
 same small cluster instead of one holding every core.
 
 The tests use :class:`LocalCluster` directly (``tests/pipeline/test_cluster.py``).
+How a started process is told from a recycled pid, and what the state file
+records, is in :mod:`aiopurgatory.pipeline.cluster_processes`.
 """
 
 from __future__ import annotations
@@ -41,10 +43,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+# The processes started, and the state file's records: a module of their own.
+from .cluster_processes import _children, _Process, _start_ticks, _State, _tail
 
 __all__ = ["ClusterError", "LocalCluster", "java_missing", "main", "spark_home"]
 
@@ -55,7 +60,6 @@ _HOST = "127.0.0.1"
 _MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 _WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 _CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-_PROC = Path("/proc")
 
 # Daemons log lifecycle events (start, registration, lost workers) at info and
 # everything else at warn, to stderr, which goes to the process's log file.
@@ -117,88 +121,6 @@ def _free_port() -> int:
         sock.bind((_HOST, 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time (clock ticks after boot), or None if it is gone or a zombie.
-
-    Pid and start time together name one process: a pid reused later by another
-    process has another start time. Without /proc (not Linux) only whether the
-    pid exists is known, and the start time is 0.
-    """
-    if not _PROC.is_dir():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            return 0
-        return 0
-    fields = _stat_fields(_PROC / str(pid))
-    if fields is None or fields[0] == "Z":
-        return None
-    return int(fields[19])
-
-
-def _stat_fields(process: Path) -> list[str] | None:
-    """The fields of ``/proc/<pid>/stat`` after the command name, from the state
-    (field 3) on; None if the process is gone."""
-    try:
-        stat = (process / "stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after it.
-    return stat[stat.rfind(")") + 2 :].split()
-
-
-def _children(pid: int) -> list[int]:
-    """The pids of every descendant of ``pid`` (from /proc; none known without it)."""
-    parents: dict[int, list[int]] = {}
-    if not _PROC.is_dir():
-        return []
-    for entry in _PROC.iterdir():
-        fields = _stat_fields(entry) if entry.name.isdigit() else None
-        if fields is not None:
-            parents.setdefault(int(fields[1]), []).append(int(entry.name))
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return f"(no log at {path})"
-    return "\n".join(text.splitlines()[-lines:]) or f"({path} is empty)"
-
-
-@dataclass
-class _Process:
-    name: str
-    pid: int
-    start_ticks: int
-    log: str
-    port: int | None = None
-
-    def alive(self) -> bool:
-        return _start_ticks(self.pid) == self.start_ticks
-
-
-@dataclass
-class _State:
-    directory: str
-    python: str
-    master_port: int
-    master_ui_port: int
-    connect_port: int | None
-    workers: int
-    cores: int
-    processes: list[_Process] = field(default_factory=list)
 
 
 class LocalCluster:

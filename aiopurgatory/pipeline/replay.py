@@ -20,6 +20,9 @@ hot keys, summary and report;
 
 ``--local`` runs the same replay in this process without Spark (the reference the
 tests compare the Spark replay with), then analyses it with Spark as usual.
+
+Which task of a ``repartition`` a key lands in (Spark's hash, in Python) is
+:mod:`aiopurgatory.pipeline.spark_hash`; :func:`spark_hash_int` is re-exported here.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from .analyze import add_analysis_options, analysis_options, analyze_facts, prin
 from .replay_core import _REQUEST_COLUMNS, ReplayParams, parse_sweep, replay_table
 from .schema import TRACE_COLUMNS
 from .session import _URI_SCHEME, add_session_options, parse_conf
+from .spark_hash import _task_keys, spark_hash_int
 from .trace import check_trace_columns
 
 if TYPE_CHECKING:
@@ -83,43 +87,6 @@ def read_trace(spark: Any, path: str) -> Any:
     return frame.select(
         *[F.col(name).cast(kind).alias(name) for name, kind in TRACE_COLUMNS.items()]
     )
-
-
-_MASK = 0xFFFFFFFF
-
-
-def _rotl(x: int, r: int) -> int:
-    return ((x << r) | (x >> (32 - r))) & _MASK
-
-
-def spark_hash_int(value: int, seed: int = 42) -> int:
-    """Spark's ``hash()`` of an int column value (Murmur3 x86 32-bit, seed 42).
-
-    Hash partitioning (``repartition(n, col)``) puts a row in partition
-    ``pmod(hash(col), n)``; :func:`replay_spark` uses it to give each replay
-    group a task of its own. (The tests check it against Spark's ``F.hash``.)
-    """
-    k1 = (value & _MASK) * 0xCC9E2D51 & _MASK
-    k1 = _rotl(k1, 15) * 0x1B873593 & _MASK
-    h1 = (seed & _MASK) ^ k1
-    h1 = (_rotl(h1, 13) * 5 + 0xE6546B64) & _MASK
-    h1 ^= 4
-    h1 ^= h1 >> 16
-    h1 = h1 * 0x85EBCA6B & _MASK
-    h1 ^= h1 >> 13
-    h1 = h1 * 0xC2B2AE35 & _MASK
-    h1 ^= h1 >> 16
-    return h1 - (1 << 32) if h1 >= 1 << 31 else h1
-
-
-def _task_keys(tasks: int) -> list[int]:
-    """For each task ``t`` of a ``repartition(tasks, key)``, an int key that lands in it."""
-    keys: dict[int, int] = {}
-    candidate = 0
-    while len(keys) < tasks:
-        keys.setdefault(spark_hash_int(candidate) % tasks, candidate)
-        candidate += 1
-    return [keys[t] for t in range(tasks)]
 
 
 #: The trace columns the ``spark`` path's task gets as they are (``broker`` is in

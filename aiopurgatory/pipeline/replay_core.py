@@ -28,6 +28,12 @@ The model (a quorum reading of ``acks=all``):
 Kafka's real ``acks=all`` waits for every in-sync replica and shrinks the ISR
 after ``replica.lag.time.max.ms``; the quorum model keeps the what-if knobs
 (timeout, min-insync, tick) and the purgatory mechanics, not the ISR dynamics.
+
+This module drives the purgatory through a plan and holds the public entry
+points; the parts are modules of their own: the parameter sets and the
+operation (:mod:`~aiopurgatory.pipeline.replay_model`, re-exported here), the
+plan (:mod:`~aiopurgatory.pipeline.replay_plan`) and the facts
+(:mod:`~aiopurgatory.pipeline.replay_facts`).
 """
 
 from __future__ import annotations
@@ -37,13 +43,17 @@ import contextlib
 import gc
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import simulation
-from .._operation import DelayedOperation, Outcome
+from .._operation import DelayedOperation
 from .._purgatory import Purgatory
 from ..events import EventRecorder
+
+# The parts of a replay, each in its own module; the model's names are public here too.
+from .replay_facts import _expiry_ties, _facts, _facts_from_rows, _Finished, _Rows
+from .replay_model import ReplayedProduce, ReplayParams, parse_sweep
+from .replay_plan import _ARRIVAL, _column, _Plan, _plan
 from .schema import FACT_COLUMNS, fact_arrow_schema
 
 if TYPE_CHECKING:
@@ -61,158 +71,6 @@ __all__ = [
 ]
 
 
-def _positive_float(value: object, name: str, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    number = float(value)
-    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be finite and {bound}, got {value!r}")
-    return number
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayParams:
-    """One parameter set of a replay (one scenario of a what-if sweep).
-
-    Args:
-        timeout: produce timeout in seconds (``request.timeout.ms``), >= 0.
-        min_insync: replicas, the leader included, that must have an
-            ``acks=all`` write before it completes; >= 1.
-        tick: the purgatory timer's tick in seconds, > 0.
-        wheel_size: slots per timing-wheel level, >= 2.
-
-    Raises:
-        TypeError: a field has the wrong type.
-        ValueError: a field is out of range.
-    """
-
-    timeout: float = 30.0
-    min_insync: int = 2
-    tick: float = 0.001
-    wheel_size: int = 20
-
-    def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "timeout", _positive_float(self.timeout, "timeout", allow_zero=True)
-        )
-        object.__setattr__(self, "tick", _positive_float(self.tick, "tick"))
-        for name, low in (("min_insync", 1), ("wheel_size", 2)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-            if value < low:
-                raise ValueError(f"{name} must be at least {low}, got {value}")
-
-    @property
-    def label(self) -> str:
-        """The scenario name in the fact table: ``timeout=0.5 min_insync=2 tick=0.001``."""
-        label = f"timeout={self.timeout:g} min_insync={self.min_insync} tick={self.tick:g}"
-        if self.wheel_size != 20:
-            label += f" wheel_size={self.wheel_size}"
-        return label
-
-
-def parse_sweep(
-    timeouts: str, min_insyncs: str, ticks: str, wheel_sizes: str = "20"
-) -> list[ReplayParams]:
-    """Every combination of comma-separated parameter lists, in the order given.
-
-    Args:
-        timeouts: e.g. ``"0.5,1,30"`` (seconds).
-        min_insyncs: e.g. ``"2,3"``.
-        ticks: e.g. ``"0.001"`` (seconds).
-        wheel_sizes: e.g. ``"20"``.
-
-    Raises:
-        ValueError: an item is not a number or out of range; a list is empty.
-    """
-
-    def items(text: str, name: str, convert: type[float] | type[int]) -> list[Any]:
-        values = []
-        for item in text.split(","):
-            item = item.strip()
-            try:
-                values.append(convert(item))
-            except ValueError:
-                raise ValueError(f"{name}: {item!r} is not a valid {convert.__name__}") from None
-        if not values:
-            raise ValueError(f"{name} must list at least one value")
-        return values
-
-    sets = [
-        ReplayParams(timeout=t, min_insync=m, tick=k, wheel_size=w)
-        for t in items(timeouts, "timeout", float)
-        for m in items(min_insyncs, "min_insync", int)
-        for k in items(ticks, "tick", float)
-        for w in items(wheel_sizes, "wheel_size", int)
-    ]
-    return list(dict.fromkeys(sets))
-
-
-class ReplayedProduce(DelayedOperation):
-    """A replayed produce request: completes once ``required`` replicas have it.
-
-    Args:
-        timeout: seconds until expiry once watched.
-        op_id: the trace's ``request_id`` (recorded as the event's ``op_id``).
-        required: replicas needed, the leader included; the leader's own write
-            counts at once.
-        order: the request's position in the replay (arrival, then request id);
-            ops expiring at the same instant are recorded in this order.
-    """
-
-    __slots__ = ("acked", "op_id", "order", "required")
-
-    def __init__(self, timeout: float, op_id: int, required: int, order: int = 0) -> None:
-        super().__init__(timeout)
-        self.op_id = op_id
-        self.required = required
-        self.order = order
-        self.acked = 1
-
-    def try_complete(self) -> bool:
-        """Complete if enough replicas have acknowledged."""
-        if self.acked >= self.required:
-            return self.force_complete()
-        return False
-
-
-class _Rows:
-    """A structlog-compatible sink that keeps the recorder's events as dicts."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-
-    def info(self, event: str, **fields: Any) -> None:
-        self.rows.append(fields)
-
-
-#: The fields an op event carries: the fact columns after ``scenario`` and ``source``.
-_FACT_FIELDS = tuple(FACT_COLUMNS)[2:]
-
-
-class _Finished:
-    """A lean recorder: each finished operation and the clock when it finished.
-
-    Everything else a fact holds follows from the plan (see :func:`_facts`), so
-    the replay's per-op cost is two appends. Several times cheaper than
-    :class:`EventRecorder`'s keyword dicts; the tests check that both give
-    identical facts (``use_event_recorder=True``).
-    """
-
-    __slots__ = ("ops", "time", "times")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.ops: list[DelayedOperation] = []
-        self.times: list[float] = []
-        self.time = loop.time
-
-    def __call__(self, op: DelayedOperation) -> None:
-        self.ops.append(op)
-        self.times.append(self.time())
-
-
 def _quiet_logger() -> Any:
     # Replays run inside Spark tasks: the purgatory's info events (one per close)
     # would flood worker output; warnings and errors still reach stderr.
@@ -225,193 +83,6 @@ def _quiet_logger() -> Any:
         structlog.PrintLogger(sys.stderr),
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         processors=[structlog.processors.KeyValueRenderer()],
-    )
-
-
-_ARRIVAL = 0
-_ACK = 1
-
-
-@dataclass(slots=True)
-class _Plan:
-    """One broker's requests in replay order, and the time-sorted events to replay.
-
-    ``times``, ``kinds`` and ``index`` are the events (Python lists: the replay
-    loop reads them one by one); the arrays, indexed by request position in
-    replay order, are what the facts are built from.
-    """
-
-    times: list[float]
-    kinds: list[int]
-    index: list[int]
-    keys: list[str]
-    request_ids: list[int]
-    required: list[int]
-    request_id: Any  # int64 array
-    arrival: Any  # float64 array
-    needs: Any  # int64 array: replicas required (1: completes when watched)
-    key_index: Any  # int64 array into key_names
-    key_names: list[str]
-
-
-def _column(table: Any, name: str, dtype: str) -> Any:
-    """A trace column as a numpy array of ``dtype``; nulls refused."""
-    import pyarrow as pa
-
-    column = table.column(name)
-    if column.null_count:
-        raise ValueError(f"requests: {name} must not be null")
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    return column.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-
-
-def _partition_keys(table: Any, order: Any) -> tuple[Any, list[str]]:
-    """Each request's watch key ``topic-partition``, as indices into the distinct keys.
-
-    Strings are made once per distinct key, not once per request.
-    """
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    topic = table.column("topic")
-    if topic.null_count:
-        raise ValueError("requests: topic must not be null")
-    encoded = pc.dictionary_encode(topic)
-    if isinstance(encoded, pa.ChunkedArray):
-        encoded = encoded.unify_dictionaries().combine_chunks()
-    topics = encoded.dictionary.to_pylist()
-    topic_index = encoded.indices.to_numpy(zero_copy_only=False).astype("int64")[order]
-    partition = _column(table, "partition", "int64")[order]
-    if not len(partition):
-        return np.empty(0, dtype="int64"), []
-    low = int(partition.min())
-    width = int(partition.max()) - low + 1
-    distinct, key_index = np.unique(topic_index * width + (partition - low), return_inverse=True)
-    names = [f"{topics[code // width]}-{code % width + low}" for code in distinct.tolist()]
-    return key_index.astype("int64", copy=False), names
-
-
-def _delay_matrix(delays: Any, rows: Any) -> Any:
-    """The ``replica_delays`` of ``rows`` as a float64 matrix, or None if ragged or null.
-
-    Null and non-finite delays become ``inf`` (never).
-    """
-    import numpy as np
-    import pyarrow as pa
-
-    if isinstance(delays, pa.ChunkedArray):
-        delays = delays.combine_chunks()
-    if delays.null_count:
-        return None
-    offsets = delays.offsets.to_numpy()
-    lengths = np.diff(offsets)
-    if not len(lengths) or (lengths != lengths[0]).any():
-        return None if len(lengths) else np.empty((0, 0))
-    width = int(lengths[0])
-    values = delays.flatten().to_numpy(zero_copy_only=False).astype("float64")
-    matrix = values.reshape(len(lengths), width)[rows]
-    matrix[~np.isfinite(matrix)] = np.inf
-    return matrix
-
-
-def _first_acks(
-    arrival: Any, delays: Any, waiting: Any, needed: int, request_id: Any
-) -> tuple[Any, Any]:
-    """The ``needed`` earliest finite acknowledgement times of each waiting request.
-
-    ``delays`` is the trace's ``replica_delays`` column in replay order.
-    Returns (times, request indices), request by request, earliest first;
-    requests with fewer than ``needed`` finite delays get none (they expire).
-
-    Raises:
-        ValueError: a request that gets acknowledgements has a negative delay.
-    """
-    import numpy as np
-
-    matrix = _delay_matrix(delays, waiting)
-    if matrix is None:
-        # Ragged or null delay lists: one request at a time.
-        return _first_acks_ragged(arrival, delays.to_pylist(), waiting, needed, request_id)
-    if not len(waiting) or matrix.shape[1] < needed:
-        return np.empty(0, dtype="float64"), np.empty(0, dtype="int64")
-    matrix.sort(axis=1)
-    enough = np.isfinite(matrix[:, needed - 1])
-    rows = waiting[enough]
-    negative = matrix[enough, 0] < 0
-    if negative.any():
-        i = int(rows[np.argmax(negative)])
-        raise ValueError(f"requests: negative replica delay in request {request_id[i]}")
-    times = (arrival[rows][:, None] + matrix[enough, :needed]).ravel()
-    return times, np.repeat(rows, needed)
-
-
-def _first_acks_ragged(
-    arrival: Any, delays: list[Any], waiting: Any, needed: int, request_id: Any
-) -> tuple[Any, Any]:
-    import numpy as np
-
-    isfinite = math.isfinite
-    ack_time: list[float] = []
-    ack_index: list[int] = []
-    for i in waiting.tolist():
-        raw = delays[i]
-        if raw is None:
-            continue
-        finite = sorted(d for d in raw if d is not None and isfinite(d))
-        if len(finite) < needed:
-            continue  # can never reach min_insync: it will expire
-        if finite[0] < 0:
-            raise ValueError(f"requests: negative replica delay in request {request_id[i]}")
-        start = arrival[i]
-        for d in finite[:needed]:
-            ack_time.append(start + d)
-            ack_index.append(i)
-    return np.asarray(ack_time, dtype="float64"), np.asarray(ack_index, dtype="int64")
-
-
-def _plan(requests: Any, params: ReplayParams) -> _Plan:
-    """Order requests (by arrival, then request id) and list the events in time order."""
-    import numpy as np
-
-    arrival = _column(requests, "arrival", "float64")
-    request_id = _column(requests, "request_id", "int64")
-    if len(arrival) and not np.isfinite(arrival).all():
-        raise ValueError("requests: arrival must be finite")
-    order = np.lexsort((request_id, arrival))
-    arrival = arrival[order]
-    request_id = request_id[order]
-    acks = _column(requests, "acks", "int64")[order]
-    key_index, key_names = _partition_keys(requests, order)
-    n = len(order)
-    needs = np.where(acks == -1, params.min_insync, 1).astype("int64")
-    needed = params.min_insync - 1
-    if needed > 0:
-        delays = requests.column("replica_delays").take(order)
-        waiting = np.flatnonzero(acks == -1)
-        ack_time, ack_index = _first_acks(arrival, delays, waiting, needed, request_id)
-    else:
-        ack_time, ack_index = np.empty(0, dtype="float64"), np.empty(0, dtype="int64")
-    times = np.concatenate([arrival, ack_time])
-    kinds = np.concatenate(
-        [np.full(n, _ARRIVAL, dtype="int8"), np.full(len(ack_time), _ACK, dtype="int8")]
-    )
-    index = np.concatenate([np.arange(n, dtype="int64"), ack_index])
-    # Ties: arrivals before acks, then trace order; fixed, so replays are exact.
-    sort = np.lexsort((index, kinds, times))
-    return _Plan(
-        times=times[sort].tolist(),
-        kinds=kinds[sort].tolist(),
-        index=index[sort].tolist(),
-        keys=np.array(key_names, dtype=object)[key_index].tolist() if n else [],
-        request_ids=request_id.tolist(),
-        required=needs.tolist(),
-        request_id=request_id,
-        arrival=arrival,
-        needs=needs,
-        key_index=key_index,
-        key_names=key_names,
     )
 
 
@@ -585,123 +256,6 @@ async def _drive(
     for run in _expiry_ties(outcomes, [row["finished_at"] for row in rows]):
         rows[run] = [row for _, row in sorted(zip(order[run], rows[run], strict=True))]
     return rows
-
-
-def _expiry_ties(outcomes: Sequence[Outcome | str | None], times: Sequence[float]) -> list[slice]:
-    """Runs of two or more consecutive records of ops that expired at the same time.
-
-    The wheel files an op on a level that depends on when it reached the wheel,
-    and ops of one tick come out of a cascade after those filed on level 0
-    directly; so the order of simultaneous expiries says how the timer was
-    driven, not what happened. The facts list them in watch order instead (a
-    stable refinement: everything else stays in the order it finished).
-    """
-    runs = []
-    expired = [i for i, o in enumerate(outcomes) if o is Outcome.EXPIRED or o == "expired"]
-    start = 0
-    while start < len(expired):
-        stop = start + 1
-        first = expired[start]
-        while (
-            stop < len(expired)
-            and expired[stop] == first + stop - start
-            and times[expired[stop]] == times[first]
-        ):
-            stop += 1
-        if stop - start > 1:
-            runs.append(slice(first, first + stop - start))
-        start = stop
-    return runs
-
-
-def _facts(
-    plan: _Plan,
-    ops: list[DelayedOperation],
-    times: list[float],
-    params: ReplayParams,
-    purgatory: str,
-    source: str,
-) -> Any:
-    """The fact table (Arrow) from the finished ops and their finish times, built by columns.
-
-    A fact needs only the op's position in the plan, its outcome and when it
-    finished: its request id and key come from the plan, it was watched at its
-    arrival, and it was scheduled (deadline ``arrival + timeout``, as the
-    purgatory computes it) iff it needed a follower; one that was not completed
-    when first checked and was never watched (no keys).
-    """
-    import numpy as np
-    import pyarrow as pa
-
-    n = len(ops)
-    position = np.fromiter((op.order for op in ops), dtype="int64", count=n)  # type: ignore[attr-defined]
-    outcomes = [op.outcome for op in ops]
-    completed_, expired_ = Outcome.COMPLETED, Outcome.EXPIRED
-    # Outcome members hash in Python: compare by identity instead.
-    code = np.fromiter(
-        (0 if o is completed_ else 1 if o is expired_ else 2 for o in outcomes),
-        dtype="int8",
-        count=n,
-    )
-    now = np.array(times, dtype="float64")
-    # Runs of simultaneous expiries in watch order (see _expiry_ties), stably.
-    expired = code == 1
-    same = np.zeros(n, dtype=bool)
-    same[1:] = expired[1:] & expired[:-1] & (now[1:] == now[:-1])
-    run = np.cumsum(~same)
-    sort = np.lexsort((np.where(expired, position, 0), run))
-    position, code, now, expired = position[sort], code[sort], now[sort], expired[sort]
-    if (code == 2).any():
-        others = [outcomes[i] for i in sort[code == 2].tolist()]
-        labels = pa.array(["completed", "expired", *(o.value for o in others if o is not None)])
-        code_index = code.astype("int64")
-        code_index[code == 2] = 2 + np.arange(len(others))
-    else:
-        labels = pa.array(["completed", "expired"])
-        code_index = code.astype("int64")
-
-    timeout = params.timeout
-    scheduled = plan.needs[position] > 1
-    deadline = plan.arrival[position] + timeout
-    watched_at = np.where(scheduled, deadline - timeout, now)
-    late = expired & scheduled
-    key_offsets = np.zeros(n + 1, dtype="int32")
-    np.cumsum(scheduled, out=key_offsets[1:])
-    key_values = pa.array(plan.key_names, pa.string()).take(
-        pa.array(plan.key_index[position[scheduled]])
-    )
-    return pa.Table.from_arrays(
-        [
-            pa.repeat(pa.scalar(params.label), n),
-            pa.repeat(pa.scalar(source), n),
-            pa.repeat(pa.scalar(purgatory), n),
-            pa.array(plan.request_id[position]).cast(pa.string()),
-            pa.repeat(pa.scalar(ReplayedProduce.__name__), n),
-            pa.ListArray.from_arrays(pa.array(key_offsets), key_values),
-            pa.array(np.full(n, timeout)),
-            pa.array(watched_at),
-            pa.array(now),
-            labels.take(pa.array(code_index)),
-            pa.nulls(n, pa.string()),  # a replayed request has no error answer
-            pa.array(now - watched_at),
-            pa.array(np.where(late, now - deadline, 0.0), mask=~late),
-            pa.array(now),
-        ],
-        schema=fact_arrow_schema(),
-    )
-
-
-def _facts_from_rows(rows: list[dict[str, Any]], params: ReplayParams, source: str) -> Any:
-    """The fact table (Arrow) from :class:`EventRecorder` events."""
-    import pyarrow as pa
-
-    columns = {name: [row[name] for row in rows] for name in _FACT_FIELDS}
-    columns["op_id"] = [str(op_id) for op_id in columns["op_id"]]
-    n = len(rows)
-    return pa.Table.from_pydict(
-        {"scenario": [params.label] * n, "source": [source] * n, **columns},
-        schema=fact_arrow_schema(),
-    )
 
 
 def _check_requests(requests: Any) -> Any:

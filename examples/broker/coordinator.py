@@ -29,12 +29,14 @@ member, Kafka's "awaiting callbacks". If the client goes away while one of them
 waits (its request task is cancelled), the member is removed as if it had sent
 LeaveGroup, which re-checks or starts the group's rebalance: Kafka would keep it
 until a timeout instead.
+
+The group's data is :mod:`examples.broker.groups` and the delayed operations
+:mod:`examples.broker.group_operations`; this module re-exports both.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -42,7 +44,15 @@ from typing import Any
 import aiopurgatory as ap
 
 from .admin_messages import DescribedGroup, DescribedMember, ListedGroup
-from .messages import ErrorCode, JoinGroupResult, OffsetFetchPartition
+from .group_messages import (
+    JoinGroupResult,
+    OffsetFetchPartition,
+)
+from .group_operations import DelayedHeartbeat, DelayedJoin, DelayedSync, InitialDelayedJoin
+from .groups import Group, GroupState, Member
+from .messages import (
+    ErrorCode,
+)
 from .partition import TopicPartition
 
 __all__ = [
@@ -60,319 +70,7 @@ __all__ = [
 MAX_OFFSET_METADATA = 4096
 
 
-class GroupState(enum.Enum):
-    """The classic group state machine of Kafka's coordinator."""
-
-    EMPTY = "Empty"
-    PREPARING_REBALANCE = "PreparingRebalance"
-    COMPLETING_REBALANCE = "CompletingRebalance"
-    STABLE = "Stable"
-    DEAD = "Dead"
-
-
-class Member:
-    """A group member: its subscription (protocols), timeouts and pending callbacks."""
-
-    __slots__ = (
-        "assignment",
-        "awaiting_join",
-        "awaiting_sync",
-        "client_host",
-        "client_id",
-        "heartbeat_op",
-        "heartbeat_satisfied",
-        "member_id",
-        "protocols",
-        "rebalance_timeout",
-        "removed",
-        "session_timeout",
-    )
-
-    def __init__(
-        self,
-        member_id: str,
-        client_id: str,
-        session_timeout: float,
-        rebalance_timeout: float,
-        protocols: list[tuple[str, bytes]],
-        client_host: str = "",
-    ) -> None:
-        self.member_id = member_id
-        self.client_id = client_id
-        self.client_host = client_host
-        self.session_timeout = session_timeout
-        self.rebalance_timeout = rebalance_timeout
-        self.protocols = protocols
-        self.assignment = b""
-        self.awaiting_join: asyncio.Future[JoinGroupResult] | None = None
-        self.awaiting_sync: asyncio.Future[tuple[int, bytes]] | None = None
-        self.heartbeat_satisfied = False
-        self.heartbeat_op: DelayedHeartbeat | None = None
-        self.removed = False
-
-    def metadata_for(self, protocol: str) -> bytes:
-        """This member's metadata (subscription) for one protocol."""
-        for name, metadata in self.protocols:
-            if name == protocol:
-                return metadata
-        return b""
-
-    def has_satisfied_heartbeat(self) -> bool:
-        """Kafka's rule: members waiting in a join or sync are alive by definition."""
-        return (
-            self.heartbeat_satisfied
-            or self.awaiting_join is not None
-            or self.awaiting_sync is not None
-        )
-
-
-class Group:
-    """One consumer group: members, generation, state and committed offsets."""
-
-    __slots__ = (
-        "generation",
-        "group_id",
-        "join_op",
-        "leader_id",
-        "members",
-        "new_member_added",
-        "offsets",
-        "pending_sync",
-        "protocol",
-        "protocol_type",
-        "state",
-    )
-
-    def __init__(self, group_id: str) -> None:
-        self.group_id = group_id
-        self.state = GroupState.EMPTY
-        self.generation = 0
-        self.protocol_type: str | None = None
-        self.protocol: str | None = None
-        self.leader_id: str | None = None
-        self.members: dict[str, Member] = {}
-        self.pending_sync: set[str] = set()
-        self.new_member_added = False
-        self.join_op: DelayedJoin | None = None
-        self.offsets: dict[TopicPartition, tuple[int, str | None]] = {}
-
-    def add(self, member: Member) -> None:
-        """Add a member; the first one becomes leader."""
-        self.members[member.member_id] = member
-        if self.leader_id is None:
-            self.leader_id = member.member_id
-
-    def remove(self, member_id: str) -> Member | None:
-        """Remove a member; a new leader is the oldest remaining member (Kafka's choice)."""
-        member = self.members.pop(member_id, None)
-        self.pending_sync.discard(member_id)
-        if member is not None:
-            member.removed = True
-        if self.leader_id == member_id:
-            self.leader_id = next(iter(self.members), None)
-        return member
-
-    def all_members_joined(self) -> bool:
-        """Kafka's ``hasAllMembersJoined``: every known member has a join pending."""
-        return all(m.awaiting_join is not None for m in self.members.values())
-
-    def rebalance_timeout(self) -> float:
-        """The largest rebalance timeout of the members (0 for no members)."""
-        return max((m.rebalance_timeout for m in self.members.values()), default=0.0)
-
-    def supports(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
-        """Can a member with these protocols join (same type, a protocol in common)?"""
-        names = {name for name, _ in protocols}
-        if not protocol_type or not names:
-            return False
-        if not self.members:
-            return True
-        if protocol_type != self.protocol_type:
-            return False
-        return bool(names & self._candidates())
-
-    def _candidates(self) -> set[str]:
-        candidates: set[str] | None = None
-        for member in self.members.values():
-            names = {name for name, _ in member.protocols}
-            candidates = names if candidates is None else candidates & names
-        return candidates or set()
-
-    def select_protocol(self) -> str:
-        """Each member votes for its most preferred common protocol; most votes wins."""
-        candidates = self._candidates()
-        votes: dict[str, int] = {}
-        for member in self.members.values():
-            for name, _ in member.protocols:
-                if name in candidates:
-                    votes[name] = votes.get(name, 0) + 1
-                    break
-        return max(votes, key=lambda name: votes[name])
-
-
 # -- delayed operations ------------------------------------------------------------------
-
-
-class DelayedJoin(ap.DelayedOperation):
-    """A group's join phase, in the rebalance purgatory under the group id.
-
-    Completes when every known member has rejoined (``try_complete``), or expires
-    after the rebalance timeout; either way ``on_complete`` ends the phase:
-    members that did not rejoin are removed and the next generation starts.
-
-    Args:
-        coordinator: the coordinator that owns the group.
-        group: the rebalancing group.
-        timeout: seconds (the largest rebalance timeout of the members).
-    """
-
-    __slots__ = ("_coordinator", "group")
-
-    def __init__(self, coordinator: GroupCoordinator, group: Group, timeout: float) -> None:
-        super().__init__(timeout)
-        self._coordinator = coordinator
-        self.group = group
-
-    def try_complete(self) -> bool:
-        """Complete once every known member is waiting in JoinGroup."""
-        if self.group.all_members_joined():
-            return self.force_complete()
-        return False
-
-    def on_complete(self) -> None:
-        """End the join phase (also at expiry): late members out, next generation in."""
-        self._coordinator.complete_join(self.group, self)
-
-
-class InitialDelayedJoin(DelayedJoin):
-    """The join phase of an empty group: waits for more members before the first generation.
-
-    Never completes early unless the group empties again. At expiry, if new
-    members arrived during the delay and rebalance time is left, a new
-    ``InitialDelayedJoin`` of ``min(delay, remaining)`` takes over (Kafka's
-    ``InitialDelayedJoin``); otherwise the join phase ends.
-
-    Args:
-        coordinator: the coordinator that owns the group.
-        group: the group (empty when the phase started).
-        delay: seconds to wait this round.
-        configured_delay: ``initial_rebalance_delay``, the length of each round.
-        remaining: rebalance time left after this round.
-    """
-
-    __slots__ = ("_configured", "_remaining")
-
-    def __init__(
-        self,
-        coordinator: GroupCoordinator,
-        group: Group,
-        delay: float,
-        configured_delay: float,
-        remaining: float,
-    ) -> None:
-        super().__init__(coordinator, group, delay)
-        self._configured = configured_delay
-        self._remaining = remaining
-
-    def try_complete(self) -> bool:
-        """Only an emptied group ends the delay early (nobody left to wait for)."""
-        if not self.group.members:
-            return self.force_complete()
-        return False
-
-    def on_complete(self) -> None:
-        """At expiry, extend the delay if members are still arriving, else end the phase."""
-        group = self.group
-        if self._coordinator.closed:
-            return
-        if group.members and group.new_member_added and self._remaining > 0:
-            group.new_member_added = False
-            delay = min(self._configured, self._remaining)
-            self._coordinator.watch_join(
-                group,
-                InitialDelayedJoin(
-                    self._coordinator,
-                    group,
-                    delay,
-                    self._configured,
-                    max(self._remaining - delay, 0.0),
-                ),
-            )
-            return
-        super().on_complete()
-
-
-class DelayedSync(ap.DelayedOperation):
-    """After a join: every member must send SyncGroup within the rebalance timeout.
-
-    Completes when no member of this generation is still to sync (or the group
-    moved on); at expiry the members that did not sync are removed and the group
-    rebalances (Kafka's ``DelayedSync``).
-
-    Args:
-        coordinator: the coordinator that owns the group.
-        group: the group, in CompletingRebalance.
-        generation: the generation the members must sync.
-        timeout: seconds (the group's rebalance timeout).
-    """
-
-    __slots__ = ("_coordinator", "generation", "group")
-
-    def __init__(
-        self, coordinator: GroupCoordinator, group: Group, generation: int, timeout: float
-    ) -> None:
-        super().__init__(timeout)
-        self._coordinator = coordinator
-        self.group = group
-        self.generation = generation
-
-    def try_complete(self) -> bool:
-        """Complete once every member synced, or the generation or state changed."""
-        group = self.group
-        if (
-            not group.pending_sync
-            or group.generation != self.generation
-            or group.state not in (GroupState.COMPLETING_REBALANCE, GroupState.STABLE)
-        ):
-            return self.force_complete()
-        return False
-
-    def on_expiration(self) -> None:
-        """Remove the members that never sent SyncGroup; the group rebalances."""
-        self._coordinator.expire_pending_sync(self.group, self.generation)
-
-
-class DelayedHeartbeat(ap.DelayedOperation):
-    """A member's session: expires unless a heartbeat (or join/sync/commit) arrives in time.
-
-    Args:
-        coordinator: the coordinator that owns the group.
-        group: the member's group.
-        member: the member.
-        timeout: seconds (the member's session timeout).
-    """
-
-    __slots__ = ("_coordinator", "group", "member")
-
-    def __init__(
-        self, coordinator: GroupCoordinator, group: Group, member: Member, timeout: float
-    ) -> None:
-        super().__init__(timeout)
-        self._coordinator = coordinator
-        self.group = group
-        self.member = member
-
-    def try_complete(self) -> bool:
-        """Complete when the member proved alive, or is no longer in the group."""
-        if self.member.removed or self.member.has_satisfied_heartbeat():
-            return self.force_complete()
-        return False
-
-    def on_expiration(self) -> None:
-        """Session timeout: unless it is waiting in a join or sync, the member is removed."""
-        member = self.member
-        if not member.removed and not member.has_satisfied_heartbeat():
-            self._coordinator.remove_member(self.group, member, "session_timeout")
 
 
 # -- the coordinator ---------------------------------------------------------------------------

@@ -30,6 +30,7 @@ import uvloop
 import aiopurgatory as ap
 from aiopurgatory._backends import current_owner
 from aiopurgatory._detect import current_backend
+from aiopurgatory._timer_states import UNARMED
 from aiopurgatory._trio_driver import TrioDriver
 from tests.support.backends import each_backend, now, run_on, settle
 
@@ -64,7 +65,7 @@ async def test_cancelled_handles_never_run_and_leave_the_timer_idle() -> None:
     handles = [timer.call_later(1.0 + i, ran.append, i) for i in range(5)]
     await settle()  # the handles reach the wheel; the driver is armed
     assert timer._driver is not None
-    assert timer._armed != inf
+    assert timer._armed != UNARMED
     for handle in handles[1:]:
         handle.cancel()
     assert len(timer) == 1
@@ -73,7 +74,7 @@ async def test_cancelled_handles_never_run_and_leave_the_timer_idle() -> None:
     assert all(h.cancelled() for h in handles[1:])
     # Idle: nothing pending, nothing armed.
     assert len(timer) == 0
-    assert timer._armed == inf
+    assert timer._armed == UNARMED
     assert timer.next_due() is None
 
 

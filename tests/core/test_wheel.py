@@ -42,7 +42,7 @@ class Item(Entry):
 
 
 def ticks_of(entries: list[Entry]) -> list[int]:
-    return [e._tick for e in entries]  # type: ignore[misc]
+    return [e._tick for e in entries]
 
 
 # -- construction ------------------------------------------------------------------

@@ -101,7 +101,7 @@ class WheelMachine(RuleBasedStateMachine):
                 self.gone[serial] = item
         assert sorted(id(e) for e in out) == sorted(id(e) for e in expected)
         ticks = [e._tick for e in out]
-        assert ticks == sorted(ticks), "entries come out in tick order"  # type: ignore[type-var]
+        assert ticks == sorted(ticks), "entries come out in tick order"
         for entry in out:
             assert entry._tick is not None
             assert previous < entry._tick <= self.now, "at the first advance reaching it"

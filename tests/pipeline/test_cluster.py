@@ -36,13 +36,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from aiopurgatory.pipeline.cluster import (
-    LocalCluster,
-    _children,
-    _free_port,
-    _get_json,
-    _start_ticks,
-)
+from aiopurgatory.pipeline.cluster import LocalCluster, _free_port, _get_json
+from aiopurgatory.pipeline.cluster_processes import _children, _start_ticks
 from aiopurgatory.pipeline.demo import write_sample_event_log
 from aiopurgatory.pipeline.replay_core import ReplayParams, replay_trace
 from aiopurgatory.pipeline.trace import TraceSpec, generate_trace, read_trace_pandas, write_trace

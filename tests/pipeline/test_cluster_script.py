@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from aiopurgatory.pipeline import cluster
-from aiopurgatory.pipeline.cluster import ClusterError, LocalCluster, _start_ticks
+from aiopurgatory.pipeline.cluster import ClusterError, LocalCluster
+from aiopurgatory.pipeline.cluster_processes import _start_ticks
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from aiopurgatory.events import EVENT
-from aiopurgatory.pipeline import analyze, replay, trace
+from aiopurgatory.pipeline import aggregates, analyze, replay, spark_hash, trace
 from aiopurgatory.pipeline.replay_core import ReplayParams, replay_table, replay_trace
 from aiopurgatory.pipeline.schema import FACT_COLUMNS, fact_schema
 from aiopurgatory.pipeline.trace import TraceSpec, generate_trace, write_trace
@@ -195,7 +195,7 @@ def test_replay_groups_get_a_task_each(spark: Any) -> None:
     assert [row[0] for row in got] == [replay.spark_hash_int(v) for v in values]
     # ... so each task's key lands in that task under repartition(n, key).
     for tasks in (1, 2, 5, 8):
-        keys = replay._task_keys(tasks)
+        keys = spark_hash._task_keys(tasks)
         frame = spark.createDataFrame([(k,) for k in keys], "task int").repartition(tasks, "task")
         placed = frame.select("task", F.spark_partition_id().alias("p")).collect()
         assert sorted((keys.index(row["task"]), row["p"]) for row in placed) == [
@@ -475,7 +475,7 @@ def test_histograms_from_one_aggregate(
     root, events = clean_logs
     analyze.read_events(spark, [str(root)], tmp_path / "facts")
     facts = spark.read.parquet(str(tmp_path / "facts"))
-    assert _exchanges(analyze._histogram_counts(facts)) == 1
+    assert _exchanges(aggregates._histogram_counts(facts)) == 1
     got = analyze.histograms(facts)
 
     def bin_of(value: float) -> float | None:
@@ -505,7 +505,7 @@ def test_tables_from_one_aggregate_equal_the_baseline_job(
     facts_path = tmp_path / "analysis" / "facts"
     analyze.read_events(spark, [str(root)], facts_path)
     facts = spark.read.parquet(str(facts_path))
-    assert _exchanges(analyze._tables(facts, 0.5)) == 1
+    assert _exchanges(aggregates._tables(facts, 0.5)) == 1
     result = analyze.analyze_facts(
         spark, facts_path, tmp_path / "analysis", interval=0.5, top=4, report=False
     )
