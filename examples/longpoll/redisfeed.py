@@ -8,11 +8,13 @@ instead of the in-memory :class:`~examples.longpoll.feed.Feed`:
   ``bytes``: the UTF-8 bytes ever appended) and a list ``{prefix}:{t:NAME}:log``
   whose element ``i`` is the message at offset ``start + i``, stored as
   ``"<bytes up to and including it>:<text>"``. A POST is one Lua script
-  (:data:`APPEND`): it assigns the offset, appends, trims to ``--retain`` and
-  answers ``(offset, bytes)`` atomically, so an offset names the same message in
-  every process and every acknowledged POST is in the log exactly once. A POST is
+  (:data:`~examples.longpoll.redisstore.APPEND`): it assigns the offset, appends,
+  trims to ``--retain`` and answers ``(offset, bytes)`` atomically, so an offset
+  names the same message in every process and every acknowledged POST is in the
+  log exactly once. A POST is
   acknowledged only after Redis answered the script (with ``appendfsync always``:
-  after the write reached its disk). A GET reads with one script (:data:`READ`).
+  after the write reached its disk). A GET reads with one script
+  (:data:`~examples.longpoll.redisstore.READ`).
 * **The wait is a threshold watch.** A topic's watermark is its ``bytes`` count. A
   GET from offset ``N`` with ``min_bytes=B`` is answerable once the watermark
   reaches ``position(N) + B`` (``position(N)``: the bytes before message ``N``), so
@@ -56,6 +58,8 @@ from aiopurgatory.redis import describe_url
 
 from .feed import Appended, FeedError, Fetched, Settings
 from .redisstore import (
+    APPEND,
+    READ,
     REGISTER,
     append_replicated,
     close_client,
@@ -76,79 +80,6 @@ __all__ = [
     "RedisWaiter",
     "check_redis",
 ]
-
-#: KEYS: meta, log, the POST's idempotency record (one topic's keys: one slot).
-#: ARGV: body, retain, token ("" for none), the record's TTL in ms.
-#: Returns {offset, bytes, 0} once stored; {first offset, bytes now, 1} when the
-#: token's record exists (a retry: nothing stored); {-2, 0, 0} when the record was
-#: made for another body. (The topic is in the topics set already: REGISTER.)
-APPEND = """
-local meta, log, record = KEYS[1], KEYS[2], KEYS[3]
-local body, token = ARGV[1], ARGV[3]
-local retain = tonumber(ARGV[2])
-local digest = ''
-if token ~= '' then
-  digest = redis.sha1hex(body)
-  local seen = redis.call('GET', record)
-  if seen then
-    local sep = string.find(seen, ':', 1, true)
-    if string.sub(seen, sep + 1) ~= digest then
-      return {-2, 0, 0}
-    end
-    local total = tonumber(redis.call('HGET', meta, 'bytes')) or 0
-    return {tonumber(string.sub(seen, 1, sep - 1)), total, 1}
-  end
-end
-local offset = redis.call('HINCRBY', meta, 'next', 1) - 1
-local total = redis.call('HINCRBY', meta, 'bytes', #body)
-redis.call('RPUSH', log, string.format('%d:', total) .. body)
-local length = redis.call('LLEN', log)
-if length >= 2 * retain then
-  local drop = length - retain
-  redis.call('LTRIM', log, drop, -1)
-  redis.call('HINCRBY', meta, 'start', drop)
-end
-if token ~= '' then
-  redis.call('SET', record, string.format('%d:', offset) .. digest, 'PX', ARGV[4])
-end
-return {offset, total, 0}
-"""
-
-#: KEYS: meta, log. ARGV: offset, max_bytes.
-#: Returns {start, next, bytes, position of the first message returned, text...}:
-#: the messages from max(offset, start) up to max_bytes (at least one); position is
-#: the bytes before the first one (``bytes`` when there is none).
-READ = """
-local meta, log = KEYS[1], KEYS[2]
-local offset, max_bytes = tonumber(ARGV[1]), tonumber(ARGV[2])
-local m = redis.call('HMGET', meta, 'start', 'next', 'bytes')
-local start, last, total = tonumber(m[1]) or 0, tonumber(m[2]) or 0, tonumber(m[3]) or 0
-local out = {start, last, total, total}
-local first = math.max(offset, start)
-if first >= last then
-  return out
-end
-local index, size, taken = first - start, 0, 0
-while true do
-  local items = redis.call('LRANGE', log, index, index + 63)
-  if #items == 0 then
-    return out
-  end
-  for _, item in ipairs(items) do
-    local sep = string.find(item, ':', 1, true)
-    local text = string.sub(item, sep + 1)
-    if taken == 0 then
-      out[4] = tonumber(string.sub(item, 1, sep - 1)) - #text
-    elseif size + #text > max_bytes then
-      return out
-    end
-    taken = taken + 1
-    size = size + #text
-    out[4 + taken] = text
-  end
-  index = index + 64
-end
-"""
 
 T = TypeVar("T")
 

@@ -13,10 +13,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 700
-# examples/longpoll/ is being reworked elsewhere (issue 52: redisfeed.py, 886 lines,
-# is split there); until then it is exempt, and the test below says when it no
-# longer needs to be.
-EXEMPT = ("examples/longpoll/",)
 
 
 def _modules() -> list[str]:
@@ -43,13 +39,7 @@ def test_the_modules_are_found() -> None:
     assert "aiopurgatory/pipeline/replay_core.py" in MODULES
 
 
-@pytest.mark.parametrize("name", [m for m in MODULES if not m.startswith(EXEMPT)])
+@pytest.mark.parametrize("name", MODULES)
 def test_module_stays_under_700_lines(name: str) -> None:
     lines = _lines(name)
     assert lines < LIMIT, f"{name} has {lines} lines: split it into modules of one job each"
-
-
-@pytest.mark.parametrize("prefix", EXEMPT)
-def test_each_exemption_is_still_needed(prefix: str) -> None:
-    over = [m for m in MODULES if m.startswith(prefix) and _lines(m) >= LIMIT]
-    assert over, f"every module under {prefix} is under {LIMIT} lines: drop it from EXEMPT"
