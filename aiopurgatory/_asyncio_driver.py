@@ -27,11 +27,7 @@ from typing import Any
 
 from ._detect import current_backend
 
-__all__ = ["AsyncioDeadlineScope", "AsyncioDriver", "Future"]
-
-#: The future an asyncio task parks on: what ``Purgatory.watch()`` returns
-#: derives from it (aiopurgatory._watch), which imports no backend itself.
-Future = asyncio.Future
+__all__ = ["AsyncioDeadlineScope", "AsyncioDriver"]
 
 _get_running_loop = asyncio._get_running_loop  # C; None outside a running loop
 

@@ -40,7 +40,6 @@ CORE_MODULES = (
     "_operation",
     "_thresholds",
     "_purgatory_core",
-    "_watch",
     "_purgatory",
     "_histogram_recorder",
 )

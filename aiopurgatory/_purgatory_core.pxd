@@ -81,9 +81,9 @@ cdef class WatermarkOperation(DelayedOperation):
     @cython.locals(thresholds=tuple, keys=tuple, marks=dict, i=Py_ssize_t, purgatory=_PurgatoryCore)
     cpdef bint try_complete(self) except -1
 
-# For Purgatory.watch (aiopurgatory._watch): C calls from there, no lookup by
-# name (cpdef: the pure-Python module imports them too).
-@cython.locals(done=DelayedOperation, in_trio=bint)
-cpdef object _park(_PurgatoryCore core, op, keys, parked)
+# For Purgatory.watch (a coroutine of a Python class, in _purgatory): C calls
+# from there, no lookup by name (cpdef: the module imports them too).
+@cython.locals(parked=DelayedOperation)
+cpdef object _park(_PurgatoryCore core, op, keys)
 cpdef object _outcome(DelayedOperation op)
 cpdef object _expire_now(DelayedOperation op)

@@ -531,45 +531,36 @@ class _PurgatoryCore(_Owner):
 
 
 def _park(
-    core: _PurgatoryCore,
-    op: Any,
-    keys: Iterable[Hashable] | Mapping[Hashable, float],
-    parked: Any,
+    core: _PurgatoryCore, op: Any, keys: Iterable[Hashable] | Mapping[Hashable, float]
 ) -> Any:
     """For :meth:`Purgatory.watch`: :meth:`~_PurgatoryCore.try_complete_else_watch`, then a waiter.
 
     A function, not a method: the compiled core calls it, and :func:`_outcome`,
     without looking either up by name on the purgatory or the operation.
 
-    Args:
-        parked: what ``watch()`` returned (aiopurgatory._watch._Watch): the op's
-            waiter if the awaiting task is an asyncio task (then it is its
-            task's future too).
-
     Returns:
-        None if ``op`` finished at once; ``parked`` for an asyncio task of the
-        loop the purgatory is bound to; else a new waiter of the awaiting task's
-        library (trio's, or an asyncio future in trio's guest mode). ``op``
-        sets the waiter when it finishes.
+        None if ``op`` finished at once; else a new waiter (an asyncio future, or
+        trio's equivalent) of the loop the purgatory is bound to, which ``op`` sets
+        when it finishes.
     """
     if core is None:  # Purgatory.watch(None, ...): a C function must not take it on
         raise TypeError("watch() is a method of a Purgatory")
     core._watch_any(op, keys)  # RuntimeError on another loop or trio run
-    done: DelayedOperation = op
-    if done._outcome is not None:
+    parked: DelayedOperation = op
+    if parked._outcome is not None:
         return None
-    # Watched, so the timer's driver is the running loop's; except in trio's
-    # guest mode, where trio tasks and the asyncio host's share the thread (and
-    # the driver). trio never imported: no trio task (and no Python call to ask _detect).
+    # Watched, so the timer's driver is the running loop's, and its waiter is
+    # what the awaiting task can wait on; except in trio's guest mode, where
+    # trio tasks and the asyncio host's share the thread (and the driver).
     driver = core._timer._driver
-    in_trio = _modules.get("trio") is not None and in_trio_task()
-    if driver.backend == "trio":  # type: ignore[union-attr]
-        waiter = driver.waiter() if in_trio else new_waiter()  # type: ignore[union-attr]
-    elif in_trio:
-        waiter = new_waiter()  # the awaiting trio task's
+    # trio never imported: no trio task (and no Python call to ask _detect).
+    if _modules.get("trio") is not None and in_trio_task() is not (
+        driver.backend == "trio"  # type: ignore[union-attr]
+    ):
+        waiter = new_waiter()  # the awaiting task's library
     else:
-        waiter = parked
-    done._add_waiter(waiter)
+        waiter = driver.waiter()  # type: ignore[union-attr]
+    parked._add_waiter(waiter)
     return waiter
 
 

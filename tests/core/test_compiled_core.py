@@ -39,7 +39,6 @@ from aiopurgatory import (
     _timer_entry,
     _timer_handle,
     _validation,
-    _watch,
     _wheel,
     simulation,
 )
@@ -57,7 +56,6 @@ CORE = (
     _operation,
     _thresholds,
     _purgatory_core,
-    _watch,
     _purgatory,
     _histogram_recorder,
 )

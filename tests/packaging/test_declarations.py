@@ -20,7 +20,7 @@ PACKAGE = Path(aiopurgatory.__file__).parent
 # cthread.pxd declares a C function for the others to cimport: no module, no class.
 PXD_FILES = sorted(path for path in PACKAGE.glob("*.pxd") if path.stem != "cthread")
 # Compiled modules that declare functions only (no class, so no slots to match).
-FUNCTIONS_ONLY = {"_validation", "_ticks", "_purgatory", "_watch"}
+FUNCTIONS_ONLY = {"_validation", "_ticks", "_purgatory"}
 
 _CLASS = re.compile(r"^cdef class (\w+)\s*(?:\([^)]*\))?\s*:\s*$")
 # ``cdef [public|readonly] <type...> <name>``: an attribute (a method has parentheses);
@@ -118,7 +118,6 @@ def test_every_core_module_is_covered() -> None:
         "_validation",
         "_ticks",
         "_purgatory_core",
-        "_watch",
     }
 
 
