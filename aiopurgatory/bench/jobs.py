@@ -4,7 +4,8 @@ Usage::
 
     aiopurgatory bench jobs [--systems celery,rq,saq,dramatiq,arq] [--waits 1000]
         [--web-workers 2] [--rate 250] [--poll 0.25] [--modes triggers,poll]
-        [--count-seconds 5] [--restart-redis OUTAGE] [--timeout 120] [--json PATH]
+        [--count-seconds 5] [--restart-redis OUTAGE] [--kill-worker] [--timeout 120]
+        [--json PATH]
 
 For each job system and mode, on a Redis of its own (``redis-server``, started
 here): the system's worker (:mod:`._jobs_systems` says how: Celery's threads
@@ -111,7 +112,7 @@ def _round(
     """Park a request per id, count Redis's commands, send the tasks; the measurements.
 
     ``restart``, if given, is called (in a thread of its own) once half the tasks
-    are sent: the Redis restart of ``--restart-redis``.
+    are sent: the faults of ``--restart-redis`` and ``--kill-worker``.
     """
     client = subprocess.Popen(
         [sys.executable, "-m", "aiopurgatory.bench._jobs_client", str(port)],
@@ -134,7 +135,7 @@ def _round(
     restarter = None
     for sent, task_id in enumerate(ids):
         if restart is not None and sent == len(ids) // 2:
-            restarter = threading.Thread(target=restart, name="bench-redis-restart")
+            restarter = threading.Thread(target=restart, name="bench-fault")
             restarter.start()
         retries += _send(send, task_id)
         next_at += interval
@@ -260,6 +261,7 @@ def run(
     poll: float,
     count_s: float = 5.0,
     outage: float | None = None,
+    kill_worker: bool = False,
     timeout: float = 120.0,
 ) -> dict[str, Any]:
     """One system's and mode's run, on a Redis and servers of its own; its measurements.
@@ -267,7 +269,9 @@ def run(
     ``outage``: Redis is killed (SIGKILL) once half the jobs are sent and started
     again (same port, its append-only file) that many seconds later; the result
     then says which jobs the system finished and whether their waiters got them.
-    A worker that exits is then started again (``worker_restarts``).
+    ``kill_worker``: the worker's processes are killed (SIGKILL) once half the
+    jobs are sent, mid-job at this rate. A worker that exits is then started
+    again (``worker_restarts``).
     ``timeout``: each request's wait, in seconds.
     """
     import redis
@@ -307,17 +311,22 @@ def run(
             _round(port, warm, send, 100.0, redis_client, min(count_s, 0.5))
             ids = [str(uuid.uuid4()) for _ in range(waits)]
 
+            faulty = outage is not None or kill_worker
+
             def restart() -> None:
-                assert outage is not None
-                supervisor.watch()  # a worker that quits on the outage is started again
+                supervisor.watch()  # a worker that quits or is killed is started again
+                if kill_worker:
+                    os.killpg(supervisor.process.pid, signal.SIGKILL)
+                if outage is None:
+                    return
                 server.kill()
                 time.sleep(outage)
                 server.start()
 
             result = _round(
-                port, ids, send, rate, redis_client, count_s, None if outage is None else restart
+                port, ids, send, rate, redis_client, count_s, restart if faulty else None
             )
-            if outage is not None:
+            if faulty:
                 result.update(_after_the_restart(driver, server.url, ids, result.pop("_results")))
                 result["worker_restarts"] = supervisor.restarts
         finally:
@@ -327,7 +336,7 @@ def run(
             redis_client.close()
             server.kill()
             log.close()
-            if outage is not None:
+            if outage is not None or kill_worker:
                 result.update(_tracebacks(Path(tmp) / "servers.log"))
     return {
         "system": system,
@@ -367,6 +376,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="kill Redis once half the jobs are sent, start it again OUTAGE s later, "
         "and report which finished jobs' waiters did not get their result",
     )
+    parser.add_argument(
+        "--kill-worker",
+        action="store_true",
+        help="SIGKILL the job system's worker once half the jobs are sent (mid-job), start "
+        "it again, and report which finished jobs' waiters did not get their result",
+    )
     parser.add_argument("--timeout", type=float, default=120.0, help="each request's wait (120 s)")
     parser.add_argument("--json", type=Path, help="write the results there too")
     args = parser.parse_args(argv)
@@ -395,6 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             poll=args.poll,
             count_s=args.count_seconds,
             outage=args.restart_redis,
+            kill_worker=args.kill_worker,
             timeout=args.timeout,
         )
         results.append(result)

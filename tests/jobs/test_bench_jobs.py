@@ -45,19 +45,20 @@ def test_a_small_run_answers_every_wait_in_both_modes(tmp_path: Path) -> None:
 
 
 def test_restart_redis_mid_run_reports_every_finished_job_answered(tmp_path: Path) -> None:
-    """``--restart-redis``: RQ's worker quits on the outage and is started again; every
-    waiter of a job RQ finished gets its result, the others time out."""
+    """``--restart-redis --kill-worker``: RQ's worker is killed and Redis restarted at
+    once; the worker is started again; every waiter of a job RQ finished gets its
+    result, the others time out."""
     out = tmp_path / "restart.json"
     result = subprocess.run(
         [sys.executable, "-m", "aiopurgatory.cli", "bench", "jobs", "--systems", "rq",
          "--modes", "triggers", "--waits", "60", "--rate", "60", "--count-seconds", "0.5",
-         "--restart-redis", "1", "--timeout", "40", "--json", str(out)],
+         "--restart-redis", "1", "--kill-worker", "--timeout", "40", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=170,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     (run,) = json.loads(out.read_text())
     assert run["answered"] == run["waits"] == 60
-    # RQ may lose the job its worker ran when Redis went away (its worker quits):
+    # RQ may lose the job its worker ran when it was killed:
     # that job's waiter times out. Every job RQ finished was answered with its result.
     assert run["finished_but_not_answered"] == 0, run
     assert 0 < run["jobs_finished"] == run["answered_with_result"], run
@@ -65,3 +66,4 @@ def test_restart_redis_mid_run_reports_every_finished_job_answered(tmp_path: Pat
         {} if run["jobs_finished"] == 60 else {"timeout": 60 - run["jobs_finished"]}
     )
     assert run["tracebacks_through_aiopurgatory"] == 0
+    assert run["worker_restarts"] >= 1  # killed, and started again
