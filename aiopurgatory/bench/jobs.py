@@ -107,11 +107,11 @@ def _round(
     rate: float,
     redis_client: Any,
     count_s: float,
-    restart: Any = None,
+    fault: Any = None,
 ) -> dict[str, Any]:
     """Park a request per id, count Redis's commands, send the tasks; the measurements.
 
-    ``restart``, if given, is called (in a thread of its own) once half the tasks
+    ``fault``, if given, is called (in a thread of its own) once half the tasks
     are sent: the faults of ``--restart-redis`` and ``--kill-worker``.
     """
     client = subprocess.Popen(
@@ -132,18 +132,18 @@ def _round(
     interval = 1.0 / rate
     next_at = time.monotonic()
     retries = 0
-    restarter = None
+    faulter = None
     for sent, task_id in enumerate(ids):
-        if restart is not None and sent == len(ids) // 2:
-            restarter = threading.Thread(target=restart, name="bench-fault")
-            restarter.start()
+        if fault is not None and sent == len(ids) // 2:
+            faulter = threading.Thread(target=fault, name="bench-fault")
+            faulter.start()
         retries += _send(send, task_id)
         next_at += interval
         pause = next_at - time.monotonic()
         if pause > 0:
             time.sleep(pause)
-    if restarter is not None:
-        restarter.join()
+    if faulter is not None:
+        faulter.join()
     answers = json.loads(client.stdout.readline())
     client.wait(timeout=30)
     latencies = []
@@ -169,7 +169,7 @@ def _round(
             p99_ms=round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 2),
             max_ms=round(1000 * latencies[-1], 2),
         )
-    if restart is not None:
+    if fault is not None:
         measured.update(answered_with_result=len(latencies), errors=errors, send_retries=retries)
         measured["_results"] = results
     return measured
@@ -212,7 +212,7 @@ class _Supervisor:
         _stop(self.process)
 
 
-def _after_the_restart(
+def _after_the_faults(
     driver: Any, url: str, ids: list[str], answered: dict[str, bool]
 ) -> dict[str, Any]:
     """Which jobs the system finished (asked through its own API), and which of those
@@ -313,7 +313,7 @@ def run(
 
             faulty = outage is not None or kill_worker
 
-            def restart() -> None:
+            def fault() -> None:
                 supervisor.watch()  # a worker that quits or is killed is started again
                 if kill_worker:
                     os.killpg(supervisor.process.pid, signal.SIGKILL)
@@ -324,10 +324,10 @@ def run(
                 server.start()
 
             result = _round(
-                port, ids, send, rate, redis_client, count_s, restart if faulty else None
+                port, ids, send, rate, redis_client, count_s, fault if faulty else None
             )
             if faulty:
-                result.update(_after_the_restart(driver, server.url, ids, result.pop("_results")))
+                result.update(_after_the_faults(driver, server.url, ids, result.pop("_results")))
                 result["worker_restarts"] = supervisor.restarts
         finally:
             _stop(web)
