@@ -323,9 +323,7 @@ def run(
                 time.sleep(outage)
                 server.start()
 
-            result = _round(
-                port, ids, send, rate, redis_client, count_s, fault if faulty else None
-            )
+            result = _round(port, ids, send, rate, redis_client, count_s, fault if faulty else None)
             if faulty:
                 result.update(_after_the_faults(driver, server.url, ids, result.pop("_results")))
                 result["worker_restarts"] = supervisor.restarts
