@@ -39,7 +39,14 @@ async def die(ctx: dict[str, Any]) -> None:
 async def ready(ctx: dict[str, Any]) -> None:
     path = os.environ.get("AIOPURGATORY_JOBS_READY")
     if path:
-        Path(path).write_text(str(os.getpid()))  # noqa: ASYNC240 - once, at start
+        # saq runs its upkeep after the startup hooks, and its first sweep at once:
+        # a job dequeued while that sweep reads the active list, its status not yet
+        # "active", is aborted as "swept" (saq's race). Say "ready" after it.
+        asyncio.get_running_loop().call_later(1.0, _ready, path)
+
+
+def _ready(path: str) -> None:
+    Path(path).write_text(str(os.getpid()))
 
 
 settings = publish_jobs(
