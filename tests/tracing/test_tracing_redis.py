@@ -390,7 +390,11 @@ async def test_through_an_outage_the_sender_keeps_a_trace_context_and_the_outbox
     # is back (its retry comes 1.5 s to 3 s after the failure: the wire is read by
     # then). SyncPublisher keeps its trigger in the outbox, delivered (at flush()) without it.
     poster = Process()
-    publisher = SyncPublisher(redis_server.url, channel="chan", partitions=1)
+    # The outbox's thread retries only when flush() asks it to: on its own backoff
+    # (0.1 s first) it could deliver before the wire below is subscribed.
+    publisher = SyncPublisher(
+        redis_server.url, channel="chan", partitions=1, reconnect_delay=(30.0, 30.0)
+    )
     client = aioredis.from_url(redis_server.url)
     try:
         async with RedisTriggers(
