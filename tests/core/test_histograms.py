@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import aiopurgatory as ap
-from aiopurgatory import _histogram_recorder
+from aiopurgatory import _duration_counts
 from aiopurgatory._histograms import BOUNDS
 from aiopurgatory.metrics.prometheus import HISTOGRAM_EDGES, PurgatoryCollector
 from tests.metrics.test_metrics import (
@@ -32,7 +32,7 @@ EXPIRED = ap.Outcome.EXPIRED
 CANCELLED = ap.Outcome.CANCELLED
 FAILED = ap.Outcome.FAILED
 
-UPPER = _histogram_recorder.upper_bounds()
+UPPER = _duration_counts.upper_bounds()
 
 
 async def close(purgatory: ap.Purgatory[Any], *, expire_pending: bool = False) -> None:
@@ -52,7 +52,7 @@ def bucket_of(seconds: float) -> int:
 
 
 def test_layout_covers_1us_to_a_day_at_most_5_percent_wide() -> None:
-    assert len(UPPER) == _histogram_recorder.BUCKETS == len(BOUNDS)
+    assert len(UPPER) == _duration_counts.BUCKETS == len(BOUNDS)
     assert UPPER[0] == 1_000
     assert UPPER[-1] == -1
     assert BOUNDS[-1] == math.inf
@@ -70,8 +70,8 @@ def test_layout_covers_1us_to_a_day_at_most_5_percent_wide() -> None:
 
 @given(st.integers(min_value=0, max_value=2 * 10**14))
 def test_bucket_index_agrees_with_the_edges(ns: int) -> None:
-    i = _histogram_recorder.bucket_index(ns)
-    assert 0 <= i < _histogram_recorder.BUCKETS
+    i = _duration_counts.bucket_index(ns)
+    assert 0 <= i < _duration_counts.BUCKETS
     lower = UPPER[i - 1] if i else -1
     upper = UPPER[i] if UPPER[i] >= 0 else math.inf
     assert lower < ns <= upper  # closed above, like Prometheus's le
@@ -79,15 +79,15 @@ def test_bucket_index_agrees_with_the_edges(ns: int) -> None:
 
 def test_edges_fall_in_the_bucket_they_end() -> None:
     for i, upper in enumerate(UPPER[:-1]):
-        assert _histogram_recorder.bucket_index(upper) == i
-        assert _histogram_recorder.bucket_index(upper + 1) == i + 1
+        assert _duration_counts.bucket_index(upper) == i
+        assert _duration_counts.bucket_index(upper + 1) == i + 1
 
 
 # -- snapshots ------------------------------------------------------------------------
 
 
 def snapshot_of(values: list[float]) -> ap.Histogram:
-    counts = [0] * _histogram_recorder.BUCKETS
+    counts = [0] * _duration_counts.BUCKETS
     for value in values:
         counts[bucket_of(value)] += 1
     return ap.Histogram(len(values), sum(values), max(values, default=0.0), tuple(counts))
@@ -141,23 +141,23 @@ def test_cumulative_counts_at_edges_are_exact() -> None:
         h.cumulative([0.00103])
 
 
-def test_recorder_records_and_resets() -> None:
-    recorder = _histogram_recorder._Recorder()
+def test_duration_counts_add_and_reset() -> None:
+    durations = _duration_counts._DurationCounts()
     for value in (0.0, -1.0, 1e-9, 0.25, 0.25, 1e9):
-        recorder.record(value)
-    count, total, largest, counts = recorder.counts()
+        durations.add(value)
+    count, total, largest, counts = durations.counts()
     assert count == 6
     assert total == pytest.approx(0.5 + 1e9 + 1e-9)
     assert largest == 1e9
     assert counts[0] == 3
     assert counts[bucket_of(0.25)] == 2
     assert counts[-1] == 1
-    recorder.reset()
-    assert recorder.counts() == (0, 0.0, 0.0, [0] * _histogram_recorder.BUCKETS)
+    durations.reset()
+    assert durations.counts() == (0, 0.0, 0.0, [0] * _duration_counts.BUCKETS)
 
 
 def test_histograms_are_compiled_in() -> None:
-    assert _histogram_recorder.compiled_in()
+    assert _duration_counts.compiled_in()
 
 
 # -- purgatories on virtual time ---------------------------------------------------------

@@ -1492,7 +1492,10 @@ async def test_statistics_fields() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.watched = 5  # type: ignore[misc]
     names = {f.name for f in dataclasses.fields(stats)}
-    assert {"name", "watched", "delayed", "keys", "completed", "expired", "cancelled"} <= names
+    assert {"name", "watched", "keys", "pending", "completed", "expired", "cancelled"} <= names
+    # Kafka's NumDelayedOperations is an alias of pending, not a second field.
+    assert "delayed" not in names
+    assert stats.delayed == stats.pending == 0
     assert stats.name == "stats"
     ops = [Op(0.1), Op(0.1), Op(0.1), Op(1.0), Op(1.0, completable=True)]
     p.try_complete_else_watch(ops[0], ["a", "b"])
