@@ -233,9 +233,7 @@ def test_prometheus_collector_registration_rules() -> None:
     assert caught.value.__suppress_context__
     q: ap.Purgatory[Op] = ap.Purgatory("q")
     unregistered = PurgatoryCollector([q], registry=None)
-    assert scrape(registry) == {
-        "p": expected(size=0, pending=0, keys=0, done=(0, 0, 0, 0))
-    }
+    assert scrape(registry) == {"p": expected(size=0, pending=0, keys=0, done=(0, 0, 0, 0))}
     assert unregistered.purgatories == [q]
 
 
