@@ -112,8 +112,9 @@ PURE_TESTS := tests/core tests/metrics tests/tracing tests/asgi/test_asgi.py \
 	--ignore=tests/core/test_pytest_plugin.py
 PYTEST_COMPILED := AIOPURGATORY_EXPECT=compiled
 PYTEST_PURE := AIOPURGATORY_NO_EXTENSIONS=1 AIOPURGATORY_EXPECT=python
-# No cache: passes running at once would write .pytest_cache together.
-PYTEST_ARGS := -q -n $(XDIST) -p no:cacheprovider
+# No cache: passes running at once would write .pytest_cache together. The slowest
+# tests of each pass end its output: where CI's time goes, in CI's log.
+PYTEST_ARGS := -q -n $(XDIST) -p no:cacheprovider --durations=15
 
 # Python X.Y's interpreter and the stamp of its venv: 3.11 is the project's .venv/.
 python_of = $(if $(filter 3.11,$(1)),$(PY),.venv-$(1)/bin/python)

@@ -452,12 +452,10 @@ def main(argv: list[str]) -> int:
     try:
         options = analysis_options(args)
         conf = parse_conf(args.conf)
-        require(
-            ["pyspark", "pandas", "pyarrow", "rich", *([] if args.no_report else ["matplotlib"])],
-            "spark",
-        )
         from .session import check_master, is_connect, missing_inputs
 
+        # What needs none of the extra's modules first: a mistyped argument is
+        # refused without the seconds their imports take.
         check_master(args.master)
         missing = [] if is_connect(args.master) else missing_inputs(args.events)
         if missing:
@@ -467,6 +465,10 @@ def main(argv: list[str]) -> int:
             raise UsageError(problem)
         output = OutputDir(
             args.out, overwrite=args.overwrite, inputs=args.events, command="analyze"
+        )
+        require(
+            ["pyspark", "pandas", "pyarrow", "rich", *([] if args.no_report else ["matplotlib"])],
+            "spark",
         )
         from .session import check_reachable
 

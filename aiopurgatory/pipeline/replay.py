@@ -540,10 +540,10 @@ def _write_scenarios(param_sets: Sequence[ReplayParams], path: Path) -> None:
 
 def _checked(
     args: argparse.Namespace, prog: str
-) -> tuple[list[ReplayParams], dict[str, str], dict[str, Any], str]:
+) -> tuple[list[ReplayParams], dict[str, str], dict[str, Any], str, OutputDir]:
     """Every check that can fail before any work: the parameter sets, the Spark
-    settings, the analysis options and the data path (``files`` or ``spark``, or
-    ``local``).
+    settings, the analysis options, the data path (``files`` or ``spark``, or
+    ``local``) and the output directory.
 
     Raises:
         UsageError, ValueError: one line saying what is wrong.
@@ -555,16 +555,19 @@ def _checked(
     conf = parse_conf(args.conf)
     options = analysis_options(args)
     spark_needed = not (args.local and args.facts_only)
+    # What needs none of the extra's modules first: a mistyped argument is
+    # refused without the seconds their imports take.
+    if spark_needed:
+        check_master(args.master)
+    if args.local and args.io != "auto":
+        raise UsageError("--io is for the Spark replay, not --local")
+    output = OutputDir(args.out, overwrite=args.overwrite, inputs=[args.trace], command="replay")
     modules = ["numpy", "pyarrow", "pandas"]
     if spark_needed:
         modules += ["pyspark", "rich"]
     if not args.facts_only and not args.no_report:
         modules.append("matplotlib")
     require(modules, "spark")
-    if spark_needed:
-        check_master(args.master)
-    if args.local and args.io != "auto":
-        raise UsageError("--io is for the Spark replay, not --local")
     io = "local" if args.local else args.io
     if io == "auto":
         io = "files" if files_reachable(args.trace, args.out) else "spark"
@@ -585,7 +588,7 @@ def _checked(
                 f"replication ({replication}: a leader and {replication - 1} followers): no "
                 f"acks=all request could complete; give at most {replication}"
             )
-    return param_sets, conf, options, io
+    return param_sets, conf, options, io, output
 
 
 def main(argv: list[str]) -> int:
@@ -593,10 +596,7 @@ def main(argv: list[str]) -> int:
     prog = "aiopurgatory replay"
     args = _build_parser().parse_args(argv)
     try:
-        param_sets, conf, options, io = _checked(args, prog)
-        output = OutputDir(
-            args.out, overwrite=args.overwrite, inputs=[args.trace], command="replay"
-        )
+        param_sets, conf, options, io, output = _checked(args, prog)
         if not (args.local and args.facts_only):
             from .session import check_reachable
 

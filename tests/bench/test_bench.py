@@ -704,6 +704,9 @@ def test_acks_all_rejects_bad_arguments() -> None:
         run_acks("heap", "virtual", cpu_budget=0.0)
 
 
+# A smoke run of the benchmark harness (pure Python, the same on every Python; the
+# library it drives is checked on each by the core's tests): once, on 3.11, for CI's time.
+@pytest.mark.not_library
 def test_cli_acks_only_reports_ratios_targets_and_a_plot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,6 +10,10 @@ import pytest
 from aiopurgatory.bench import cli as bench_cli
 from aiopurgatory.bench.parked import IMPLS, run_parked
 
+# The parked-waits benchmark's runs (pure Python harness, the same on every Python; the
+# library it drives is checked on each by the core's tests): once, on 3.11, for CI's time.
+pytestmark = pytest.mark.not_library
+
 
 @pytest.mark.parametrize("impl", list(IMPLS))
 def test_every_way_parks_every_wait_and_reports_its_cost(impl: str) -> None:

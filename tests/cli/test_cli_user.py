@@ -143,6 +143,9 @@ def test_bench_purgatory_shows_a_skipped_memory_measurement_as_skipped(tmp_path:
     assert not re.search(r"memory.*\bNO\b", result.stdout)
 
 
+# A smoke run of the benchmark harness (pure Python, the same on every Python; the
+# library it drives is checked on each by the core's tests): once, on 3.11, for CI's time.
+@pytest.mark.not_library
 def test_bench_all_quick_is_a_smoke_run_that_shows_progress(tmp_path: Path) -> None:
     out = tmp_path / "all.json"
     result = run("bench", "all", "--quick", "--loop", "asyncio", "--json", str(out))

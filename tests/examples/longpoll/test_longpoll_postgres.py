@@ -76,10 +76,13 @@ async def test_a_connection_that_died_with_the_server_is_replaced(server: Postgr
         # nothing has told the loop yet.
         server.restart()
         assert (await feed.fetch("t", 0, 0, 1)) == Fetched(0, ["m0"], 1)
-        assert waiter.retries == 1  # the read went out again, on a new connection
+        # The read went out again, on a new connection (and the health probe, every
+        # 2 s, may have met a dead connection too on a slow machine: at least one).
+        retried = waiter.retries
+        assert retried >= 1
         server.restart()
         assert (await feed.append("t", b"m1")) == Appended(1)
-        assert waiter.retries == 2
+        assert waiter.retries > retried
         assert (await feed.fetch("t", 0, 0, 1)) == Fetched(0, ["m0", "m1"], 2)  # stored once
         assert feed.unavailable == {"post": 0, "get": 0, "parked": 0}
         assert waiter.pg_ok
