@@ -41,7 +41,7 @@ CORE_MODULES = (
     "_thresholds",
     "_purgatory_core",
     "_purgatory",
-    "_histogram_recorder",
+    "_duration_counts",
 )
 
 _PACKAGE = __name__.rpartition(".")[0]

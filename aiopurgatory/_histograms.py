@@ -4,7 +4,7 @@ The purgatory records, for every operation that finishes, how long it waited
 (from ``try_complete_else_watch`` to the end) in one histogram per outcome, and
 for every expiry fired by the timer how late it fired (fired instant minus
 deadline). Recording is always on and costs O(1) with no allocation (see
-:mod:`aiopurgatory._histogram_recorder` for the bucket layout). :meth:`Purgatory.histograms()
+:mod:`aiopurgatory._duration_counts` for the bucket layout). :meth:`Purgatory.histograms()
 <aiopurgatory.Purgatory.histograms>` copies them into the immutable snapshots
 here, which compute percentiles, merge across purgatories (``+``) and give the
 change over an interval (``later - earlier``).
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ._histogram_recorder import BUCKETS, upper_bounds
+from ._duration_counts import BUCKETS, upper_bounds
 from ._operation import Outcome
 
 __all__ = ["Histogram", "PurgatoryHistograms"]

@@ -13,7 +13,7 @@ cdef _wake(waiter)
 cdef class DelayedOperation
 
 
-cdef class _Owner:
+cdef class _PurgatoryBase:
     cdef public object _logger
     cdef public object _name
     cdef public object _recorder
@@ -28,7 +28,7 @@ cdef class DelayedOperation(_TimerEntry):
     cdef public tuple _keys
     cdef public object _entries
     cdef public object _outcome
-    cdef public _Owner _purgatory
+    cdef public _PurgatoryBase _purgatory
     cdef public tuple _thresholds
     cdef public object _timeout
     cdef public object _waiters

@@ -192,7 +192,7 @@ class _DoneCallback:
         self.op = None  # type: ignore[assignment]  # scheduled: no cycle left behind
 
 
-class _Owner:
+class _PurgatoryBase:
     """What an operation needs of the purgatory watching it: its only way back.
 
     :class:`~aiopurgatory.Purgatory` derives from it; this module never imports
@@ -260,10 +260,10 @@ class DelayedOperation(_TimerEntry):
             raise ValueError(f"timeout must not be negative, got {timeout!r}")
         self._state = IDLE
         self._bucket = None
-        self._id = 0
+        self._id_key = 0
         self._when: float | None = None  # type: ignore[assignment]
         self._timeout = timeout
-        self._purgatory: _Owner | None = None
+        self._purgatory: _PurgatoryBase | None = None
         self._joined = False  # in its watch lists (see the module documentation)
         self._keys: tuple[Hashable, ...] = ()
         # The threshold on each of ``_keys`` (same order) for a watch with

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Self
 
-from ._histogram_recorder import _Recorder
+from ._duration_counts import _DurationCounts
 from ._histograms import Histogram, PurgatoryHistograms
 from ._logging import LazyLogger
 from ._operation import DelayedOperation, Outcome
@@ -57,11 +57,9 @@ class PurgatoryStatistics:
     name: str
     #: Entries in all watch lists (Kafka ``PurgatorySize``); pending operations only.
     watched: int
-    #: Operations pending in the timer (Kafka ``NumDelayedOperations``).
-    delayed: int
     #: Keys with a non-empty watch list.
     keys: int
-    #: Operations watched and not finished.
+    #: Operations watched and not finished (in the timer: Kafka ``NumDelayedOperations``).
     pending: int
     #: Running total of operations completed.
     completed: int
@@ -73,6 +71,15 @@ class PurgatoryStatistics:
     failed: int
     #: Running total of :meth:`Purgatory.advance` calls that raised a watermark.
     advances: int = 0
+
+    @property
+    def delayed(self) -> int:
+        """Kafka's name (``NumDelayedOperations``) for :attr:`pending`: the same count.
+
+        Every pending operation is in the timer, and only those, so Kafka's two
+        notions are one here; kept as an alias, not as a second field.
+        """
+        return self.pending
 
 
 class Purgatory(_PurgatoryCore, Generic[OpT]):
@@ -160,11 +167,11 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         self._expired = 0
         self._cancelled = 0
         self._failed = 0
-        self._wait_completed = _Recorder()
-        self._wait_expired = _Recorder()
-        self._wait_cancelled = _Recorder()
-        self._wait_failed = _Recorder()
-        self._lateness = _Recorder()
+        self._wait_completed = _DurationCounts()
+        self._wait_expired = _DurationCounts()
+        self._wait_cancelled = _DurationCounts()
+        self._wait_failed = _DurationCounts()
+        self._lateness = _DurationCounts()
         self._recorder: Callable[[DelayedOperation], None] | None = None
         self._tracer: Any = None  # aiopurgatory.tracing's hooks while it traces
         if logger is None:
@@ -217,10 +224,10 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
 
     @property
     def delayed(self) -> int:
-        """Operations pending in the timer (Kafka ``NumDelayedOperations``).
+        """Kafka's name (``NumDelayedOperations``) for :attr:`pending`: the same count.
 
         Every pending operation is scheduled once it joins its watch lists, and
-        only then: the same count as :attr:`pending`.
+        only then, so an alias: one count, one gauge (``pending``) in the exporters.
         """
         return self._pending
 
@@ -234,7 +241,6 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         return PurgatoryStatistics(
             name=self._name,
             watched=self._watched,
-            delayed=self._pending,
             keys=len(self.keys()),
             pending=self._pending,
             completed=self._completed,
@@ -274,7 +280,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         without ``reset``: each histogram is copied whole, the histograms of one
         snapshot may be a few operations apart.
         """
-        recorders = (
+        every_counts = (
             self._wait_completed,
             self._wait_expired,
             self._wait_cancelled,
@@ -282,11 +288,11 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             self._lateness,
         )
         histograms = []
-        for recorder in recorders:
-            count, total, largest, counts = recorder.counts()
+        for durations in every_counts:
+            count, total, largest, counts = durations.counts()
             histograms.append(Histogram(count, total, largest, tuple(counts)))
             if reset:
-                recorder.reset()
+                durations.reset()
         return PurgatoryHistograms(self._name, *histograms)
 
     # -- watching --------------------------------------------------------------------

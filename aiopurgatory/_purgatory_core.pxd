@@ -3,20 +3,13 @@
 
 cimport cython
 
-from aiopurgatory._histogram_recorder cimport _Recorder
-from aiopurgatory._operation cimport DelayedOperation, _Owner
+# HISTOGRAMS: whether finished operations are counted in the histograms, a C
+# constant declared once there (0 only in a build that measures their cost).
+from aiopurgatory._duration_counts cimport HISTOGRAMS, _DurationCounts
+from aiopurgatory._operation cimport DelayedOperation, _PurgatoryBase
 from aiopurgatory._thresholds cimport ThresholdEntry, ThresholdIndex
 from aiopurgatory._validation cimport keys_of, thresholds_of
 from aiopurgatory._timer cimport Timer
-
-cdef extern from *:
-    """
-    #ifndef AIOPURGATORY_HISTOGRAMS
-    #define AIOPURGATORY_HISTOGRAMS 1
-    #endif
-    """
-    # As in _histogram_recorder.pxd: 0 only in a build that measures the histograms' cost.
-    const bint HISTOGRAMS "AIOPURGATORY_HISTOGRAMS"
 
 # Read per operation: C variables, never looked up by name.
 cdef object COMPLETED, EXPIRED, CANCELLED
@@ -29,7 +22,7 @@ cdef dict _modules
 cdef Py_ssize_t _check_ops(list ops) except -1
 
 
-cdef class _PurgatoryCore(_Owner):
+cdef class _PurgatoryCore(_PurgatoryBase):
     cdef object __weakref__
     cdef public Py_ssize_t _advances
     cdef public Py_ssize_t _watch_number
@@ -40,16 +33,16 @@ cdef class _PurgatoryCore(_Owner):
     cdef public Py_ssize_t _completed
     cdef public Py_ssize_t _expired
     cdef public Py_ssize_t _failed
-    cdef public _Recorder _lateness
+    cdef public _DurationCounts _lateness
     cdef public object _owner
     cdef public object _max_pending
     cdef public Py_ssize_t _pending
     cdef public Timer _timer
     cdef public object _tracer
-    cdef public _Recorder _wait_cancelled
-    cdef public _Recorder _wait_completed
-    cdef public _Recorder _wait_expired
-    cdef public _Recorder _wait_failed
+    cdef public _DurationCounts _wait_cancelled
+    cdef public _DurationCounts _wait_completed
+    cdef public _DurationCounts _wait_expired
+    cdef public _DurationCounts _wait_failed
     cdef public Py_ssize_t _watched
     cdef public dict _watchers
 
@@ -64,7 +57,7 @@ cdef class _PurgatoryCore(_Owner):
     @cython.locals(ops=dict, watch=ThresholdIndex, checked=list, watermarks=dict)
     cpdef advance(self, key, value)
     cdef _check_traced(self, list checked, key)
-    @cython.locals(watchers=dict, ops=dict, keys=tuple, waits=_Recorder, now=double, due=double,
+    @cython.locals(watchers=dict, ops=dict, keys=tuple, waits=_DurationCounts, now=double, due=double,
                    timeout=double, late=double, wait=double)
     cdef _detach(self, DelayedOperation op, outcome)
     @cython.locals(everything=dict, watch=ThresholdIndex, entry=ThresholdEntry)
@@ -85,5 +78,5 @@ cdef class WatermarkOperation(DelayedOperation):
 # from there, no lookup by name (cpdef: the module imports them too).
 @cython.locals(parked=DelayedOperation)
 cpdef object _park(_PurgatoryCore core, op, keys)
-cpdef object _outcome(DelayedOperation op)
+cpdef object _outcome_of(DelayedOperation op)
 cpdef object _expire_now(DelayedOperation op)

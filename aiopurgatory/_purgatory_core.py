@@ -18,15 +18,16 @@ operations' own ``__eq__``/``__hash__``. Empty lists are dropped at once.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from ._backends import current_owner, new_waiter
 from ._detect import in_trio_task
+from ._duration_counts import _DurationCounts
 from ._errors import OperationStateError, PurgatoryClosedError, PurgatoryFullError
-from ._histogram_recorder import _Recorder
-from ._operation import DelayedOperation, Outcome, _Owner
+from ._operation import DelayedOperation, Outcome, _PurgatoryBase
 from ._thresholds import ThresholdIndex
 from ._timer import Timer
 from ._timer_states import IDLE
@@ -39,9 +40,13 @@ EXPIRED = Outcome.EXPIRED
 CANCELLED = Outcome.CANCELLED
 _modules = sys.modules
 
-# Whether finished operations are recorded in the histograms: always, except in
-# a compiled core built to measure their cost (see aiopurgatory._histogram_recorder).
-HISTOGRAMS = True
+# Whether finished operations are counted in the histograms: the one switch,
+# declared in aiopurgatory._duration_counts. The compiled core cimports it from
+# there as a C constant (this module's .pxd), so that the C compiler drops the
+# counting code from a build without histograms; the compiled module has no
+# Python attribute of that name to import, hence the ImportError suppressed.
+with contextlib.suppress(ImportError):
+    from ._duration_counts import HISTOGRAMS
 
 
 def _check_ops(ops: list[Any]) -> int:
@@ -66,7 +71,7 @@ def _check_ops(ops: list[Any]) -> int:
     return completed
 
 
-class _PurgatoryCore(_Owner):
+class _PurgatoryCore(_PurgatoryBase):
     """The purgatory's bookkeeping: what every operation goes through (compiled).
 
     Watch lists, gauges and counters, and the calls made per operation or per
@@ -120,15 +125,15 @@ class _PurgatoryCore(_Owner):
     _cancelled: int
     _failed: int
     # Always-on histograms: the wait of finished operations by outcome, and how
-    # late each expiry fired (aiopurgatory._histogram_recorder; snapshots: histograms()).
-    _wait_completed: _Recorder
-    _wait_expired: _Recorder
-    _wait_cancelled: _Recorder
-    _wait_failed: _Recorder
-    _lateness: _Recorder
+    # late each expiry fired (aiopurgatory._duration_counts; snapshots: histograms()).
+    _wait_completed: _DurationCounts
+    _wait_expired: _DurationCounts
+    _wait_cancelled: _DurationCounts
+    _wait_failed: _DurationCounts
+    _lateness: _DurationCounts
     # The hooks of aiopurgatory.tracing while it traces this purgatory's waits, else
     # None: one test per watch and per trigger that reaches watchers. The end of a
-    # traced wait comes through the recorder slot (_Owner._recorder), which
+    # traced wait comes through the recorder slot (_PurgatoryBase._recorder), which
     # finishing operations test already.
     _tracer: Any
 
@@ -249,7 +254,7 @@ class _PurgatoryCore(_Owner):
             return outcome is COMPLETED
 
         # One int object, id(op), keys the op in every plain watch list and in the wheel.
-        op._id = oid = id(op)
+        op._id_key = oid = id(op)
         op._joined = True
         if thresholds is None:
             watchers = self._watchers
@@ -497,7 +502,7 @@ class _PurgatoryCore(_Owner):
             waits = self._wait_expired
             # Not before its deadline: close(expire_pending=True) expires early.
             if HISTOGRAMS and late >= 0.0:
-                self._lateness.record(late)
+                self._lateness.add(late)
         elif outcome is CANCELLED:
             self._cancelled += 1
             waits = self._wait_cancelled
@@ -505,11 +510,11 @@ class _PurgatoryCore(_Owner):
             self._failed += 1
             waits = self._wait_failed
         if HISTOGRAMS:
-            waits.record(wait)
+            waits.add(wait)
         if op._joined:  # not finished by its first check
             keys = op._keys
             if op._thresholds is None:
-                oid = op._id
+                oid = op._id_key
                 watchers = self._watchers
                 for key in keys:
                     ops = watchers[key]
@@ -535,7 +540,7 @@ def _park(
 ) -> Any:
     """For :meth:`Purgatory.watch`: :meth:`~_PurgatoryCore.try_complete_else_watch`, then a waiter.
 
-    A function, not a method: the compiled core calls it, and :func:`_outcome`,
+    A function, not a method: the compiled core calls it, and :func:`_outcome_of`,
     without looking either up by name on the purgatory or the operation.
 
     Returns:
@@ -569,7 +574,7 @@ def _expire_now(op: DelayedOperation) -> None:
     op._fire()
 
 
-def _outcome(op: DelayedOperation) -> Outcome:
+def _outcome_of(op: DelayedOperation) -> Outcome:
     """For :meth:`Purgatory.watch`: the finished ``op``'s outcome, or its failure raised."""
     return op._result()
 

@@ -275,7 +275,7 @@ class Timer(_EntrySet):
         handle._context = _copy_context() if context is None else context
         handle._cancelled = False
         handle._bucket = None
-        handle._id = 0
+        handle._id_key = 0
         self._schedule(handle, when)
         return handle
 

@@ -79,7 +79,7 @@ class _EntrySet:
         state = entry._state
         entry._state = IDLE
         if state == WAITING:
-            del entry._bucket[entry._id]  # type: ignore[union-attr]
+            del entry._bucket[entry._id_key]  # type: ignore[union-attr]
             entry._bucket = None
         elif state == STAGED:
             # Scheduled and withdrawn within one loop iteration (a request's

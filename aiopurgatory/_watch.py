@@ -16,7 +16,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from ._operation import DelayedOperation, Outcome
-from ._purgatory_core import _outcome, _park
+from ._purgatory_core import _outcome_of, _park
 
 # Purgatory's own (aiopurgatory._purgatory.OpT) would be an import cycle.
 OpT = TypeVar("OpT", bound=DelayedOperation)
@@ -52,7 +52,7 @@ async def watch(self: Any, op: OpT, keys: Iterable[Hashable] | Mapping[Hashable,
             # cancel scope) or abandoned: the caller owns the op, withdraw it.
             op.cancel()
             raise
-    return _outcome(op)
+    return _outcome_of(op)
 
 
 watch.__qualname__ = "Purgatory.watch"

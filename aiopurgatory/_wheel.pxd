@@ -3,7 +3,7 @@
 
 cdef class Entry:
     cdef public object _bucket
-    cdef public object _id
+    cdef public object _id_key
     cdef public long long _tick
 
 

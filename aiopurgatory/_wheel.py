@@ -37,7 +37,7 @@ The rules, after Kafka's ``TimingWheel``:
 * Buckets are dicts keyed by ``id(entry)``: O(1) insert and delete, insertion
   order kept, and no reliance on the entry's own ``__hash__``/``__eq__`` (a
   delayed operation subclass may well define ``__eq__``). The key is computed
-  once per entry and kept in ``entry._id``, so that other indexes of the same
+  once per entry and kept in ``entry._id_key``, so that other indexes of the same
   entry (a purgatory's watch lists) can share the one int object. We measured a dict per
   bucket against an intrusive doubly linked list of slotted nodes: the dict is
   faster in CPython for both add and remove, and needs no sentinel.
@@ -70,16 +70,16 @@ class Entry:
     (an int always; what it means outside the wheel is the caller's business: a
     timer keeps its entries' states apart, see :mod:`aiopurgatory._timer_entry`).
     ``_bucket`` is the dict holding the entry while it sits in a bucket, else None.
-    ``_id`` is ``id(entry)`` once the entry has been given one (0 before; no
+    ``_id_key`` (its identity key) is ``id(entry)`` once the entry has been given one (0 before; no
     object has id 0): its key in a bucket.
     """
 
-    __slots__ = ("_bucket", "_id", "_tick")
+    __slots__ = ("_bucket", "_id_key", "_tick")
 
     def __init__(self) -> None:
         self._tick = 0
         self._bucket: dict[int, Entry] | None = None
-        self._id = 0
+        self._id_key = 0
 
     def __reduce_ex__(self, protocol: object) -> Any:
         # A copy would share the original's identity key and bucket, and an
@@ -202,9 +202,9 @@ class TimingWheel:
         else:
             level = self._grow(e)
         bucket = level.buckets[e // level.width % self.wheel_size]
-        key = entry._id
+        key = entry._id_key
         if not key:
-            entry._id = key = id(entry)
+            entry._id_key = key = id(entry)
         entries = bucket.entries
         entries[key] = entry
         entry._bucket = entries
@@ -231,7 +231,7 @@ class TimingWheel:
         """Take ``entry`` out of its bucket, if it is in one. O(1)."""
         bucket = entry._bucket
         if bucket is not None:
-            del bucket[entry._id]
+            del bucket[entry._id_key]
             entry._bucket = None
 
     def next_expiration(self) -> int | None:

@@ -58,7 +58,7 @@ __all__ = ["main"]
 # The histogram recorder of either build (named _histogram before issue 41's renames).
 _IMPORT_RECORDER = """\
 try:
-    import aiopurgatory._histogram_recorder as h
+    import aiopurgatory._duration_counts as h
 except ImportError:
     import aiopurgatory._histogram as h"""
 

@@ -18,11 +18,9 @@ as Prometheus name / OpenTelemetry name:
 
 * ``aiopurgatory_purgatory_size`` / ``aiopurgatory.purgatory.size`` (gauge):
   entries in all watch lists (``watched``, Kafka's ``PurgatorySize``).
-* ``aiopurgatory_delayed_operations`` / ``aiopurgatory.delayed_operations``
-  (gauge): operations pending in the timer (``delayed``, Kafka's
-  ``NumDelayedOperations``).
 * ``aiopurgatory_pending_operations`` / ``aiopurgatory.pending_operations``
-  (gauge): operations watched and not finished (what ``max_pending`` limits).
+  (gauge): operations watched and not finished, all in the timer (``pending``,
+  Kafka's ``NumDelayedOperations``; what ``max_pending`` limits).
 * ``aiopurgatory_watch_keys`` / ``aiopurgatory.watch_keys`` (gauge): keys with
   a non-empty watch list.
 * ``aiopurgatory_operations_total`` / ``aiopurgatory.operations`` (counter, extra

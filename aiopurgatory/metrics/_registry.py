@@ -81,17 +81,11 @@ GAUGES = (
         "watched",
     ),
     Gauge(
-        "aiopurgatory_delayed_operations",
-        "aiopurgatory.delayed_operations",
-        "{operation}",
-        "Operations pending in the timer (Kafka NumDelayedOperations).",
-        "delayed",
-    ),
-    Gauge(
         "aiopurgatory_pending_operations",
         "aiopurgatory.pending_operations",
         "{operation}",
-        "Operations watched and not yet finished (what max_pending limits).",
+        "Operations watched and not yet finished, all in the timer "
+        "(Kafka NumDelayedOperations; what max_pending limits).",
         "pending",
     ),
     Gauge(

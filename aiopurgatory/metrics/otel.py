@@ -17,10 +17,9 @@ Instruments (attribute ``purgatory`` = the purgatory's name):
 
 * ``aiopurgatory.purgatory.size`` (ObservableGauge, ``{entry}``): entries in
   all watch lists (``watched``).
-* ``aiopurgatory.delayed_operations`` (ObservableGauge, ``{operation}``):
-  operations pending in the timer (``delayed``).
 * ``aiopurgatory.pending_operations`` (ObservableGauge, ``{operation}``):
-  operations watched and not finished.
+  operations watched and not finished, all in the timer (``pending``; Kafka's
+  ``NumDelayedOperations``).
 * ``aiopurgatory.watch_keys`` (ObservableGauge, ``{key}``): keys with a
   non-empty watch list.
 * ``aiopurgatory.operations`` (ObservableCounter, ``{operation}``, extra

@@ -19,9 +19,8 @@ Example::
 Exposed families (label ``purgatory`` = the purgatory's name):
 
 * ``aiopurgatory_purgatory_size`` (gauge): entries in all watch lists (``watched``).
-* ``aiopurgatory_delayed_operations`` (gauge): operations pending in the timer
-  (``delayed``).
-* ``aiopurgatory_pending_operations`` (gauge): operations watched and not finished.
+* ``aiopurgatory_pending_operations`` (gauge): operations watched and not finished,
+  all in the timer (``pending``; Kafka's ``NumDelayedOperations``).
 * ``aiopurgatory_watch_keys`` (gauge): keys with a non-empty watch list.
 * ``aiopurgatory_operations_total`` (counter, extra label ``outcome``): operations
   finished as ``completed``, ``expired``, ``cancelled`` or ``failed``.

@@ -8,9 +8,12 @@ import json
 from typing import Any
 
 import pytest
+import structlog
 
 import aiopurgatory as ap
+from aiopurgatory import simulation
 from aiopurgatory.events import SCHEMA_VERSION, EventRecorder, error_of
+from tests.support.purgatory import Op
 
 
 class Code(enum.Enum):
@@ -68,3 +71,24 @@ async def test_events_carry_the_answer_error() -> None:
 def test_error_of_a_pending_op_is_none() -> None:
     assert error_of(ap.DelayedOperation(1.0)) is None
     assert error_of(Answered(Code.NONE)) == "NONE"  # the op decides what "no error" is
+
+
+# -- the event recorder ------------------------------------------------------------------------
+
+
+def test_a_second_recorder_is_refused_and_closing_one_leaves_others_alone() -> None:
+    async def main() -> tuple[int, int]:
+        purgatory: ap.Purgatory[Op] = ap.Purgatory("p")
+        other: ap.Purgatory[Op] = ap.Purgatory("q")
+        first = EventRecorder(structlog.testing.CapturingLogger())
+        second = EventRecorder(structlog.testing.CapturingLogger())
+        first.attach(purgatory)
+        with pytest.raises(ValueError, match="already has a recorder"):
+            second.attach(purgatory)
+        second.attach(other)
+        first.close()
+        await other.watch(Op(0.001), ["k"])
+        await purgatory.watch(Op(0.001), ["k"])
+        return first.events, second.events
+
+    assert simulation.run(main()) == (0, 1)

@@ -1,4 +1,4 @@
-"""The always-on histograms: bucket layout, recording, snapshots, Prometheus exposition.
+"""The always-on histograms: snapshots, the purgatory's waits and lateness, their exposition.
 
 The suite runs on the compiled core and again on the pure-Python one (``make
 test``), so every test here checks both. Purgatories run on virtual time, where
@@ -8,19 +8,16 @@ every wait is exact: the expected bucket of each one is known.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
 import random
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import aiopurgatory as ap
-from aiopurgatory import _histogram_recorder
+from aiopurgatory import _duration_counts
 from aiopurgatory._histograms import BOUNDS
 from aiopurgatory.metrics.prometheus import HISTOGRAM_EDGES, PurgatoryCollector
 from tests.metrics.test_metrics import (
@@ -32,7 +29,7 @@ EXPIRED = ap.Outcome.EXPIRED
 CANCELLED = ap.Outcome.CANCELLED
 FAILED = ap.Outcome.FAILED
 
-UPPER = _histogram_recorder.upper_bounds()
+UPPER = _duration_counts.upper_bounds()
 
 
 async def close(purgatory: ap.Purgatory[Any], *, expire_pending: bool = False) -> None:
@@ -48,46 +45,11 @@ def bucket_of(seconds: float) -> int:
     raise AssertionError("the last bucket has no edge")
 
 
-# -- the layout -----------------------------------------------------------------------
-
-
-def test_layout_covers_1us_to_a_day_at_most_5_percent_wide() -> None:
-    assert len(UPPER) == _histogram_recorder.BUCKETS == len(BOUNDS)
-    assert UPPER[0] == 1_000
-    assert UPPER[-1] == -1
-    assert BOUNDS[-1] == math.inf
-    edges = UPPER[:-1]
-    assert edges == sorted(set(edges))
-    assert edges[-1] >= 86_400 * 10**9  # at least a day
-    for lower, upper in itertools.pairwise(edges):
-        assert (upper - lower) / lower <= 0.05 + 1e-12
-    # The usual dashboard edges are bucket edges: 1, 2.5 and 5 times a power of ten.
-    for exponent in range(-6, 5):
-        for mantissa in (1, 2.5, 5):
-            assert round(mantissa * 10**exponent * 1e9) in edges
-    assert all(round(edge * 1e9) in edges for edge in HISTOGRAM_EDGES[:-1])
-
-
-@given(st.integers(min_value=0, max_value=2 * 10**14))
-def test_bucket_index_agrees_with_the_edges(ns: int) -> None:
-    i = _histogram_recorder.bucket_index(ns)
-    assert 0 <= i < _histogram_recorder.BUCKETS
-    lower = UPPER[i - 1] if i else -1
-    upper = UPPER[i] if UPPER[i] >= 0 else math.inf
-    assert lower < ns <= upper  # closed above, like Prometheus's le
-
-
-def test_edges_fall_in_the_bucket_they_end() -> None:
-    for i, upper in enumerate(UPPER[:-1]):
-        assert _histogram_recorder.bucket_index(upper) == i
-        assert _histogram_recorder.bucket_index(upper + 1) == i + 1
-
-
 # -- snapshots ------------------------------------------------------------------------
 
 
 def snapshot_of(values: list[float]) -> ap.Histogram:
-    counts = [0] * _histogram_recorder.BUCKETS
+    counts = [0] * _duration_counts.BUCKETS
     for value in values:
         counts[bucket_of(value)] += 1
     return ap.Histogram(len(values), sum(values), max(values, default=0.0), tuple(counts))
@@ -139,25 +101,6 @@ def test_cumulative_counts_at_edges_are_exact() -> None:
     assert h.cumulative([0.001, 0.0025, 2.5, 300.0, math.inf]) == [2, 4, 5, 5, 6]
     with pytest.raises(ValueError, match="not a bucket edge"):
         h.cumulative([0.00103])
-
-
-def test_recorder_records_and_resets() -> None:
-    recorder = _histogram_recorder._Recorder()
-    for value in (0.0, -1.0, 1e-9, 0.25, 0.25, 1e9):
-        recorder.record(value)
-    count, total, largest, counts = recorder.counts()
-    assert count == 6
-    assert total == pytest.approx(0.5 + 1e9 + 1e-9)
-    assert largest == 1e9
-    assert counts[0] == 3
-    assert counts[bucket_of(0.25)] == 2
-    assert counts[-1] == 1
-    recorder.reset()
-    assert recorder.counts() == (0, 0.0, 0.0, [0] * _histogram_recorder.BUCKETS)
-
-
-def test_histograms_are_compiled_in() -> None:
-    assert _histogram_recorder.compiled_in()
 
 
 # -- purgatories on virtual time ---------------------------------------------------------

@@ -16,6 +16,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import aiopurgatory as ap
+from aiopurgatory import simulation
 
 
 class Recording(ap.DelayedOperation):
@@ -225,3 +226,31 @@ async def test_await_raises_the_callback_exception() -> None:
     with pytest.raises(ValueError, match="on_complete failed"):
         await op
     assert op.outcome is ap.Outcome.COMPLETED
+
+
+# -- a stored failure raised again does not grow ------------------------------------------------
+
+
+def test_raising_a_stored_failure_again_does_not_grow_its_traceback() -> None:
+    class Failing(ap.DelayedOperation):
+        def on_complete(self) -> None:
+            raise RuntimeError("boom")
+
+    async def main() -> list[int]:
+        op = Failing(1.0)
+        purgatory: ap.Purgatory[Failing] = ap.Purgatory()
+        purgatory.try_complete_else_watch(op, ["k"])
+        op.force_complete()
+        depths = []
+        for _ in range(5):
+            try:
+                await op
+            except RuntimeError as exc:
+                tb, depth = exc.__traceback__, 0
+                while tb is not None:
+                    depth, tb = depth + 1, tb.tb_next
+                depths.append(depth)
+        return depths
+
+    depths = simulation.run(main())
+    assert len(set(depths)) == 1  # the same depth every time

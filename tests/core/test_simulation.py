@@ -533,7 +533,7 @@ def test_an_hour_with_100k_timers_on_a_binary_tick() -> None:
 @pytest.mark.timeout(60)
 def test_an_hour_with_100k_timers_on_the_default_tick() -> None:
     # 1 ms ticks are not exact floats; the bounded runner turns a hang into a failure.
-    from tests.core.test_timer import run_virtual_bounded
+    from tests.support.timer import run_virtual_bounded
 
     fired, early, cancelled, end = run_virtual_bounded(lambda: hour_of_timers(0.001), 30.0)
     assert fired == 10**5 - cancelled

@@ -1,7 +1,7 @@
 """Where the examples run: from a checkout (or an unpacked sdist), never from a wheel.
 
 ``examples`` is not part of the distribution: no wheel installs it and no extra
-promises it (``tests/core/test_compiled_core.py`` checks the wheel). The sdist carries
+promises it (``tests/core/test_compiled.py`` checks the wheel). The sdist carries
 the examples with the tests and docs, and an editable install of a checkout, as
 ``make install`` does, maps the ``examples`` package, so that
 ``python -m examples.NAME`` runs from any directory of the checkout.
@@ -44,7 +44,7 @@ def test_the_sdist_carries_the_examples_and_an_editable_install_runs_them_anywhe
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["AIOPURGATORY_NO_EXTENSIONS"] = "1"  # the compiled core is not the point here
     # `make test` built this checkout's sdist already (AIOPURGATORY_TEST_DIST, see
-    # tests/core/test_compiled_core.py); alone, the test builds it.
+    # tests/core/test_compiled.py); alone, the test builds it.
     dist = checkout_dist(tmp_path / "dist", sdist_only=True, env=env)
     (sdist,) = dist.glob("aiopurgatory-*.tar.gz")
     with tarfile.open(sdist) as tf:

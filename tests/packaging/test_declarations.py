@@ -114,7 +114,7 @@ def test_every_core_module_is_covered() -> None:
         "_operation",
         "_thresholds",
         "_purgatory",
-        "_histogram_recorder",
+        "_duration_counts",
         "_validation",
         "_ticks",
         "_purgatory_core",

@@ -34,7 +34,7 @@ CORE_ORDER = [
     "_ticks",
     "_timer_states",
     "_wheel",
-    "_histogram_recorder",
+    "_duration_counts",
 ]
 SHARED = {"_errors", "_logging", "_validation"}
 

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from tests.core import test_namespaces
+from tests.core import test_namespace
 from tests.docs import test_docs
 
 
@@ -15,8 +15,8 @@ from tests.docs import test_docs
 def test_the_public_api_is_listed_and_documented(
     module_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(test_namespaces.SUBMODULES, "aiopurgatory.postgres", {"testing"})
-    test_namespaces.test_dir_lists_the_public_api_only(module_name)
+    monkeypatch.setitem(test_namespace.SUBMODULES, "aiopurgatory.postgres", {"testing"})
+    test_namespace.test_dir_lists_the_public_api_only(module_name)
     test_docs.test_api_reference_documents_every_public_name(module_name)
 
 

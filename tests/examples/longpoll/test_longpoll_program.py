@@ -107,7 +107,7 @@ def test_a_client_that_hangs_up_withdraws_its_wait(
     wait_until(lambda: server.metrics()[gauge] == 0, "both withdrawn", 5)
     if waiter == "purgatory":
         metrics = server.metrics()
-        for name in ("pending_operations", "delayed_operations", "purgatory_size", "watch_keys"):
+        for name in ("pending_operations", "purgatory_size", "watch_keys"):
             assert metrics[f'aiopurgatory_{name}{{purgatory="longpoll"}}'] == 0
     status, lines = server.stop()
     assert status == 0

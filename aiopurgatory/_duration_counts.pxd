@@ -1,4 +1,4 @@
-# Declarations that compile _histogram_recorder.py into a C extension (see setup.py); the
+# Declarations that compile _duration_counts.py into a C extension (see setup.py); the
 # .py stays the pure-Python build and the one source of the logic.
 
 cimport cython
@@ -26,13 +26,13 @@ cpdef Py_ssize_t bucket_index(long long ns) except -1
 
 
 @cython.final
-cdef class _Recorder:
+cdef class _DurationCounts:
     cdef object _array
     cdef long long[::1] _counts
     cdef public double _max
     cdef public double _sum
 
     @cython.locals(i=Py_ssize_t)
-    cpdef void record(self, double seconds)
+    cpdef void add(self, double seconds)
     cpdef counts(self)
     cpdef reset(self)

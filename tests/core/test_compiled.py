@@ -29,7 +29,7 @@ import pytest
 import aiopurgatory as ap
 from aiopurgatory import (
     _compiled,
-    _histogram_recorder,
+    _duration_counts,
     _operation,
     _purgatory,
     _purgatory_core,
@@ -57,7 +57,7 @@ CORE = (
     _thresholds,
     _purgatory_core,
     _purgatory,
-    _histogram_recorder,
+    _duration_counts,
 )
 
 

@@ -1,6 +1,6 @@
 """Always-on duration histograms: O(1) recording with no allocation (compiled core).
 
-A :class:`_Recorder` counts durations (seconds) in fixed log-linear buckets, in
+A :class:`_DurationCounts` counts durations (seconds) in fixed log-linear buckets, in
 the style of HdrHistogram, but with decimal bucket edges so that the usual
 dashboard boundaries (1, 2.5 and 5 times a power of ten seconds) are edges:
 
@@ -17,7 +17,7 @@ is counted in the bucket that ends there. 772 buckets in all (6 KiB of counts).
 
 Recording reads nothing but its argument, touches one bucket and two totals,
 and in the compiled core is plain C (no Python object made). Reading
-(:meth:`_Recorder.counts`) copies the counts; it may run on another thread than
+(:meth:`_DurationCounts.counts`) copies the counts; it may run on another thread than
 the one recording (a metrics scrape): in the compiled core a record holds the
 GIL from start to end, so a copy never sees half of one.
 """
@@ -29,10 +29,12 @@ from typing import Final
 
 __all__ = ["BUCKETS", "HISTOGRAMS", "bucket_index", "compiled_in", "upper_bounds"]
 
-# Compiled with the C macro AIOPURGATORY_HISTOGRAMS=0 (setup.py, env
-# AIOPURGATORY_NO_HISTOGRAMS=1), the compiled core records nothing: the
-# purgatory's recording code is left out by the C compiler. Only for measuring
-# what the histograms cost; the pure-Python core always records.
+# Whether finished operations are counted in the histograms, declared here only
+# (the purgatory's core imports it). Compiled with the C macro
+# AIOPURGATORY_HISTOGRAMS=0 (setup.py, env AIOPURGATORY_NO_HISTOGRAMS=1), the
+# compiled core counts nothing: the purgatory's counting code is left out by the
+# C compiler. Only for measuring what the histograms cost; the pure-Python core
+# always counts.
 HISTOGRAMS = True
 
 # Nanoseconds: the first decade starts at 1 us, the last ends at 1e5 s.
@@ -124,7 +126,7 @@ def upper_bounds() -> list[int]:
     return bounds
 
 
-class _Recorder:
+class _DurationCounts:
     """Counts of durations in the buckets above, with their count, sum and maximum."""
 
     __slots__ = ("_array", "_counts", "_max", "_sum")
@@ -136,7 +138,7 @@ class _Recorder:
         self._sum = 0.0
         self._max = 0.0
 
-    def record(self, seconds: float) -> None:
+    def add(self, seconds: float) -> None:
         """Count one duration (seconds; negative counts as 0)."""
         if seconds > 0.0:
             if seconds <= 1e5:
