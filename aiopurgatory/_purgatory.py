@@ -57,9 +57,13 @@ class PurgatoryStatistics:
     name: str
     #: Entries in all watch lists (Kafka ``PurgatorySize``); pending operations only.
     watched: int
+    #: Kafka's name (``NumDelayedOperations``, the SPEC's field) for :attr:`pending`:
+    #: always the same count (every pending operation is in the timer, and only
+    #: those). The exporters show it once, as ``pending``.
+    delayed: int
     #: Keys with a non-empty watch list.
     keys: int
-    #: Operations watched and not finished (in the timer: Kafka ``NumDelayedOperations``).
+    #: Operations watched and not finished.
     pending: int
     #: Running total of operations completed.
     completed: int
@@ -71,15 +75,6 @@ class PurgatoryStatistics:
     failed: int
     #: Running total of :meth:`Purgatory.advance` calls that raised a watermark.
     advances: int = 0
-
-    @property
-    def delayed(self) -> int:
-        """Kafka's name (``NumDelayedOperations``) for :attr:`pending`: the same count.
-
-        Every pending operation is in the timer, and only those, so Kafka's two
-        notions are one here; kept as an alias, not as a second field.
-        """
-        return self.pending
 
 
 class Purgatory(_PurgatoryCore, Generic[OpT]):
@@ -241,6 +236,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
         return PurgatoryStatistics(
             name=self._name,
             watched=self._watched,
+            delayed=self._pending,
             keys=len(self.keys()),
             pending=self._pending,
             completed=self._completed,

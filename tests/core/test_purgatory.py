@@ -346,9 +346,10 @@ async def test_statistics_fields() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.watched = 5  # type: ignore[misc]
     names = {f.name for f in dataclasses.fields(stats)}
-    assert {"name", "watched", "keys", "pending", "completed", "expired", "cancelled"} <= names
-    # Kafka's NumDelayedOperations is an alias of pending, not a second field.
-    assert "delayed" not in names
+    # The SPEC's fields; `delayed` (Kafka's NumDelayedOperations) is the SPEC's
+    # name for what this library also calls `pending`: always the same count.
+    assert {"name", "watched", "delayed", "keys", "completed", "expired", "cancelled"} <= names
+    assert "pending" in names
     assert stats.delayed == stats.pending == 0
     assert stats.name == "stats"
     ops = [Op(0.1), Op(0.1), Op(0.1), Op(1.0), Op(1.0, completable=True)]
