@@ -56,10 +56,9 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
 
 from .._namespace import public_dir as _public_dir
 from .._transport import Key, Triggers
-from ..postgres._sql import schema_sql as _watermarks_sql
-from ..postgres._sql import table_name
-from ..postgres._wire import DEFAULT_CHANNEL, DEFAULT_PARTITIONS, check_channel, check_partitions
-from ._layout import END, JobEnd, check_namespace, job_key
+from ..postgres._wire import DEFAULT_CHANNEL, DEFAULT_PARTITIONS
+from ._layout import JobEnd
+from ._pg_trigger import trigger_sql
 from ._waiter import JobAnswer, JobFailedError, JobWaiter
 
 __all__ = ["ProcrastinateJobs", "install", "schema_sql"]
@@ -70,14 +69,6 @@ _ENDS: Final = {
     Status.CANCELLED.value: JobEnd.REVOKED,
     Status.ABORTED.value: JobEnd.REVOKED,
 }
-
-
-def _procrastinate_namespace(namespace: object) -> str:
-    namespace = check_namespace(namespace)
-    # Written into the trigger's body as an SQL literal inside a dollar quote.
-    if "$" in namespace or "\x00" in namespace:
-        raise ValueError(f"namespace must not hold '$' or NUL characters, got {namespace!r}")
-    return namespace
 
 
 def schema_sql(
@@ -110,59 +101,15 @@ def schema_sql(
         TypeError, ValueError: an argument PostgresTriggers would refuse; a
             namespace with ``$`` or NUL.
     """
-    namespace = _procrastinate_namespace(namespace)
-    channel = check_channel(channel)
-    count = check_partitions(partitions)
-    crc = f'"{channel}_crc32"'
-    function = f'"{channel}_procrastinate_ended"'
-    trigger = f'"{channel}_procrastinate_ends"'
-    head = job_key(namespace, "")  # "job:<namespace>:", the id appended in SQL
-    assert isinstance(head, str)
-    prefix = "'" + head.replace("'", "''") + "'"
-    return (
-        _watermarks_sql(channel)
-        # zlib's CRC-32 (reflected, polynomial 0xEDB88320), byte by byte: the
-        # partition of a stored key must be the one _wire.partition_of computes.
-        + f"CREATE OR REPLACE FUNCTION {crc}(data bytea) RETURNS bigint\n"
-        "LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $aiopurgatory$\n"
-        "DECLARE\n"
-        "    crc bigint := 4294967295;\n"
-        "BEGIN\n"
-        "    FOR i IN 0 .. length(data) - 1 LOOP\n"
-        "        crc := crc # get_byte(data, i);\n"
-        "        FOR j IN 1 .. 8 LOOP\n"
-        "            crc := (crc >> 1) # (3988292384 * (crc & 1));\n"
-        "        END LOOP;\n"
-        "    END LOOP;\n"
-        "    RETURN crc # 4294967295;\n"
-        "END\n"
-        "$aiopurgatory$;\n"
-        f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger\n"
-        "LANGUAGE plpgsql AS $aiopurgatory$\n"
-        "DECLARE\n"
-        f"    k text := {prefix} || NEW.id::text;\n"
-        "    stored bytea := convert_to('s' || k, 'UTF8');\n"
-        f"    v float8 := {END!r} + CASE NEW.status::text\n"
-        f"        WHEN 'succeeded' THEN {JobEnd.SUCCEEDED.value}\n"
-        f"        WHEN 'failed' THEN {JobEnd.FAILED.value}\n"
-        f"        ELSE {JobEnd.REVOKED.value} END;\n"
-        "BEGIN\n"
-        f"    INSERT INTO {table_name(channel)} AS w (key, value) VALUES (stored, v)\n"
-        "        ON CONFLICT (key) DO UPDATE\n"
-        "        SET value = GREATEST(w.value, EXCLUDED.value), updated_at = now();\n"
-        # The payload of _wire.notifications: version 1, the sender of a
-        # transaction's triggers ("": applied by every process), no checks.
-        f"    PERFORM pg_notify('{channel}_' || mod({crc}(stored), {count}),\n"
-        "        json_build_array(1, '', json_build_array(), json_build_array(k, v))::text);\n"
-        "    RETURN NULL;\n"
-        "END\n"
-        "$aiopurgatory$;\n"
-        f"DROP TRIGGER IF EXISTS {trigger} ON procrastinate_jobs;\n"
-        f"CREATE TRIGGER {trigger}\n"
-        "    AFTER UPDATE OF status ON procrastinate_jobs\n"
-        "    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status AND NEW.status::text IN "
-        "('succeeded', 'failed', 'cancelled', 'aborted'))\n"
-        f"    EXECUTE FUNCTION {function}();\n"
+    return trigger_sql(
+        system="procrastinate",
+        table="procrastinate_jobs",
+        id_column="id",
+        status_column="status",
+        ends=_ENDS,
+        namespace=namespace,
+        channel=channel,
+        partitions=partitions,
     )
 
 
