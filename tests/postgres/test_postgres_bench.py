@@ -51,3 +51,33 @@ def test_the_writers_benchmark_compares_commits_with_and_without_notify(tmp_path
     rows = json.loads(output.read_text())["writers"]
     assert [row["writers"] for row in rows] == [1, 2]
     assert all(row["plain"] > 0 and row["notify"] > 0 for row in rows)
+
+
+def test_the_throughput_benchmark_alternates_rounds_and_reports_cpu_per_trigger(
+    tmp_path: Path,
+) -> None:
+    output = tmp_path / "throughput.json"
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "aiopurgatory.postgres.bench"),
+            *("--throughput", "--triggers", "300", "--rounds", "2", "--output", str(output)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(output.read_text())
+    assert len(report["rounds"]) == len(report["ratios"]) == 2
+    for pg, redis in report["rounds"]:
+        assert (pg["transport"], redis["transport"]) == ("postgres", "redis")
+        for row in (pg, redis):
+            assert row["triggers"] == 300
+            assert row["triggers_per_s"] > 0
+            assert row["seconds"] > 0
+            assert row["publisher_us"] > 0
+            assert row["sink_us"] > 0
+            assert row["server_us"] >= 0  # clock ticks of 10 ms: 0 on a short run
+            assert 0 < row["messages"] <= 300
+    assert "round 2 postgres / redis: throughput" in done.stdout
