@@ -144,7 +144,8 @@ async def test_a_wait_parked_before_the_end_and_one_started_after_both_answer(
     parked = asyncio.ensure_future(jobs.wait(job_id, timeout=20.0))
     await asyncio.sleep(0.3)
     assert not parked.done()
-    assert (await parked).status == "succeeded"
+    # Woken by the commit: well before the wait's own timeout (and its last look).
+    assert (await asyncio.wait_for(parked, 10)).status == "succeeded"
     # Ended before this wait: it answers at once, even with a timeout of 0.
     started = time.monotonic()
     assert (await jobs.wait(job_id, timeout=0)).status == "succeeded"
@@ -266,3 +267,18 @@ async def test_the_waiter_refuses_what_is_not_a_job_id(
     with pytest.raises(ValueError, match="job_id"):
         await jobs.wait("-1", timeout=1)
     assert jobs.key(12) == jobs.key("12") == "job:procrastinate:12"
+
+
+async def test_another_channel_and_partition_count_reach_their_own_waiters(
+    server: PostgresServer, worker: WorkerProcess, app: procrastinate.App
+) -> None:
+    await install(app, channel="others", partitions=7, namespace="elsewhere")
+    async with PostgresTriggers(
+        Purgatory("other"), server.dsn, channel="others", partitions=7
+    ) as triggers:
+        jobs = ProcrastinateJobs(triggers, app, namespace="elsewhere")
+        job_id = await defer(app, "add", x=1, y=2)
+        job = await asyncio.wait_for(jobs.wait(job_id, timeout=20.0), 10)
+        assert job.status == "succeeded"
+        assert await triggers.fetch_watermark(jobs.key(job_id)) == END
+        assert jobs.key(job_id) == f"job:elsewhere:{job_id}"
