@@ -11,18 +11,16 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-import pytest_asyncio
 
-from aiopurgatory import Purgatory
 from aiopurgatory.jobs import END, JobEnd, JobFailedError, JobTimeoutError
 from aiopurgatory.postgres import PostgresTriggers
-from aiopurgatory.postgres.testing import PostgresMissing, PostgresServer
+from aiopurgatory.postgres.testing import PostgresServer
 from tests.jobs.conftest import WorkerProcess, python
 
 pytestmark = pytest.mark.realtime
@@ -31,20 +29,15 @@ SETTINGS = "tests.jobs.django_tasks_site.settings"
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[PostgresServer]:
+def server(jobs_postgres: PostgresServer) -> Iterator[PostgresServer]:
     """The module's PostgreSQL, migrated (django-tasks-db's tables, then the trigger)."""
-    try:
-        started = PostgresServer()
-    except PostgresMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
-    started.start()
     import django
     from django.conf import settings
 
     if settings.configured:  # another module of this process set Django up
         pytest.fail("Django is set up already in this process", pytrace=False)
     saved = dict(os.environ)
-    os.environ["AIOPURGATORY_JOBS_POSTGRES"] = started.dsn
+    os.environ["AIOPURGATORY_JOBS_POSTGRES"] = jobs_postgres.dsn
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
     try:
         django.setup()  # reads the settings, and the DSN in them, now
@@ -58,9 +51,8 @@ def server() -> Iterator[PostgresServer]:
 
     call_command("migrate", verbosity=0)
     connections.close_all()
-    yield started
+    yield jobs_postgres
     connections.close_all()
-    started.destroy()
 
 
 def start_worker(dsn: str, where: Path, queue: str) -> WorkerProcess:
@@ -82,10 +74,9 @@ def worker(
     process.stop()
 
 
-@pytest_asyncio.fixture
-async def triggers(server: PostgresServer) -> AsyncIterator[PostgresTriggers]:
-    async with PostgresTriggers(Purgatory("web"), server.dsn) as started:
-        yield started
+@pytest.fixture
+def triggers(server: PostgresServer, postgres_triggers: PostgresTriggers) -> PostgresTriggers:
+    return postgres_triggers
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from aiopurgatory.jobs import END, JobEnd, JobFailedError, JobTimeoutError
 from aiopurgatory.jobs.procrastinate import ProcrastinateJobs, install, schema_sql
 from aiopurgatory.postgres import PostgresTriggers
 from aiopurgatory.postgres._wire import partition_of, stored_key
-from aiopurgatory.postgres.testing import PostgresMissing, PostgresServer
+from aiopurgatory.postgres.testing import PostgresServer
 from tests.jobs.conftest import WorkerProcess, python
 
 pytestmark = pytest.mark.realtime
@@ -34,24 +34,19 @@ APP = "tests.jobs.procrastinate_app.app"
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[PostgresServer]:
+def server(jobs_postgres: PostgresServer) -> PostgresServer:
     """The module's PostgreSQL, with Procrastinate's schema and the trigger installed."""
-    try:
-        started = PostgresServer()
-    except PostgresMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
-    started.start()
 
     async def prepare() -> None:
-        app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=started.dsn))
+        dsn = jobs_postgres.dsn
+        app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
         async with app.open_async():
             await app.schema_manager.apply_schema_async()
             await install(app)
             await install(app)  # idempotent
 
     asyncio.run(prepare())
-    yield started
-    started.destroy()
+    return jobs_postgres
 
 
 def newest_worker(dsn: str) -> int:
@@ -96,10 +91,9 @@ async def app(server: PostgresServer) -> AsyncIterator[procrastinate.App]:
         yield opened
 
 
-@pytest_asyncio.fixture
-async def triggers(server: PostgresServer) -> AsyncIterator[PostgresTriggers]:
-    async with PostgresTriggers(Purgatory("web"), server.dsn) as started:
-        yield started
+@pytest.fixture
+def triggers(server: PostgresServer, postgres_triggers: PostgresTriggers) -> PostgresTriggers:
+    return postgres_triggers
 
 
 @pytest.fixture

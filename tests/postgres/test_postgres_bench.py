@@ -14,18 +14,20 @@ from tests.support.postgres import ROOT
 pytestmark = pytest.mark.realtime
 
 
-def test_the_latency_benchmark_measures_postgres_and_redis_in_one_run(tmp_path: Path) -> None:
-    output = tmp_path / "latency.json"
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "aiopurgatory.postgres.bench"),
-            *("--wakes", "30", "--interval", "0.002", "--output", str(output)),
-        ],
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m aiopurgatory.postgres.bench ARGS``, run to its end (2 minutes at most)."""
+    return subprocess.run(
+        [sys.executable, "-m", "aiopurgatory.postgres.bench", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_the_latency_benchmark_measures_postgres_and_redis_in_one_run(tmp_path: Path) -> None:
+    output = tmp_path / "latency.json"
+    done = bench("--wakes", "30", "--interval", "0.002", "--output", str(output))
     assert done.returncode == 0, done.stderr
     results = json.loads(output.read_text())["results"]
     assert [row["transport"] for row in results] == ["postgres", "redis"]
@@ -37,16 +39,7 @@ def test_the_latency_benchmark_measures_postgres_and_redis_in_one_run(tmp_path: 
 
 def test_the_writers_benchmark_compares_commits_with_and_without_notify(tmp_path: Path) -> None:
     output = tmp_path / "writers.json"
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "aiopurgatory.postgres.bench"),
-            *("--writers", "1,2", "--seconds", "0.3", "--output", str(output)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = bench("--writers", "1,2", "--seconds", "0.3", "--output", str(output))
     assert done.returncode == 0, done.stderr
     rows = json.loads(output.read_text())["writers"]
     assert [row["writers"] for row in rows] == [1, 2]
@@ -57,16 +50,7 @@ def test_the_throughput_benchmark_alternates_rounds_and_reports_cpu_per_trigger(
     tmp_path: Path,
 ) -> None:
     output = tmp_path / "throughput.json"
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "aiopurgatory.postgres.bench"),
-            *("--throughput", "--triggers", "300", "--rounds", "2", "--output", str(output)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = bench("--throughput", "--triggers", "300", "--rounds", "2", "--output", str(output))
     assert done.returncode == 0, done.stderr
     report = json.loads(output.read_text())
     assert len(report["rounds"]) == len(report["ratios"]) == 2
