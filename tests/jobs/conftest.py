@@ -19,11 +19,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 import pytest_asyncio
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from aiopurgatory import Purgatory, Triggers
 from aiopurgatory.jobs import END
 from aiopurgatory.redis import RedisTriggers
 from aiopurgatory.redis.testing import RedisServer, RedisServerMissing
+from tests.jobs.traced import tracer_here
 
 if TYPE_CHECKING:
     # Imported where used: .venv-arq (tests/jobs/test_arq.py) has no postgres extra.
@@ -31,6 +34,14 @@ if TYPE_CHECKING:
     from aiopurgatory.postgres.testing import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def here() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
+    """A TracerProvider of the test's own, exporting to memory (the tracing tests' waits)."""
+    provider, exporter = tracer_here()
+    yield provider, exporter
+    provider.shutdown()
 
 
 @pytest.fixture(scope="module")
