@@ -11,9 +11,9 @@ so every path that ends a job (a worker, an admin, a manual UPDATE) publishes.
 
 The partition of a key is CRC-32 of its stored form, modulo the partitions, as
 :func:`aiopurgatory.postgres._wire.partition_of` computes it; PostgreSQL 15 has
-no CRC-32, so the SQL defines ``"<channel>_crc32"`` (PL/pgSQL, byte by byte:
-tens of microseconds for a job key, once per job end). No ``%`` anywhere: the
-text goes through drivers that also format parameters.
+no CRC-32, so the SQL defines ``"<channel>_crc32"`` (PL/pgSQL, a byte at a time
+through a table; once per job end). No ``%`` anywhere: the text goes through
+drivers that also format parameters.
 """
 
 from __future__ import annotations
@@ -43,20 +43,33 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+def _crc_table() -> list[int]:
+    """zlib's CRC-32 table: reflected, polynomial 0xEDB88320, one entry per byte value."""
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0xEDB88320 if crc & 1 else 0)
+        table.append(crc)
+    return table
+
+
 def crc32_sql(channel: str) -> str:
-    """``CREATE OR REPLACE FUNCTION "<channel>_crc32"(bytea) RETURNS bigint``: zlib's CRC-32."""
+    """``CREATE OR REPLACE FUNCTION "<channel>_crc32"(bytea) RETURNS bigint``: zlib's CRC-32.
+
+    A byte at a time through the 256-entry table (a constant array: PL/pgSQL
+    plans it once per session); a bit at a time took 8 times the iterations.
+    """
+    table = "{" + ",".join(map(str, _crc_table())) + "}"
     return (
         f'CREATE OR REPLACE FUNCTION "{channel}_crc32"(data bytea) RETURNS bigint\n'
         f"LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS {_QUOTE}\n"
         "DECLARE\n"
         "    crc bigint := 4294967295;\n"
+        f"    t CONSTANT bigint[] := '{table}'::bigint[];\n"
         "BEGIN\n"
         "    FOR i IN 0 .. length(data) - 1 LOOP\n"
-        "        crc := crc # get_byte(data, i);\n"
-        "        FOR j IN 1 .. 8 LOOP\n"
-        # Reflected, polynomial 0xEDB88320: one bit at a time.
-        "            crc := (crc >> 1) # (3988292384 * (crc & 1));\n"
-        "        END LOOP;\n"
+        "        crc := (crc >> 8) # t[((crc # get_byte(data, i)) & 255) + 1];\n"
         "    END LOOP;\n"
         "    RETURN crc # 4294967295;\n"
         "END\n"

@@ -33,6 +33,13 @@ to the sink's completion. Rounds alternate the transports' order, so that a
 machine loaded by others weighs on both, and the ratios PostgreSQL / Redis are
 reported per round.
 
+``python -m aiopurgatory.postgres.bench --job-trigger [--jobs N] [--rounds R]``
+measures what the trigger of :mod:`aiopurgatory.jobs.procrastinate` adds to
+Procrastinate's ``procrastinate_finish_job`` (:func:`_job_trigger`; needs the
+``procrastinate`` extra): the server's time per call inside one transaction of
+``N`` calls (``clock_timestamp()``, no round trips), the trigger enabled and
+disabled in alternating rounds, and the time of its CRC-32 function per job key.
+
 By default both servers run without durability (PostgreSQL ``fsync=off``,
 ``synchronous_commit=off``; Redis ``appendfsync no``); ``--durable`` runs them as
 in production (PostgreSQL's defaults, Redis ``appendfsync always``), where a
@@ -368,6 +375,93 @@ def _throughput(args: argparse.Namespace, settings: dict[str, str]) -> int:
     return 0
 
 
+_FINISH_ALL = """
+DO $bench$
+DECLARE t0 timestamptz; r record;
+BEGIN
+    t0 := clock_timestamp();
+    FOR r IN SELECT id FROM procrastinate_jobs WHERE status = 'todo' ORDER BY id LOOP
+        PERFORM procrastinate_finish_job_v1(r.id, 'succeeded', false);
+    END LOOP;
+    RAISE NOTICE 'elapsed %', extract(epoch FROM clock_timestamp() - t0);
+END $bench$;
+"""
+
+_CRC_ALL = """
+DO $bench$
+DECLARE t0 timestamptz; x bigint;
+BEGIN
+    t0 := clock_timestamp();
+    FOR i IN 1 .. {jobs} LOOP
+        x := "aiopurgatory_crc32"(convert_to('sjob:procrastinate:' || i::text, 'UTF8'));
+    END LOOP;
+    RAISE NOTICE 'elapsed %', extract(epoch FROM clock_timestamp() - t0);
+END $bench$;
+"""
+
+
+async def _job_trigger_rounds(dsn: str, jobs: int, rounds: int) -> dict[str, Any]:
+    import asyncpg
+    import procrastinate
+
+    from ..jobs.procrastinate import install
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+        await install(app)
+    conn = await asyncpg.connect(dsn)
+    elapsed: list[float] = []
+    conn.add_log_listener(lambda _conn, message: elapsed.append(float(str(message).split()[-1])))
+
+    async def timed(statement: str) -> float:
+        # The NOTICE arrives with the statement's answer; its handler runs soon after.
+        count = len(elapsed)
+        await conn.execute(statement)
+        for _ in range(100):
+            if len(elapsed) > count:
+                break
+            await asyncio.sleep(0.01)
+        return elapsed[-1] / jobs * 1e6
+
+    try:
+        crc_us = await timed(_CRC_ALL.format(jobs=jobs))
+        rows = []
+        for n in range(rounds):
+            row: dict[str, Any] = {}
+            for on in (True, False) if n % 2 == 0 else (False, True):
+                switch = "ENABLE" if on else "DISABLE"
+                trigger = '"aiopurgatory_procrastinate_ends"'
+                await conn.execute(f"ALTER TABLE procrastinate_jobs {switch} TRIGGER {trigger}")
+                await conn.execute(
+                    "INSERT INTO procrastinate_jobs (queue_name, task_name) "
+                    "SELECT 'bench', 'bench' FROM generate_series(1, $1)",
+                    jobs,
+                )
+                row["with_us" if on else "without_us"] = round(await timed(_FINISH_ALL), 1)
+            rows.append(row)
+    finally:
+        await conn.close()
+    return {"jobs": jobs, "crc32_us": round(crc_us, 1), "rounds": rows}
+
+
+def _job_trigger(args: argparse.Namespace, settings: dict[str, str]) -> int:
+    from .testing import PostgresServer
+
+    with PostgresServer(**settings) as postgres:
+        report = asyncio.run(_job_trigger_rounds(postgres.dsn, args.jobs, args.rounds))
+    print(f"CRC-32 of a job key: {report['crc32_us']} us")
+    for n, row in enumerate(report["rounds"], 1):
+        print(
+            f"round {n}: procrastinate_finish_job {row['with_us']} us with the trigger, "
+            f"{row['without_us']} us without (+{row['with_us'] - row['without_us']:.1f} us)"
+        )
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as out:
+            json.dump({"durable": args.durable, **report}, out, indent=2)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark (see the module documentation); 0 on success."""
     parser = argparse.ArgumentParser(prog="python -m aiopurgatory.postgres.bench")
@@ -379,7 +473,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="per --writers measurement")
     parser.add_argument("--throughput", action="store_true", help="throughput and CPU")
     parser.add_argument("--triggers", type=int, default=20000, help="per --throughput round")
-    parser.add_argument("--rounds", type=int, default=4, help="--throughput rounds")
+    parser.add_argument("--rounds", type=int, default=4, help="--throughput, --job-trigger rounds")
+    parser.add_argument("--job-trigger", action="store_true", help="the job-end trigger's cost")
+    parser.add_argument("--jobs", type=int, default=3000, help="per --job-trigger round")
     parser.add_argument("--role", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role:
@@ -393,6 +489,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .testing import PostgresServer
 
     settings = {"fsync": "on", "synchronous_commit": "on"} if args.durable else {}
+    if args.job_trigger:
+        if args.jobs <= 0 or args.rounds <= 0:
+            parser.error("--jobs and --rounds must be positive")
+        return _job_trigger(args, settings)
     if args.throughput:
         if args.triggers <= 0 or args.rounds <= 0:
             parser.error("--triggers and --rounds must be positive")

@@ -65,3 +65,19 @@ def test_the_throughput_benchmark_alternates_rounds_and_reports_cpu_per_trigger(
             assert row["server_us"] >= 0  # clock ticks of 10 ms: 0 on a short run
             assert 0 < row["messages"] <= 300
     assert "round 2 postgres / redis: throughput" in done.stdout
+
+
+def test_the_job_trigger_benchmark_times_finish_job_with_and_without_the_trigger(
+    tmp_path: Path,
+) -> None:
+    output = tmp_path / "trigger.json"
+    done = bench("--job-trigger", "--jobs", "100", "--rounds", "2", "--output", str(output))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(output.read_text())
+    assert report["jobs"] == 100
+    assert report["crc32_us"] > 0
+    assert len(report["rounds"]) == 2
+    for row in report["rounds"]:
+        assert row["with_us"] > 0
+        assert row["without_us"] > 0
+    assert "round 2: procrastinate_finish_job" in done.stdout
