@@ -1,4 +1,4 @@
-"""Await the background jobs of Celery, RQ, Dramatiq, saq and arq without polling.
+"""Await the background jobs of Celery, RQ, Dramatiq, saq, arq, Procrastinate, django-tasks.
 
 Two halves, one module per job system (each needs its extra:
 ``pip install 'aiopurgatory[celery]'``...):
@@ -18,7 +18,12 @@ Two halves, one module per job system (each needs its extra:
   ``dramatiq.DramatiqJobs(triggers, backend).wait_message(message, ...)``;
 * saq: ``saq.publish_jobs(settings, url)``, ``saq.SaqJobs(triggers, queue)``;
 * arq: ``arq.publish_jobs(WorkerSettings, url)``, ``arq.ArqJobs(triggers, pool)``
-  (its extra is not in ``all``: arq pins redis-py below 6).
+  (its extra is not in ``all``: arq pins redis-py below 6);
+* Procrastinate and django-tasks (database backend), queued in PostgreSQL: no
+  worker code, a trigger on the job table publishes in the transaction that
+  stores the end (``procrastinate.install(app)``, ``django_tasks.schema_sql()``
+  in a migration); ``procrastinate.ProcrastinateJobs(triggers, app)``,
+  ``django_tasks.DjangoTasksJobs(triggers)`` on a ``PostgresTriggers``.
 
 The key layout (one watermark per job: its progress, then its end above every
 progress) is :mod:`aiopurgatory.jobs._layout`'s; see the documentation page

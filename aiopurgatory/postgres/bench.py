@@ -18,6 +18,28 @@ A wake's latency is the completion time in the waiter minus the advance's time
 here (``time.monotonic()``, one clock for every process of the machine): the
 publisher's send, the server, the delivery and the waiter's handling.
 
+``python -m aiopurgatory.postgres.bench --throughput [--triggers N] [--rounds R]
+[--durable]`` measures instead trigger throughput and CPU per trigger
+(:func:`_throughput`): a publisher makes ``N`` advances as fast as it can, each of
+its own key (so none is coalesced with another), one at a time and yielding to
+the loop after each, as request handlers do (the transport batches what piles up
+meanwhile), while a *sink* process has an operation parked on each key;
+throughput is ``N`` over the time from the first advance to the sink's last
+completion. CPU seconds per trigger are
+read for the publisher (``time.process_time``), the sink, and the server: the sum
+of ``utime + stime`` in ``/proc/<pid>/stat`` over the server's processes (the
+postmaster and its backends, or ``redis-server``), from before the first advance
+to the sink's completion. Rounds alternate the transports' order, so that a
+machine loaded by others weighs on both, and the ratios PostgreSQL / Redis are
+reported per round.
+
+``python -m aiopurgatory.postgres.bench --job-trigger [--jobs N] [--rounds R]``
+measures what the trigger of :mod:`aiopurgatory.jobs.procrastinate` adds to
+Procrastinate's ``procrastinate_finish_job`` (:func:`_job_trigger`; needs the
+``procrastinate`` extra): the server's time per call inside one transaction of
+``N`` calls (``clock_timestamp()``, no round trips), the trigger enabled and
+disabled in alternating rounds, and the time of its CRC-32 function per job key.
+
 By default both servers run without durability (PostgreSQL ``fsync=off``,
 ``synchronous_commit=off``; Redis ``appendfsync no``); ``--durable`` runs them as
 in production (PostgreSQL's defaults, Redis ``appendfsync always``), where a
@@ -30,6 +52,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -190,6 +214,254 @@ def _writers(dsn: str, counts: list[int], seconds: float) -> list[dict[str, Any]
     return asyncio.run(run())
 
 
+def _cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
+    """User + system CPU seconds of each of ``pids`` so far (all its threads; gone: left out)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        found[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime (14, 15)
+    return found
+
+
+def _cpu_since(before: dict[int, float], pids: Sequence[int]) -> float:
+    """CPU seconds ``pids`` used since ``before`` (a process started since: all of its)."""
+    return sum(now - before.get(pid, 0.0) for pid, now in _cpu_seconds(pids).items())
+
+
+async def _sink(transport: str, url: str, prefix: str, keys: int) -> None:
+    """The throughput's waiter: one operation per key, completed by the key's advance;
+    its connections kept until a line on stdin (their backends' CPU is measured)."""
+    purgatory: ap.Purgatory[_Timed] = ap.Purgatory("bench")
+    async with _triggers(transport, url, purgatory) as triggers:
+        names = [f"{prefix}-{k}" for k in range(keys)]
+        ops = [_Timed(600) for _ in names]
+        waits = [
+            asyncio.ensure_future(triggers.watch(op, {name: 1}))
+            for op, name in zip(ops, names, strict=True)
+        ]
+        part = triggers._listener if transport == "postgres" else triggers._subscriber
+        for _ in range(3000):
+            if part.covers(names):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        cpu = time.process_time()
+        print("ready", flush=True)
+        outcomes = await asyncio.gather(*waits)
+        if any(outcome is not ap.Outcome.COMPLETED for outcome in outcomes):
+            raise RuntimeError("a sink operation did not complete")
+        done = max(op.completed_at for op in ops)
+        cpu = time.process_time() - cpu
+        received = triggers.statistics().received
+        print(json.dumps({"done": done, "cpu": cpu, "received": received}), flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+
+
+async def _flood(
+    transport: str,
+    url: str,
+    prefix: str,
+    triggers_count: int,
+    sink: Any,
+    server_pids: Any,
+) -> dict[str, Any]:
+    names = [f"{prefix}-{k}" for k in range(triggers_count)]
+    async with _triggers(transport, url, None) as triggers:
+        triggers.advance("warm-up", 1)
+        await triggers.flush()
+        before = _cpu_seconds(server_pids())
+        cpu = time.process_time()
+        started = time.monotonic()
+        for i in range(triggers_count):
+            triggers.advance(names[i], 1)
+            await asyncio.sleep(0)
+        await triggers.flush()
+        publisher_cpu = time.process_time() - cpu
+        line = await asyncio.to_thread(sink.stdout.readline)
+        # While every connection is open: their backends' CPU counts.
+        server_cpu = _cpu_since(before, server_pids())
+        sink.stdin.write("exit\n")
+        sink.stdin.flush()
+    report = json.loads(line)
+    seconds = report["done"] - started
+    return {
+        "transport": transport,
+        "triggers": triggers_count,
+        "seconds": round(seconds, 4),
+        "triggers_per_s": round(triggers_count / seconds),
+        # Microseconds of CPU per trigger.
+        "publisher_us": round(publisher_cpu / triggers_count * 1e6, 2),
+        "server_us": round(server_cpu / triggers_count * 1e6, 2),
+        "sink_us": round(report["cpu"] / triggers_count * 1e6, 2),
+        # Messages the sink received: a PostgreSQL notification carries a batch.
+        "messages": report["received"],
+    }
+
+
+def _throughput_round(
+    transport: str, url: str, triggers_count: int, server_pids: Any
+) -> dict[str, Any]:
+    prefix = f"bench-flood-{secrets.token_hex(4)}"  # fresh keys: no stored watermark
+    sink = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "aiopurgatory.postgres.bench", "--role", "sink"),
+            *(transport, url, f"{prefix},{triggers_count}"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert sink.stdout is not None
+    try:
+        if sink.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the {transport} sink did not start")
+        return asyncio.run(_flood(transport, url, prefix, triggers_count, sink, server_pids))
+    finally:
+        sink.wait(60)
+
+
+def _throughput(args: argparse.Namespace, settings: dict[str, str]) -> int:
+    from .testing import PostgresServer
+
+    rounds: list[list[dict[str, Any]]] = []
+    with tempfile.TemporaryDirectory() as directory, PostgresServer(**settings) as postgres:
+        from ..redis.testing import RedisServer
+
+        redis_server = RedisServer(directory, appendfsync="always" if args.durable else "no")
+        redis_server.start()
+        try:
+            assert redis_server.process is not None
+            redis_pid = redis_server.process.pid
+            servers = {
+                "postgres": (postgres.dsn, postgres.pids),
+                "redis": (redis_server.url, lambda: [redis_pid]),
+            }
+            for n in range(args.rounds):
+                order = ["postgres", "redis"] if n % 2 == 0 else ["redis", "postgres"]
+                rows = {}
+                for transport in order:
+                    url, pids = servers[transport]
+                    rows[transport] = _throughput_round(transport, url, args.triggers, pids)
+                rounds.append([rows["postgres"], rows["redis"]])
+        finally:
+            redis_server.kill()
+    ratios = []
+    for n, (pg, redis) in enumerate(rounds, 1):
+        ratio = {
+            name: round(pg[name] / redis[name], 2) if redis[name] else None
+            for name in ("triggers_per_s", "publisher_us", "server_us", "sink_us")
+        }
+        ratios.append(ratio)
+        for row in (pg, redis):
+            print(
+                f"round {n} {row['transport']:>8}: {row['triggers_per_s']:>7} triggers/s  "
+                f"CPU per trigger: publisher {row['publisher_us']:.1f} us, "
+                f"server {row['server_us']:.1f} us, sink {row['sink_us']:.1f} us "
+                f"({row['messages']} messages)"
+            )
+        print(
+            f"round {n} postgres / redis: throughput {ratio['triggers_per_s']}, CPU "
+            f"publisher {ratio['publisher_us']}, server {ratio['server_us']}, "
+            f"sink {ratio['sink_us']}"
+        )
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as out:
+            json.dump({"durable": args.durable, "rounds": rounds, "ratios": ratios}, out, indent=2)
+    return 0
+
+
+_FINISH_ALL = """
+DO $bench$
+DECLARE t0 timestamptz; r record;
+BEGIN
+    t0 := clock_timestamp();
+    FOR r IN SELECT id FROM procrastinate_jobs WHERE status = 'todo' ORDER BY id LOOP
+        PERFORM procrastinate_finish_job_v1(r.id, 'succeeded', false);
+    END LOOP;
+    RAISE NOTICE 'elapsed %', extract(epoch FROM clock_timestamp() - t0);
+END $bench$;
+"""
+
+_CRC_ALL = """
+DO $bench$
+DECLARE t0 timestamptz; x bigint;
+BEGIN
+    t0 := clock_timestamp();
+    FOR i IN 1 .. {jobs} LOOP
+        x := "aiopurgatory_crc32"(convert_to('sjob:procrastinate:' || i::text, 'UTF8'));
+    END LOOP;
+    RAISE NOTICE 'elapsed %', extract(epoch FROM clock_timestamp() - t0);
+END $bench$;
+"""
+
+
+async def _job_trigger_rounds(dsn: str, jobs: int, rounds: int) -> dict[str, Any]:
+    import asyncpg
+    import procrastinate
+
+    from ..jobs.procrastinate import install
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+        await install(app)
+    conn = await asyncpg.connect(dsn)
+    elapsed: list[float] = []
+    conn.add_log_listener(lambda _conn, message: elapsed.append(float(str(message).split()[-1])))
+
+    async def timed(statement: str) -> float:
+        # The NOTICE arrives with the statement's answer; its handler runs soon after.
+        count = len(elapsed)
+        await conn.execute(statement)
+        for _ in range(100):
+            if len(elapsed) > count:
+                break
+            await asyncio.sleep(0.01)
+        return elapsed[-1] / jobs * 1e6
+
+    try:
+        crc_us = await timed(_CRC_ALL.format(jobs=jobs))
+        rows = []
+        for n in range(rounds):
+            row: dict[str, Any] = {}
+            for on in (True, False) if n % 2 == 0 else (False, True):
+                switch = "ENABLE" if on else "DISABLE"
+                trigger = '"aiopurgatory_procrastinate_ends"'
+                await conn.execute(f"ALTER TABLE procrastinate_jobs {switch} TRIGGER {trigger}")
+                await conn.execute(
+                    "INSERT INTO procrastinate_jobs (queue_name, task_name) "
+                    "SELECT 'bench', 'bench' FROM generate_series(1, $1)",
+                    jobs,
+                )
+                row["with_us" if on else "without_us"] = round(await timed(_FINISH_ALL), 1)
+            rows.append(row)
+    finally:
+        await conn.close()
+    return {"jobs": jobs, "crc32_us": round(crc_us, 1), "rounds": rows}
+
+
+def _job_trigger(args: argparse.Namespace, settings: dict[str, str]) -> int:
+    from .testing import PostgresServer
+
+    with PostgresServer(**settings) as postgres:
+        report = asyncio.run(_job_trigger_rounds(postgres.dsn, args.jobs, args.rounds))
+    print(f"CRC-32 of a job key: {report['crc32_us']} us")
+    for n, row in enumerate(report["rounds"], 1):
+        print(
+            f"round {n}: procrastinate_finish_job {row['with_us']} us with the trigger, "
+            f"{row['without_us']} us without (+{row['with_us'] - row['without_us']:.1f} us)"
+        )
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as out:
+            json.dump({"durable": args.durable, **report}, out, indent=2)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark (see the module documentation); 0 on success."""
     parser = argparse.ArgumentParser(prog="python -m aiopurgatory.postgres.bench")
@@ -199,15 +471,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", help="write the results here as JSON")
     parser.add_argument("--writers", help="measure NOTIFY under N concurrent writers: 1,4,16")
     parser.add_argument("--seconds", type=float, default=3.0, help="per --writers measurement")
+    parser.add_argument("--throughput", action="store_true", help="throughput and CPU")
+    parser.add_argument("--triggers", type=int, default=20000, help="per --throughput round")
+    parser.add_argument("--rounds", type=int, default=4, help="--throughput, --job-trigger rounds")
+    parser.add_argument("--job-trigger", action="store_true", help="the job-end trigger's cost")
+    parser.add_argument("--jobs", type=int, default=3000, help="per --job-trigger round")
     parser.add_argument("--role", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role:
-        _, transport, url, wakes = args.role
-        asyncio.run(_waiter(transport, url, int(wakes)))
+        role, transport, url, size = args.role
+        if role == "sink":
+            prefix, keys = size.split(",")
+            asyncio.run(_sink(transport, url, prefix, int(keys)))
+        else:
+            asyncio.run(_waiter(transport, url, int(size)))
         return 0
     from .testing import PostgresServer
 
     settings = {"fsync": "on", "synchronous_commit": "on"} if args.durable else {}
+    if args.job_trigger:
+        if args.jobs <= 0 or args.rounds <= 0:
+            parser.error("--jobs and --rounds must be positive")
+        return _job_trigger(args, settings)
+    if args.throughput:
+        if args.triggers <= 0 or args.rounds <= 0:
+            parser.error("--triggers and --rounds must be positive")
+        return _throughput(args, settings)
     if args.writers:
         counts = [int(n) for n in args.writers.split(",")]
         with PostgresServer(max_connections="100", **settings) as postgres:

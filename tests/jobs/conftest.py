@@ -1,4 +1,4 @@
-"""Fixtures of the job systems' tests: one Redis and real workers per test module.
+"""Fixtures of the job systems' tests: one Redis (or PostgreSQL) and real workers per module.
 
 A worker is started once per module (seconds each) and shares the module's
 Redis; each test uses its own job ids, so tests do not see each other's jobs.
@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import pytest_asyncio
@@ -26,6 +27,11 @@ from aiopurgatory.jobs import END
 from aiopurgatory.redis import RedisTriggers
 from aiopurgatory.redis.testing import RedisServer, RedisServerMissing
 from tests.jobs.traced import tracer_here
+
+if TYPE_CHECKING:
+    # Imported where used: .venv-arq (tests/jobs/test_arq.py) has no postgres extra.
+    from aiopurgatory.postgres import PostgresTriggers
+    from aiopurgatory.postgres.testing import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,6 +54,20 @@ def jobs_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer
     server.start()
     yield server
     server.kill()
+
+
+@pytest.fixture(scope="module")
+def jobs_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL for the module's job system queued in it (its jobs and the triggers)."""
+    from aiopurgatory.postgres.testing import PostgresMissing, PostgresServer
+
+    try:
+        server = PostgresServer()
+    except PostgresMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    server.start()
+    yield server
+    server.destroy()
 
 
 class WorkerProcess:
@@ -133,6 +153,15 @@ def python() -> str:
 async def triggers(jobs_redis: RedisServer) -> AsyncIterator[RedisTriggers]:
     """The web process's side: a purgatory and its RedisTriggers on the module's Redis."""
     async with RedisTriggers(Purgatory("jobs"), jobs_redis.url) as started:
+        yield started
+
+
+@pytest_asyncio.fixture
+async def postgres_triggers(jobs_postgres: PostgresServer) -> AsyncIterator[PostgresTriggers]:
+    """The web process's side for the PostgreSQL-queued systems: a PostgresTriggers."""
+    from aiopurgatory.postgres import PostgresTriggers
+
+    async with PostgresTriggers(Purgatory("web"), jobs_postgres.dsn) as started:
         yield started
 
 
