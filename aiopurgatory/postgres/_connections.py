@@ -109,15 +109,13 @@ class Source:
         if broken:
             connection.terminate()
         if self.pool is not None:
-            # The pool resets it (UNLISTEN * included), or replaces one it cannot reset.
-            try:
+            # The pool resets it (UNLISTEN * included), or terminates one it cannot
+            # reset and frees its place; its release is shielded from cancellation,
+            # so a cancelled caller still gives the connection back. Nothing to undo
+            # here: the proxy is detached by then, and terminating it would raise an
+            # InterfaceError in place of the caller's CancelledError.
+            with contextlib.suppress(*CONNECTION_ERRORS):
                 await self.pool.release(connection, timeout=self.command_timeout)
-            except BaseException as exc:
-                connection.terminate()  # never left out of the pool, never awaited again
-                with contextlib.suppress(*CONNECTION_ERRORS):
-                    await self.pool.release(connection, timeout=self.command_timeout)
-                if not isinstance(exc, CONNECTION_ERRORS):
-                    raise
         elif not broken:
             try:
                 await connection.close(timeout=min(1.0, self.command_timeout))

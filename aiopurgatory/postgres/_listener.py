@@ -275,15 +275,22 @@ class Listener:
         self._canary = None
         if connection is None:
             return
-        if not broken:
-            try:
-                async with asyncio.timeout(min(1.0, self._command_timeout)):
-                    await connection.remove_listener(self.canary_channel, self._on_canary)
-                    for n in listening:
-                        channel = partition_channel(self._channel, n)
-                        await connection.remove_listener(channel, self._on_notify)
-            except CONNECTION_ERRORS:
-                broken = True
+        try:
+            if not broken:
+                try:
+                    async with asyncio.timeout(min(1.0, self._command_timeout)):
+                        await connection.remove_listener(self.canary_channel, self._on_canary)
+                        for n in listening:
+                            channel = partition_channel(self._channel, n)
+                            await connection.remove_listener(channel, self._on_notify)
+                except CONNECTION_ERRORS:
+                    broken = True
+        except BaseException:
+            # Cancelled (or failed) undoing the LISTENs: the connection still goes
+            # back, terminated (a pool's would otherwise be missing from it, and
+            # the pool's close() would wait for it forever).
+            await self._source.release(connection, broken=True)
+            raise
         await self._source.release(connection, broken=broken)
 
     async def _keep(self, connection: Any) -> None:

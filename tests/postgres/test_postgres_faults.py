@@ -8,6 +8,7 @@ lost, and the fault is counted in ``statistics()``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -175,3 +176,39 @@ async def _held_queue(dsn: str, holder: asyncpg.Connection) -> None:
         await eventually(lambda: (waiter.statistics().queue_usage or 0) > 0, 5)
         await holder.execute("COMMIT")
         await eventually(lambda: waiter.statistics().queue_usage == 0, 5)
+
+
+async def test_a_release_cancelled_midway_gives_the_pools_connection_back(
+    postgres_server: PostgresServer,
+) -> None:
+    # The task giving a pool's connection back is cancelled (a close() cancelled,
+    # say) while the pool resets it, or just after: the caller gets its
+    # CancelledError, not an InterfaceError from a detached proxy (which a
+    # listener took for a failure to recover from, and went on listening), and
+    # the pool has the connection again (or a new one in its place), so that its
+    # close() does not wait forever.
+    from aiopurgatory.postgres._connections import Source
+
+    pool = await asyncpg.create_pool(postgres_server.dsn, min_size=1, max_size=1)
+    try:
+        source = Source(pool, command_timeout=5.0, reconnect_delay=(0.1, 1.0))
+        # Cancelled at once (the pool's shielded release under way), and when it
+        # has just finished (the proxy detached) but the task has not resumed yet.
+        for spins in [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20] * 5:
+            connection = await source.acquire()
+            await connection.execute("LISTEN somewhere")  # a reset with work to do
+            releasing = asyncio.ensure_future(source.release(connection))
+            for _ in range(spins):
+                await asyncio.sleep(0)
+            releasing.cancel()
+            # Cancelled, or done before the cancel came: nothing else.
+            with contextlib.suppress(asyncio.CancelledError):
+                await releasing
+            async with asyncio.timeout(5):
+                again = await pool.acquire()
+            assert await again.fetchval("SELECT 1") == 1
+            await pool.release(again)
+        async with asyncio.timeout(10):
+            await pool.close()
+    finally:
+        pool.terminate()
