@@ -10,6 +10,12 @@ the start. ``/healthz`` and ``/metrics`` show them (``loop_lag_s``,
 ``loop_lag_max_s``; ``longpoll_loop_lag_seconds``, ``longpoll_loop_lag_max_seconds``).
 
 Costs one timer every ``interval`` (0.1 s by default): nothing measurable.
+
+With ``log_over`` set, every probe later than that is also logged
+(``longpoll.loop_lag``: ``asked`` and ``ended``, the process's loop-clock times the
+probe was due and ran, ``lag_s`` and ``pid``), so that a reader of the log (the
+soak, :mod:`examples.longpoll.soakcheck`) can put each late answer beside the lag
+its process measured around it, rather than a lag sampled at some other moment.
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Self
 
+import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -33,16 +41,24 @@ class LoopLag:
     Args:
         interval: seconds between two probes (> 0).
         window: seconds :attr:`recent_max` looks back (>= ``interval``).
+        log_over: log each probe later than this many seconds (``longpoll.loop_lag``,
+            a warning); None: log none.
 
     Raises:
-        ValueError: ``interval`` or ``window`` out of range.
+        ValueError: ``interval``, ``window`` or ``log_over`` out of range.
     """
 
-    def __init__(self, interval: float = 0.1, window: float = 10.0) -> None:
+    def __init__(
+        self, interval: float = 0.1, window: float = 10.0, log_over: float | None = None
+    ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
         if not window >= interval:
             raise ValueError(f"window must be >= interval ({interval}), got {window!r}")
+        if log_over is not None and not log_over >= 0:
+            raise ValueError(f"log_over must be >= 0 seconds or None, got {log_over!r}")
+        self.log_over = log_over
+        self._log = structlog.get_logger("examples.longpoll")
         self.interval = interval
         self.window = window
         #: The latest probe's lateness, in seconds.
@@ -77,6 +93,16 @@ class LoopLag:
             self.probes += 1
             self._recent.append((now, lateness))
             self._forget(now)
+            if self.log_over is not None and lateness > self.log_over:
+                # Both ends on the loop's clock: the reader matches them against
+                # answers timed on the same clock, in the same process.
+                self._log.warning(
+                    "longpoll.loop_lag",
+                    asked=round(asked, 4),
+                    ended=round(now, 4),
+                    lag_s=round(lateness, 4),
+                    pid=os.getpid(),
+                )
 
     async def __aenter__(self) -> Self:
         if self._task is not None:
