@@ -54,9 +54,14 @@ async def _request(port: int, method: str, path: str, body: bytes = b"") -> tupl
 
 
 async def run(
-    gets: int = 400, stop_seconds: float = 8.0, before: float = 6.0, after: float = 20.0
+    gets: int = 400,
+    stop_seconds: float = 8.0,
+    before: float = 6.0,
+    after: float = 20.0,
+    server_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Run it; the report (``report["passed"]``).
+    """Run it; the report (``report["passed"]``). ``server_args``: the server's own
+    options (``--loop asyncio``, say).
 
     Raises:
         ValueError: ``gets`` below 1, or a time not above 0.
@@ -100,7 +105,7 @@ async def run(
             await asyncio.sleep(0.05)
 
     try:
-        server = await asyncio.to_thread(Server, "a", redis_server.url)
+        server = await asyncio.to_thread(Server, "a", redis_server.url, *server_args)
         prober = Prober({"a": server.port}, 0.2, 1.0)
         origin = loop.time()
         tasks = [asyncio.create_task(reader(n)) for n in range(gets)]
@@ -162,9 +167,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gets", type=int, default=400, help="GETs kept parked (%(default)s)")
     p.add_argument("--stop-seconds", type=float, default=8.0, help="(%(default)s)")
     p.add_argument("--after", type=float, default=20.0, help="seconds after SIGCONT (%(default)s)")
+    p.add_argument(
+        "--server-loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="(%(default)s)"
+    )
     args = p.parse_args(argv)
     try:
-        report = asyncio.run(run(args.gets, args.stop_seconds, after=args.after))
+        report = asyncio.run(
+            run(
+                args.gets,
+                args.stop_seconds,
+                after=args.after,
+                server_args=("--loop", args.server_loop),
+            )
+        )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
