@@ -42,6 +42,18 @@ def test_a_short_soak_with_every_fault_keeps_the_ledger() -> None:
     assert counts["gets_503"] > 0, shown  # while Redis was down or hung
     assert counts["posts_retried"] > 0, shown
     assert report["exit_statuses"] == {"a": 0, "b": 0, "c": 0}
+    # /healthz probed twice a second on each server, from its own process; the slow
+    # probes only excused in the soak's own stops, which are listed
+    assert report["healthz"]["probes"] >= 150, shown
+    assert [(w["server"], w["why"]) for w in report["excused"]] == [
+        ("c", "worker of c SIGKILLed"),
+        ("all", "redis SIGKILL to redis restarted"),
+        ("all", "redis SIGSTOP to redis SIGCONT"),
+        ("b", "server b SIGTERMed"),
+    ], shown
+    # every late answer judged beside its process's loop lag (the check above passed)
+    assert report["late_answers"]["count"] > 0, shown  # the GETs that met the hung Redis
+    assert all("lag_s" in a for a in report["late_answers"]["answers"]), shown
 
 
 def test_the_soak_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
