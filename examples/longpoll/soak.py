@@ -625,8 +625,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--late-bound",
         type=float,
         default=d.late_bound,
-        help="a parked GET answered later than its wait plus this, by its server's own "
-        "clock from its arrival, fails the soak (%(default)s)",
+        help="a parked GET answered later than its wait plus this plus the loop lag its "
+        "process logged around it, by its own clock from its arrival, fails the soak "
+        "(%(default)s)",
     )
     p.add_argument(
         "--client-late-bound",
