@@ -200,7 +200,7 @@ test-pure-%: $$(call venv_of,$$*)
 ARQ_VENV := .venv-arq
 ARQ_STAMP := $(ARQ_VENV)/.installed
 ARQ_EXTRAS := arq,uvloop,trio,prometheus,otel,test
-ARQ_TESTS := tests/jobs/test_arq.py tests/jobs/test_bench_jobs_arq.py tests/redis/test_redis_compat.py \
+ARQ_TESTS := tests/jobs/test_arq.py tests/jobs/test_bench_jobs_arq.py tests/jobs/test_tracing_arq.py tests/redis/test_redis_compat.py \
 	tests/redis/test_redis.py tests/redis/test_redis_watermarks.py tests/redis/test_redis_sync.py \
 	tests/redis/test_redis_sync_outage.py tests/redis/test_redis_transport.py \
 	tests/redis/test_redis_reads.py tests/redis/test_redis_link.py tests/redis/test_sentinel.py

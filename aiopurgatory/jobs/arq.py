@@ -29,6 +29,13 @@ publishes through a publish-only :class:`~aiopurgatory.redis.RedisTriggers` on
 its own loop, entered in arq's ``on_startup`` and closed (pending triggers
 delivered) in its ``on_shutdown``.
 
+Tracing: arq runs ``on_job_start``, the job, ``on_job_end``, stores the result,
+then ``after_job_end``, all in one task. A tracing hook that makes its span
+current in ``on_job_start`` usually ends it in ``on_job_end``, before the end is
+published: an ``on_job_start`` hook chained after the user's keeps the context
+the job runs in, and ``after_job_end`` publishes in it, so the wait the end
+completes links to the job's span (:func:`aiopurgatory.tracing.trace_waits`).
+
 arq 0.28 pins redis-py below 6: the ``arq`` extra installs
 :mod:`aiopurgatory.redis` with it (one server and Sentinel run on redis-py 5.3
 and later; a Redis Cluster needs redis-py 8). Needs the ``arq`` extra.
@@ -56,11 +63,15 @@ from ._async_worker import (
     triggers_factory,
 )
 from ._layout import JobEnd, check_namespace
+from ._publisher import current_context, within
 from ._waiter import JobAnswer, JobFailedError, JobWaiter
 
 __all__ = ["CONTEXT_KEY", "ArqJobs", "publish_jobs", "report_progress"]
 
 _Hook = Callable[[dict[str, Any]], Awaitable[Any]]
+
+# The job's OpenTelemetry context in arq's job ctx, from on_job_start to after_job_end.
+_OTEL_KEY = "aiopurgatory.jobs.otel_context"
 
 
 def _end_of(result: JobResult) -> JobEnd:
@@ -93,8 +104,10 @@ def publish_jobs(
     """Have the workers of ``settings`` publish every job's end for :class:`ArqJobs`.
 
     Chains an ``on_startup`` hook (before the user's: entering the worker's
-    publisher), an ``after_job_end`` hook (after the user's: publishing the
-    job's end) and an ``on_shutdown`` hook (after the user's: closing the
+    publisher), an ``on_job_start`` hook (after the user's: keeping the
+    context the job runs in, a tracing hook's span), an ``after_job_end`` hook
+    (after the user's: publishing the job's end in that context) and an
+    ``on_shutdown`` hook (after the user's: closing the
     publisher, delivering what is pending) into arq's worker settings; the
     hooks already there still run.
 
@@ -126,7 +139,13 @@ def publish_jobs(
     deserializer: Deserializer | None = given.get("job_deserializer")
     startup, shutdown = lifecycle_hooks(factory, namespace)
 
+    async def on_job_start(ctx: dict[str, Any]) -> None:
+        # After the user's on_job_start: the context the job runs in, with the
+        # span a tracing hook made current (ended in on_job_end, before ours).
+        ctx[_OTEL_KEY] = current_context()
+
     async def after_job_end(ctx: dict[str, Any]) -> None:
+        saved = ctx.pop(_OTEL_KEY, None)
         job_id = ctx.get("job_id")
         if not isinstance(job_id, str):
             return
@@ -137,10 +156,12 @@ def publish_jobs(
             result = await Job(job_id, ctx["redis"], _deserializer=deserializer).result_info()
             return None if result is None else _end_of(result)
 
-        await publish_stored_end(ctx, job_id, stored_end)
+        with within(saved):
+            await publish_stored_end(ctx, job_id, stored_end)
 
     hooks = {
         "on_startup": _chain(startup, given.get("on_startup")),
+        "on_job_start": _chain(given.get("on_job_start"), on_job_start),
         "after_job_end": _chain(given.get("after_job_end"), after_job_end),
         "on_shutdown": _chain(given.get("on_shutdown"), shutdown),
     }

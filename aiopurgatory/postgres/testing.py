@@ -17,6 +17,7 @@ install it: tests that need PostgreSQL fail with it, they do not skip.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
 import os
@@ -102,6 +103,9 @@ def _cluster_template(bindir: Path) -> Path:
     if _template is not None and _template.exists():
         return _template
     base = Path(tempfile.mkdtemp(prefix="aiopurgatory-pg-template-"))
+    # About 40 MB a process: removed when the process exits (a test run's
+    # workers and subprocesses each make one).
+    atexit.register(shutil.rmtree, base, True)
     _chown(base)
     data = base / "data"
     subprocess.run(

@@ -18,13 +18,24 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from aiopurgatory import Purgatory, Triggers
 from aiopurgatory.jobs import END
 from aiopurgatory.redis import RedisTriggers
 from aiopurgatory.redis.testing import RedisServer, RedisServerMissing
+from tests.jobs.traced import tracer_here
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def here() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
+    """A TracerProvider of the test's own, exporting to memory (the tracing tests' waits)."""
+    provider, exporter = tracer_here()
+    yield provider, exporter
+    provider.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,8 @@ file (:mod:`tests.jobs.spans`); this process traces its waits
 (:func:`aiopurgatory.tracing.trace_waits`, an in-memory exporter). The wait for a
 job, woken by the end the worker published through Redis, has a span whose link
 is the worker's span of that job.
+
+(arq's own: tests/jobs/test_tracing_arq.py, in arq's venv.)
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import asyncio
 import subprocess
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +23,7 @@ import pytest
 import redis
 from celery import Celery
 from dramatiq.results import ResultFailure
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from rq import Queue
 from saq import Job as SaqJob
@@ -35,70 +36,13 @@ from aiopurgatory.jobs.rq import RQJobs
 from aiopurgatory.jobs.saq import SaqJobs
 from aiopurgatory.redis import RedisTriggers
 from aiopurgatory.redis.testing import RedisServer
-from aiopurgatory.tracing import trace_waits
 from tests.jobs import celery_app, rq_app
 from tests.jobs.conftest import WorkerProcess, python
-from tests.jobs.spans import ENV, find_span
+from tests.jobs.spans import ENV
+from tests.jobs.traced import linked_to, traced_wait, worker_span
 
 CELERY_APP = "tests.jobs.celery_traced_app"
 ORDERS = ["first", "last"]  # Celery instrumented before or after publish_jobs
-
-
-@pytest.fixture
-def here() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield provider, exporter
-    provider.shutdown()
-
-
-def linked_to(span: ReadableSpan) -> list[tuple[str, str]]:
-    return [
-        (format(link.context.trace_id, "032x"), format(link.context.span_id, "016x"))
-        for link in span.links
-    ]
-
-
-async def parked(triggers: RedisTriggers, key: Any) -> None:
-    """Until the wait on ``key`` is parked and its partition subscribed."""
-    subscriber, purgatory = triggers._subscriber, triggers.purgatory
-    assert subscriber is not None
-    assert purgatory is not None
-    async with asyncio.timeout(10):
-        while not (purgatory.pending and subscriber.covers([key])):  # noqa: ASYNC110
-            await asyncio.sleep(0.005)
-
-
-async def traced_wait(
-    triggers: RedisTriggers,
-    key: Any,
-    wait: Callable[[], Awaitable[Any]],
-    send: Callable[[], Awaitable[Any]],
-    here: tuple[TracerProvider, InMemorySpanExporter],
-) -> tuple[Any, ReadableSpan]:
-    """``wait()`` for a job (traced), sending it with ``send()`` once the wait on
-    ``key`` is parked; the wait's outcome (its result or exception) and its span."""
-    provider, exporter = here
-    purgatory = triggers.purgatory
-    assert purgatory is not None
-    with trace_waits(purgatory, tracer_provider=provider):
-        waiting = asyncio.ensure_future(wait())
-        await parked(triggers, key)
-        await send()
-        try:
-            outcome: Any = await waiting
-        except Exception as exc:
-            outcome = exc
-    (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("wait ")]
-    return outcome, span
-
-
-def worker_span(spans: Path, name: str, attribute: str, job_id: str) -> dict[str, Any]:
-    """The worker's span ``name`` whose ``attribute`` is ``job_id`` (once exported)."""
-    span = find_span(spans, name, attribute, job_id)
-    assert span is not None, f"the worker exported no span {name!r} of job {job_id}"
-    return dict(span)
 
 
 # -- Celery (opentelemetry-instrumentation-celery in the worker) --------------------
