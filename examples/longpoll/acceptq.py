@@ -15,17 +15,16 @@ over ``log_over`` (``longpoll.accept_queue``, with the loop-clock time and ``pid
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 import struct
 from collections.abc import Iterator
-from types import TracebackType
-from typing import Self
 
 import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from .looplag import Background
 
 __all__ = ["AcceptQueue", "AcceptQueueCollector", "accept_queue"]
 
@@ -51,7 +50,7 @@ def accept_queue(sock: socket.socket) -> tuple[int, int] | None:
     return waiting, limit
 
 
-class AcceptQueue:
+class AcceptQueue(Background):
     """Samples a listening socket's accept queue every ``interval`` while entered.
 
     Args:
@@ -62,6 +61,7 @@ class AcceptQueue:
 
     Raises:
         ValueError: ``interval`` or ``log_over`` out of range.
+        RuntimeError: entered while already sampling.
     """
 
     def __init__(
@@ -78,7 +78,6 @@ class AcceptQueue:
         self.latest: int | None = None
         #: The most seen waiting.
         self.peak = 0
-        self._task: asyncio.Task[None] | None = None
         self._log = structlog.get_logger("examples.longpoll")
 
     def sample(self) -> int | None:
@@ -89,9 +88,11 @@ class AcceptQueue:
             self.peak = max(self.peak, self.latest)
         return self.latest
 
-    async def _watch(self) -> None:
+    _task_name = "accept-queue"
+
+    async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while self.sock is not None:
             waiting = self.sample()
             if waiting is not None and self.log_over is not None and waiting > self.log_over:
                 self._log.warning(
@@ -101,25 +102,6 @@ class AcceptQueue:
                     pid=os.getpid(),
                 )
             await asyncio.sleep(self.interval)
-
-    async def __aenter__(self) -> Self:
-        if self._task is not None:
-            raise RuntimeError("this AcceptQueue is already sampling")
-        if self.sock is not None:
-            self._task = asyncio.get_running_loop().create_task(self._watch(), name="accept-queue")
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 class AcceptQueueCollector(Collector):

@@ -32,10 +32,44 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["LoopLag", "LoopLagCollector"]
+__all__ = ["Background", "LoopLag", "LoopLagCollector"]
 
 
-class LoopLag:
+class Background:
+    """Runs the instance's ``_run()`` as a task while entered (``async with``), cancelled
+    at the exit; for the samplers here (:class:`LoopLag`, and
+    :class:`~examples.longpoll.acceptq.AcceptQueue`).
+
+    Raises:
+        RuntimeError: entered while already running.
+    """
+
+    _task: asyncio.Task[None] | None = None
+    _task_name = "background"
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        if self._task is not None:
+            raise RuntimeError(f"this {type(self).__name__} is already running")
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=self._task_name)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+class LoopLag(Background):
     """Measures the running loop's lag while entered (``async with LoopLag() as lag``).
 
     Args:
@@ -68,7 +102,6 @@ class LoopLag:
         self.probes = 0
         # (loop time the probe ended, its lateness), the last ``window`` seconds.
         self._recent: collections.deque[tuple[float, float]] = collections.deque()
-        self._task: asyncio.Task[None] | None = None
 
     @property
     def recent_max(self) -> float:
@@ -81,7 +114,9 @@ class LoopLag:
         while self._recent and self._recent[0][0] < now - self.window:
             self._recent.popleft()
 
-    async def _probe(self) -> None:
+    _task_name = "loop-lag"
+
+    async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             asked = loop.time() + self.interval
@@ -103,24 +138,6 @@ class LoopLag:
                     lag_s=round(lateness, 4),
                     pid=os.getpid(),
                 )
-
-    async def __aenter__(self) -> Self:
-        if self._task is not None:
-            raise RuntimeError("this LoopLag is already measuring")
-        self._task = asyncio.get_running_loop().create_task(self._probe(), name="loop-lag")
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     def as_dict(self) -> dict[str, float]:
         """``/healthz``'s fields: the latest and the window's largest lateness (s)."""

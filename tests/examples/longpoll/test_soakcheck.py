@@ -12,6 +12,8 @@ import sys
 from typing import Any
 
 import pytest
+import structlog
+import structlog.testing
 
 from examples.longpoll.acceptq import AcceptQueue, AcceptQueueCollector, accept_queue
 from examples.longpoll.healthprobe import probe_once, run
@@ -231,6 +233,27 @@ def test_the_accept_queue_is_the_connections_not_yet_accepted() -> None:
         AcceptQueue(None, interval=0)
     with pytest.raises(ValueError, match="log_over"):
         AcceptQueue(None, log_over=-1)
+
+
+async def test_the_accept_queue_is_logged_over_its_threshold_while_entered() -> None:
+    listener = socket.create_server(("127.0.0.1", 0), backlog=7)
+    clients = [socket.create_connection(listener.getsockname()) for _ in range(3)]
+    try:
+        queue = AcceptQueue(listener, interval=0.02, log_over=2)
+        with structlog.testing.capture_logs() as logs:
+            async with queue:
+                with pytest.raises(RuntimeError, match="already running"):
+                    await queue.__aenter__()
+                await asyncio.sleep(0.1)
+        lines = [line for line in logs if line["event"] == "longpoll.accept_queue"]
+        assert lines, logs
+        assert all(line["waiting"] == 3 for line in lines)
+        assert lines[0]["at"] > 0
+        assert queue.latest == 3
+    finally:
+        for client in clients:
+            client.close()
+        listener.close()
 
 
 def test_the_prober_refuses_bad_arguments() -> None:
