@@ -9,6 +9,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,8 @@ from examples.longpoll.soakcheck import (
     judge_probes,
     lag_around,
 )
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _answer(start: float, wait: float, late: float, pid: int = 7) -> dict[str, Any]:
@@ -193,6 +196,7 @@ async def test_the_prober_process_probes_on_schedule_until_its_stdin_closes() ->
             f"x={port}",
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            cwd=ROOT,  # where examples/ is importable from
         )
         assert proc.stdout is not None
         assert proc.stdin is not None
