@@ -75,6 +75,7 @@ SLOW = (
     "tests/core/test_wheel_stateful.py::TestWheelAgainstHeap",
     "tests/core/test_thresholds_stateful.py::TestThresholdIndexAgainstSortedList",
     "tests/examples/longpoll/test_longpoll_soak.py::test_a_short_soak_with_every_fault_keeps_the_ledger",
+    "tests/examples/longpoll/test_longpoll_soak.py::test_a_hung_redis_resuming_under_parked_gets_is_measured_and_the_bound_kept",
     "tests/examples/longpoll/test_longpoll_program.py::test_a_small_load_test_run_compares_both_waiters",
     "tests/pipeline/test_cli_user.py::test_an_unusable_out_is_refused_before_spark",
     "tests/jobs/test_bench_jobs.py::test_a_small_run_answers_every_wait_in_both_modes",

@@ -356,6 +356,7 @@ async def serve(
     if sock is None:
         sock = listen(args.host, args.port, args.backlog, reuse_port=args.reuse_port)
     port = sock.getsockname()[1]
+    app.state.accept_queue.sock = sock
     config = uvicorn.Config(
         served,
         http=bounded_protocol(args.header_timeout, args.max_header_bytes, app.state.refused_heads),

@@ -43,6 +43,7 @@ from starlette.routing import Route
 from aiopurgatory.asgi import CancelOnDisconnect, release_on_shutdown
 from aiopurgatory.metrics.prometheus import PurgatoryCollector
 
+from .acceptq import AcceptQueue, AcceptQueueCollector
 from .feed import Feed, FeedError, Settings, check_idempotency_key
 from .looplag import LoopLag, LoopLagCollector
 from .protocol import REFUSED_HEAD_REASONS
@@ -209,7 +210,8 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
 
     The feed is ``app.state.feed``; ``app.state.registry`` the Prometheus registry;
     ``app.state.loop_lag`` the event loop's measured lag (:class:`LoopLag`, in
-    ``/healthz`` and ``/metrics``);
+    ``/healthz`` and ``/metrics``); ``app.state.accept_queue`` the listening
+    socket's accept queue (:class:`AcceptQueue`: set its ``sock`` before serving);
     ``app.state.incomplete_bodies`` counts POST bodies that never arrived whole, by
     reason (:data:`INCOMPLETE_BODY_REASONS`); ``app.state.refused_heads`` is for the
     server's protocol to count heads it refused
@@ -224,8 +226,13 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
     refused_heads = dict.fromkeys(REFUSED_HEAD_REASONS, 0)
     registry = CollectorRegistry()
     registry.register(FeedCollector(feed, incomplete_bodies, refused_heads))
-    loop_lag = LoopLag()
+    # Probes later than 0.05 s logged: the soak reads them beside the late answers.
+    loop_lag = LoopLag(log_over=0.05)
     registry.register(LoopLagCollector(loop_lag))
+    # The server sets its listening socket (app.state.accept_queue.sock) before the
+    # lifespan starts; without one (a test's client) nothing is sampled.
+    queue = AcceptQueue(None)
+    registry.register(AcceptQueueCollector(queue))
     if isinstance(waiter, PurgatoryWaiter):
         PurgatoryCollector([waiter.purgatory], registry=registry)
     # A waiter's own (RedisWaiter: its RedisTriggers' statistics).
@@ -271,7 +278,8 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
 
     async def healthz(request: Request) -> Response:
         status, body = feed.health()
-        return JSONResponse({**body, **loop_lag.as_dict()}, status_code=status)
+        extra = {} if queue.sock is None else {"accept_queue": queue.sample()}
+        return JSONResponse({**body, **loop_lag.as_dict(), **extra}, status_code=status)
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page)
@@ -295,7 +303,7 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with loop_lag, waiter, release_on_shutdown(*purgatories, on_signal=on_signal):
+        async with loop_lag, queue, waiter, release_on_shutdown(*purgatories, on_signal=on_signal):
             yield
             feed.shutdown()
 
@@ -314,6 +322,7 @@ def create_app(settings: Settings | None = None, waiter: Waiter | None = None) -
     app.state.feed = feed
     app.state.registry = registry
     app.state.loop_lag = loop_lag
+    app.state.accept_queue = queue
     app.state.incomplete_bodies = incomplete_bodies
     app.state.refused_heads = refused_heads
     return app

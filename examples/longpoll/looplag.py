@@ -10,6 +10,12 @@ the start. ``/healthz`` and ``/metrics`` show them (``loop_lag_s``,
 ``loop_lag_max_s``; ``longpoll_loop_lag_seconds``, ``longpoll_loop_lag_max_seconds``).
 
 Costs one timer every ``interval`` (0.1 s by default): nothing measurable.
+
+With ``log_over`` set, every probe later than that is also logged
+(``longpoll.loop_lag``: ``asked`` and ``ended``, the process's loop-clock times the
+probe was due and ran, ``lag_s`` and ``pid``), so that a reader of the log (the
+soak, :mod:`examples.longpoll.soakcheck`) can put each late answer beside the lag
+its process measured around it, rather than a lag sampled at some other moment.
 """
 
 from __future__ import annotations
@@ -17,71 +23,37 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Self
 
+import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["LoopLag", "LoopLagCollector"]
+__all__ = ["Background", "LoopLag", "LoopLagCollector"]
 
 
-class LoopLag:
-    """Measures the running loop's lag while entered (``async with LoopLag() as lag``).
-
-    Args:
-        interval: seconds between two probes (> 0).
-        window: seconds :attr:`recent_max` looks back (>= ``interval``).
+class Background:
+    """Runs the instance's ``_run()`` as a task while entered (``async with``), cancelled
+    at the exit; for the samplers here (:class:`LoopLag`, and
+    :class:`~examples.longpoll.acceptq.AcceptQueue`).
 
     Raises:
-        ValueError: ``interval`` or ``window`` out of range.
+        RuntimeError: entered while already running.
     """
 
-    def __init__(self, interval: float = 0.1, window: float = 10.0) -> None:
-        if not interval > 0:
-            raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
-        if not window >= interval:
-            raise ValueError(f"window must be >= interval ({interval}), got {window!r}")
-        self.interval = interval
-        self.window = window
-        #: The latest probe's lateness, in seconds.
-        self.last = 0.0
-        #: The largest lateness since entered, in seconds.
-        self.peak = 0.0
-        self.probes = 0
-        # (loop time the probe ended, its lateness), the last ``window`` seconds.
-        self._recent: collections.deque[tuple[float, float]] = collections.deque()
-        self._task: asyncio.Task[None] | None = None
+    _task: asyncio.Task[None] | None = None
+    _task_name = "background"
 
-    @property
-    def recent_max(self) -> float:
-        """The largest lateness of the last ``window`` seconds (seconds)."""
-        if self._task is not None:
-            self._forget(self._task.get_loop().time())
-        return max((lateness for _, lateness in self._recent), default=0.0)
-
-    def _forget(self, now: float) -> None:
-        while self._recent and self._recent[0][0] < now - self.window:
-            self._recent.popleft()
-
-    async def _probe(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            asked = loop.time() + self.interval
-            await asyncio.sleep(self.interval)
-            now = loop.time()
-            lateness = max(0.0, now - asked)
-            self.last = lateness
-            self.peak = max(self.peak, lateness)
-            self.probes += 1
-            self._recent.append((now, lateness))
-            self._forget(now)
+    async def _run(self) -> None:
+        raise NotImplementedError
 
     async def __aenter__(self) -> Self:
         if self._task is not None:
-            raise RuntimeError("this LoopLag is already measuring")
-        self._task = asyncio.get_running_loop().create_task(self._probe(), name="loop-lag")
+            raise RuntimeError(f"this {type(self).__name__} is already running")
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=self._task_name)
         return self
 
     async def __aexit__(
@@ -95,6 +67,77 @@ class LoopLag:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+class LoopLag(Background):
+    """Measures the running loop's lag while entered (``async with LoopLag() as lag``).
+
+    Args:
+        interval: seconds between two probes (> 0).
+        window: seconds :attr:`recent_max` looks back (>= ``interval``).
+        log_over: log each probe later than this many seconds (``longpoll.loop_lag``,
+            a warning); None: log none.
+
+    Raises:
+        ValueError: ``interval``, ``window`` or ``log_over`` out of range.
+    """
+
+    def __init__(
+        self, interval: float = 0.1, window: float = 10.0, log_over: float | None = None
+    ) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
+        if not window >= interval:
+            raise ValueError(f"window must be >= interval ({interval}), got {window!r}")
+        if log_over is not None and not log_over >= 0:
+            raise ValueError(f"log_over must be >= 0 seconds or None, got {log_over!r}")
+        self.log_over = log_over
+        self._log = structlog.get_logger("examples.longpoll")
+        self.interval = interval
+        self.window = window
+        #: The latest probe's lateness, in seconds.
+        self.last = 0.0
+        #: The largest lateness since entered, in seconds.
+        self.peak = 0.0
+        self.probes = 0
+        # (loop time the probe ended, its lateness), the last ``window`` seconds.
+        self._recent: collections.deque[tuple[float, float]] = collections.deque()
+
+    @property
+    def recent_max(self) -> float:
+        """The largest lateness of the last ``window`` seconds (seconds)."""
+        if self._task is not None:
+            self._forget(self._task.get_loop().time())
+        return max((lateness for _, lateness in self._recent), default=0.0)
+
+    def _forget(self, now: float) -> None:
+        while self._recent and self._recent[0][0] < now - self.window:
+            self._recent.popleft()
+
+    _task_name = "loop-lag"
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            asked = loop.time() + self.interval
+            await asyncio.sleep(self.interval)
+            now = loop.time()
+            lateness = max(0.0, now - asked)
+            self.last = lateness
+            self.peak = max(self.peak, lateness)
+            self.probes += 1
+            self._recent.append((now, lateness))
+            self._forget(now)
+            if self.log_over is not None and lateness > self.log_over:
+                # Both ends on the loop's clock: the reader matches them against
+                # answers timed on the same clock, in the same process.
+                self._log.warning(
+                    "longpoll.loop_lag",
+                    asked=round(asked, 4),
+                    ended=round(now, 4),
+                    lag_s=round(lateness, 4),
+                    pid=os.getpid(),
+                )
 
     def as_dict(self) -> dict[str, float]:
         """``/healthz``'s fields: the latest and the window's largest lateness (s)."""

@@ -5,9 +5,12 @@ the view one read gives of a topic."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+import structlog
 
 from .feed import Feed, FeedError, Fetched, Settings, answer_reason, check_topic
 from .waiters import Waiter
@@ -84,9 +87,14 @@ class StoredFeed(Feed):
 
     #: The store's name, in messages.
     store = "the store"
+    #: A parked GET answered more than this many seconds after its wait is logged
+    #: (``longpoll.late_answer``), so that its lateness can be judged beside the loop
+    #: lag measured around it (:mod:`examples.longpoll.soakcheck`).
+    late_logged_over = 1.0
 
     def __init__(self, settings: Settings, waiter: Waiter) -> None:
         super().__init__(settings, waiter)
+        self._late_log = structlog.get_logger("examples.longpoll")
         #: Requests answered 503 because the store could not be read or written:
         #: ``post``, ``get`` (a new GET's first read), ``parked`` (a parked GET's read
         #: at its end).
@@ -156,12 +164,30 @@ class StoredFeed(Feed):
             return None
         try:
             view = await self._read(name, offset)
-        except FeedError:
+        except FeedError as exc:
             self.unavailable["parked"] += 1
-            self.lateness_max = max(self.lateness_max, loop.time() - start - wait)
+            self._answered_parked(name, start, wait, loop.time(), exc.status)
             raise
         enough = view.readable >= min_bytes
         now = loop.time()
         self.answers[answer_reason(enough, self.closing, now, start + wait)] += 1
-        self.lateness_max = max(self.lateness_max, now - start - wait)
+        self._answered_parked(name, start, wait, now, 200)
         return view.fetched
+
+    def _answered_parked(
+        self, name: str, start: float, wait: float, now: float, status: int
+    ) -> None:
+        late = now - start - wait
+        self.lateness_max = max(self.lateness_max, late)
+        if late > self.late_logged_over:
+            # Loop-clock times, as the loop-lag probe's (longpoll.loop_lag) are.
+            self._late_log.warning(
+                "longpoll.late_answer",
+                topic=name,
+                status=status,
+                start=round(start, 4),
+                wait=wait,
+                answered=round(now, 4),
+                late_s=round(late, 4),
+                pid=os.getpid(),
+            )

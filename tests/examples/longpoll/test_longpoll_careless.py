@@ -170,8 +170,10 @@ def test_a_second_server_on_a_busy_port_says_so_in_one_line(
         "status": "ok",
         "waiter": "purgatory",
     }
-    assert set(health) == {"loop_lag_s", "loop_lag_max_s"}
+    assert set(health) == {"loop_lag_s", "loop_lag_max_s", "accept_queue"}
     assert 0 <= health["loop_lag_s"] <= health["loop_lag_max_s"]
+    # the listening socket's connections not yet accepted (Linux): none, idle
+    assert health["accept_queue"] == 0
     assert server.stop()[0] == 0
 
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from examples.longpoll import soak
+from examples.longpoll import resume, soak
 
 pytestmark = pytest.mark.realtime
 
@@ -42,6 +42,18 @@ def test_a_short_soak_with_every_fault_keeps_the_ledger() -> None:
     assert counts["gets_503"] > 0, shown  # while Redis was down or hung
     assert counts["posts_retried"] > 0, shown
     assert report["exit_statuses"] == {"a": 0, "b": 0, "c": 0}
+    # /healthz probed twice a second on each server, from its own process; the slow
+    # probes only excused in the soak's own stops, which are listed
+    assert report["healthz"]["probes"] >= 150, shown
+    assert [(w["server"], w["why"]) for w in report["excused"]] == [
+        ("c", "worker of c SIGKILLed"),
+        ("all", "redis SIGKILL to redis restarted"),
+        ("all", "redis SIGSTOP to redis SIGCONT"),
+        ("b", "server b SIGTERMed"),
+    ], shown
+    # every late answer judged beside its process's loop lag (the check above passed)
+    assert report["late_answers"]["count"] > 0, shown  # the GETs that met the hung Redis
+    assert all("lag_s" in a for a in report["late_answers"]["answers"]), shown
 
 
 def test_the_soak_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
@@ -49,3 +61,23 @@ def test_the_soak_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> Non
     assert "duration" in capsys.readouterr().err
     with pytest.raises(ValueError, match="hangup_share"):
         soak.Soak(hangup_share=2)
+
+
+def test_a_hung_redis_resuming_under_parked_gets_is_measured_and_the_bound_kept() -> None:
+    """The small reproduction of the burst after SIGCONT (``python -m
+    examples.longpoll.resume``), short: the probes and the late answers are there, and
+    every answer came within its wait + 2.5 s + its process's loop lag."""
+    report = asyncio.run(resume.run(gets=150, stop_seconds=3, before=3, after=5))
+    shown = json.dumps(report, indent=1)
+    assert report["exit_status"] == 0, shown
+    assert report["non_json"] == [], shown
+    # ~5 probes a second over the run, each timed; those during the stop excused only
+    assert report["healthz"]["probes"] >= 25, shown
+    assert report["statuses"].get(200, 0) > 150, shown
+    assert report["statuses"].get(503, 0) > 0, shown  # the GETs that met the hung Redis
+    late = report["late_answers"]
+    # the GETs whose wait ended during the stop waited for the read's deadline: late,
+    # each logged with its lag, and none past the bound
+    assert late["count"] > 0, shown
+    assert late["past_bound"] == 0, shown
+    assert all(a["allowed_s"] >= 2.5 for a in late["answers"]), shown
