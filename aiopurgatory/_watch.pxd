@@ -88,7 +88,8 @@ cdef inline int _fast_slots() except -1:
     cdef _TypeSlots* slots = <_TypeSlots*>_Watch
     global aiopurgatory_watch_send
     aiopurgatory_watch_send = <void*>_am_send
-    slots.tp_as_async.am_send = <void*>_am_send
+    if slots.tp_as_async != NULL:  # Cython gives _Watch one for its __await__
+        slots.tp_as_async.am_send = <void*>_am_send
     slots.tp_iternext = <void*>aiopurgatory_watch_next
     PyType_Modified(<PyTypeObject*>_Watch)
     return 0
