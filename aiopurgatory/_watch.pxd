@@ -3,7 +3,8 @@
 # besides declarations is the C side of _Watch's coroutine protocol: its am_send
 # and tp_iternext slots, which call _step (the .py's logic) and hand back the
 # outcome without a StopIteration object or a traceback, and which _watch.py
-# installs when compiled (_fast_slots).
+# installs when compiled (_fast_slots), with the method-descriptor flag of
+# _WatchFunction.
 
 cimport cython
 from cpython.object cimport PyObject, PyTypeObject
@@ -38,6 +39,8 @@ cdef extern from "Python.h":
     ctypedef struct _TypeSlots "PyTypeObject":
         _AsyncMethods* tp_as_async
         void* tp_iternext
+        unsigned long tp_flags
+    enum: Py_TPFLAGS_METHOD_DESCRIPTOR
 
 
 cdef extern from *:
@@ -92,4 +95,11 @@ cdef inline int _fast_slots() except -1:
         slots.tp_as_async.am_send = <void*>_am_send
     slots.tp_iternext = <void*>aiopurgatory_watch_next
     PyType_Modified(<PyTypeObject*>_Watch)
+    # purgatory.watch(op, keys) calls _WatchFunction(purgatory, op, keys) at
+    # once, as for a function (its __call__ takes the purgatory first), with no
+    # bound method made and called on the way; purgatory.watch alone is still
+    # bound by __get__.
+    cdef _TypeSlots* function = <_TypeSlots*>_WatchFunction
+    function.tp_flags |= Py_TPFLAGS_METHOD_DESCRIPTOR
+    PyType_Modified(<PyTypeObject*>_WatchFunction)
     return 0

@@ -16,8 +16,10 @@ that waiter's own iterator instead.
 Compiled, :class:`_Watch` is a C type whose ``am_send`` (what asyncio's task and
 the interpreter's ``await`` call) and ``tp_iternext`` are C functions
 (``_watch.pxd``): resuming it returns the outcome without raising
-``StopIteration`` at all, and starting it calls the core in C. Pure Python,
-its ``send`` and ``__next__`` do the same steps.
+``StopIteration`` at all, and starting it calls the core in C; and
+``Purgatory.watch`` is a method descriptor, so that ``purgatory.watch(op, keys)``
+makes no bound method. Pure Python, its ``send`` and ``__next__`` do the same
+steps.
 
 What the SPEC asks of ``watch`` holds as it did for the ``async def``: the op is
 the awaiting task's, so a task cancelled while parked gets ``CancelledError``
@@ -162,8 +164,9 @@ def _step(w: _Watch, value: Any) -> Any:
             raise TypeError("can't send non-None value to a just-started coroutine")
         # The keys are the core's from here on (a parked wait keeps no list), and
         # if _park raises, the coroutine has raised.
+        purgatory, keys = state
         w._state = _FINISHED
-        waiter = _park(state[0], w._op, state[1])
+        waiter = _park(purgatory, w._op, keys)
         if waiter is None:
             return _outcome(w._op)  # finished by its first check
         if type(waiter) is Future:
