@@ -27,7 +27,11 @@ from typing import Any
 
 from ._detect import current_backend
 
-__all__ = ["AsyncioDeadlineScope", "AsyncioDriver"]
+__all__ = ["AsyncioDeadlineScope", "AsyncioDriver", "Future"]
+
+#: The future an asyncio task parks on: what ``Purgatory.watch()`` returns hands
+#: it to its task (aiopurgatory._watch), which imports no backend itself.
+Future = asyncio.Future
 
 _get_running_loop = asyncio._get_running_loop  # C; None outside a running loop
 

@@ -40,6 +40,7 @@ CORE_MODULES = (
     "_operation",
     "_thresholds",
     "_purgatory_core",
+    "_watch",
     "_purgatory",
     "_duration_counts",
 )

@@ -302,7 +302,7 @@ class Purgatory(_PurgatoryCore, Generic[OpT]):
             ...
 
     else:
-        # A native coroutine on both cores, never a compiled one: see _watch.
+        # A coroutine function that returns one small object: see _watch.
         watch = _watch
 
     # -- triggers ----------------------------------------------------------------------

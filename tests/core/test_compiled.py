@@ -39,6 +39,7 @@ from aiopurgatory import (
     _timer_entry,
     _timer_handle,
     _validation,
+    _watch,
     _wheel,
     simulation,
 )
@@ -56,6 +57,7 @@ CORE = (
     _operation,
     _thresholds,
     _purgatory_core,
+    _watch,
     _purgatory,
     _duration_counts,
 )

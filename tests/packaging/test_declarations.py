@@ -118,6 +118,7 @@ def test_every_core_module_is_covered() -> None:
         "_validation",
         "_ticks",
         "_purgatory_core",
+        "_watch",
     }
 
 

@@ -275,19 +275,22 @@ def test_clients_of_the_core_use_only_public_names(module: str) -> None:
     assert private_imports == set()
 
 
-def test_watch_is_a_native_coroutine_on_both_cores() -> None:
-    # Compiled, watch() was a Cython coroutine: two more GC-tracked objects and
-    # about 50 more bytes per parked request (issue 54, docs/benchmarks.md). It
-    # lives in a module that is never compiled, whichever core is loaded.
+def test_watch_returns_one_small_object_on_both_cores() -> None:
+    # issue 54: what watch() returns is one small object that is the coroutine
+    # and parks its task on the exact asyncio future the core made (no coroutine
+    # frame, no keys list, no future iterator per parked request), compiled with
+    # the core; Purgatory.watch still reads as a coroutine function.
     import inspect
-    import types
 
-    from aiopurgatory._compiled import CORE_MODULES
+    from aiopurgatory._compiled import COMPILED, CORE_MODULES
+    from aiopurgatory._watch import _Watch
 
-    assert "_watch" not in CORE_MODULES
-    assert not (PACKAGE / "_watch.pxd").exists()
+    assert "_watch" in CORE_MODULES
+    assert (PACKAGE / "_watch.pxd").exists()
     watch = aiopurgatory.Purgatory.watch
-    assert type(watch) is types.FunctionType
     assert inspect.iscoroutinefunction(watch)
     assert watch.__module__ == "aiopurgatory._watch"
     assert watch.__qualname__ == "Purgatory.watch"
+    assert _Watch.__slots__ == ("_op", "_state")
+    # Compiled, a C type (and its am_send and tp_iternext C functions: _watch.pxd).
+    assert (type(_Watch.send).__name__ == "cython_function_or_method") is COMPILED
