@@ -41,6 +41,8 @@ WORKERS = {
 # arq pins redis-py below 6: its how-to runs in .venv-arq (tests/jobs/test_arq.py
 # runs it there with this module's fixtures), not where arq is not importable.
 HERE = [system for system in WORKERS if system != "arq" or importlib.util.find_spec("arq")]
+# The job systems queued in PostgreSQL: run by tests/jobs/test_howto_postgres.py.
+POSTGRES_SYSTEMS = ("procrastinate",)
 
 
 def programs() -> dict[str, str]:
@@ -49,7 +51,9 @@ def programs() -> dict[str, str]:
 
 def test_the_page_has_a_worker_and_a_web_program_per_system() -> None:
     assert set(programs()) == {
-        f"{system}_{part}.py" for system in WORKERS for part in ("tasks", "web")
+        f"{system}_{part}.py"
+        for system in (*WORKERS, *POSTGRES_SYSTEMS)
+        for part in ("tasks", "web")
     }
     text = PAGE.read_text(encoding="utf-8")
     assert "celery -A celery_tasks worker -P prefork -c 2" in text
@@ -57,6 +61,9 @@ def test_the_page_has_a_worker_and_a_web_program_per_system() -> None:
     assert "saq saq_tasks.settings" in text
     assert "dramatiq dramatiq_tasks -p 1 -t 4" in text
     assert "arq arq_tasks.WorkerSettings" in text
+    assert "procrastinate --app procrastinate_tasks.app schema --apply" in text
+    assert "procrastinate --app procrastinate_tasks.app worker" in text
+    assert "uvicorn procrastinate_web:app --workers 2" in text
 
 
 @pytest.fixture(scope="module")

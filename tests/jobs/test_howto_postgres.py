@@ -1,0 +1,92 @@
+"""docs/jobs.md's PostgreSQL job systems' how-tos, as written: Procrastinate's
+schema applied and its worker started as the page says, the web application
+under ``uvicorn --workers 2``, on the tests' own PostgreSQL.
+
+The programs (``<!-- file: NAME.py -->``) and the HTTP helpers are
+tests/jobs/test_howto.py's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aiopurgatory.postgres.testing import PostgresServer
+from tests.jobs.conftest import WorkerProcess
+from tests.jobs.test_howto import call, free_port, wait_listening
+from tests.jobs.test_howto import written as written  # the fixture, for pytest
+from tests.jobs.test_procrastinate import newest_worker
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.realtime]
+
+# How the page runs Procrastinate (its "console" block), after `procrastinate`.
+PROCRASTINATE = ["-m", "procrastinate", "--app", "procrastinate_tasks.app"]
+
+
+@pytest.fixture(scope="module")
+def procrastinate_running(
+    written: Path,
+    jobs_postgres: PostgresServer,
+) -> Iterator[int]:
+    """Procrastinate's schema, worker and the page's web application: the web port."""
+    dsn = jobs_postgres.dsn
+    env = {"DATABASE_URL": dsn}
+    applied = subprocess.run(
+        [sys.executable, *PROCRASTINATE, "schema", "--apply"],
+        cwd=written, env={**os.environ, **env},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    before = newest_worker(dsn)
+    worker = WorkerProcess(
+        [sys.executable, *PROCRASTINATE, "worker"], url=dsn,
+        log=written / "procrastinate-worker.log", ready=written / "procrastinate.ready",
+        env=env, cwd=written,
+    )  # fmt: skip
+    port = free_port()
+    web = WorkerProcess(
+        [sys.executable, "-m", "uvicorn", "procrastinate_web:app", "--workers", "2",
+         "--port", str(port), "--log-level", "warning"],
+        url=dsn, log=written / "procrastinate-web.log",
+        ready=written / "procrastinate-web.ready", env=env, cwd=written,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while newest_worker(dsn) <= before:  # it registered itself: it listens for jobs
+            if worker.process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the worker did not start:\n{worker.tail()}", pytrace=False)
+            time.sleep(0.05)
+        wait_listening(web, port)
+        yield port
+    finally:
+        web.stop()
+        worker.stop()
+
+
+def test_procrastinate_answers_done_failed_and_not_yet(procrastinate_running: int) -> None:
+    port = procrastinate_running
+    status, created = call(port, "POST", "/renders?pages=4")
+    assert status == 201
+    job = created["job"]
+    status, body = call(port, "GET", f"/renders/{job}?timeout=30")
+    assert (status, body) == (200, {"job": job, "done": True, "attempts": 1})
+    # Ended already: at once, even with no time to wait.
+    assert call(port, "GET", f"/renders/{job}?timeout=0")[1]["done"] is True
+    # A task that raises: Procrastinate stores the status only ("failed").
+    status, created = call(port, "POST", "/renders?pages=0")
+    assert status == 201
+    status, body = call(port, "GET", f"/renders/{created['job']}?timeout=30")
+    assert status == 502
+    assert "failed" in body["detail"]
+    # Not ended in time: said so, on time.
+    status, created = call(port, "POST", "/renders?pages=40")
+    started = time.monotonic()
+    status, body = call(port, "GET", f"/renders/{created['job']}?timeout=0.3")
+    assert (status, body) == (200, {"job": created["job"], "done": False})
+    assert time.monotonic() - started < 5.0
