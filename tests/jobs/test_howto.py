@@ -43,6 +43,8 @@ WORKERS = {
 HERE = [system for system in WORKERS if system != "arq" or importlib.util.find_spec("arq")]
 # The job systems queued in PostgreSQL: run by tests/jobs/test_howto_postgres.py.
 POSTGRES_SYSTEMS = ("procrastinate",)
+# django-tasks' how-to is a Django project: its files under Django's usual names.
+DJANGO_PROJECT = ("settings", "tasks", "views", "urls", "asgi", "manage")
 
 
 def programs() -> dict[str, str]:
@@ -54,7 +56,7 @@ def test_the_page_has_a_worker_and_a_web_program_per_system() -> None:
         f"{system}_{part}.py"
         for system in (*WORKERS, *POSTGRES_SYSTEMS)
         for part in ("tasks", "web")
-    }
+    } | {f"{name}.py" for name in DJANGO_PROJECT}
     text = PAGE.read_text(encoding="utf-8")
     assert "celery -A celery_tasks worker -P prefork -c 2" in text
     assert "rq worker -w aiopurgatory.jobs.rq.PublishingWorker" in text
@@ -64,6 +66,8 @@ def test_the_page_has_a_worker_and_a_web_program_per_system() -> None:
     assert "procrastinate --app procrastinate_tasks.app schema --apply" in text
     assert "procrastinate --app procrastinate_tasks.app worker" in text
     assert "uvicorn procrastinate_web:app --workers 2" in text
+    assert "python manage.py db_worker" in text
+    assert "uvicorn asgi:application --workers 2" in text
 
 
 @pytest.fixture(scope="module")
