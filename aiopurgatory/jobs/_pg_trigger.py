@@ -118,7 +118,7 @@ def trigger_sql(
     statuses = ", ".join(_literal(status) for status in ends)
     # Installers serialised per channel, to the end of their transaction: two
     # processes installing at once (a web server's workers, each at start) had
-    # CREATE OR REPLACE FUNCTION fail with "tuple concurrently updated" (18 of 60
+    # CREATE OR REPLACE FUNCTION fail with "tuple concurrently updated" (18, 25 of 60
     # concurrent installs on PostgreSQL 15), CREATE TABLE IF NOT EXISTS with a
     # unique violation.
     lock = zlib.crc32(f"{channel} job-end trigger".encode())
