@@ -162,12 +162,16 @@ def test_the_how_to_answers_results_progress_and_failures(
     started = time.monotonic()
     assert call(port, "GET", f"/renders/{created['job']}?timeout=0.3")[1]["done"] is False
     assert time.monotonic() - started < 5.0
-    # SIGTERM with waits parked: each answered at once (503), the server gone.
     status, created = call(port, "POST", "/renders?pages=100")
+    sigterm_answers_parked_waits(port, web, created["job"])
+
+
+def sigterm_answers_parked_waits(port: int, web: WorkerProcess, job: object) -> None:
+    """SIGTERM with waits on ``job`` parked: each answered at once (503), the server gone."""
     parked = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(4)]
     for sock in parked:
         sock.sendall(
-            f"GET /renders/{created['job']}?timeout=60 HTTP/1.1\r\nHost: t\r\n"
+            f"GET /renders/{job}?timeout=60 HTTP/1.1\r\nHost: t\r\n"
             "Connection: close\r\n\r\n".encode()
         )
     time.sleep(0.5)

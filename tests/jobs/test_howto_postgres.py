@@ -20,7 +20,7 @@ import pytest
 
 from aiopurgatory.postgres.testing import PostgresServer
 from tests.jobs.conftest import WorkerProcess
-from tests.jobs.test_howto import call, free_port, wait_listening
+from tests.jobs.test_howto import call, free_port, sigterm_answers_parked_waits, wait_listening
 from tests.jobs.test_howto import written as written  # the fixture, for pytest
 from tests.jobs.test_procrastinate import newest_worker
 
@@ -56,8 +56,9 @@ def start_web(written: Path, app: str, dsn: str, env: dict[str, str]) -> tuple[i
 def procrastinate_running(
     written: Path,
     jobs_postgres: PostgresServer,
-) -> Iterator[int]:
-    """Procrastinate's schema, worker and the page's web application: the web port."""
+) -> Iterator[tuple[int, WorkerProcess]]:
+    """Procrastinate's schema, worker and the page's web application: the web
+    port and the web server's process."""
     dsn = jobs_postgres.dsn
     env = {"DATABASE_URL": dsn}
     run(written, [*PROCRASTINATE, "schema", "--apply"], env)
@@ -75,14 +76,16 @@ def procrastinate_running(
                 pytest.fail(f"the worker did not start:\n{worker.tail()}", pytrace=False)
             time.sleep(0.05)
         wait_listening(web, port)
-        yield port
+        yield port, web
     finally:
         web.stop()
         worker.stop()
 
 
-def test_procrastinate_answers_done_failed_and_not_yet(procrastinate_running: int) -> None:
-    port = procrastinate_running
+def test_procrastinate_answers_done_failed_and_not_yet(
+    procrastinate_running: tuple[int, WorkerProcess],
+) -> None:
+    port, web = procrastinate_running
     status, created = call(port, "POST", "/renders?pages=4")
     assert status == 201
     job = created["job"]
@@ -102,6 +105,9 @@ def test_procrastinate_answers_done_failed_and_not_yet(procrastinate_running: in
     status, body = call(port, "GET", f"/renders/{created['job']}?timeout=0.3")
     assert (status, body) == (200, {"job": created["job"], "done": False})
     assert time.monotonic() - started < 5.0
+    # The lifespan's release_on_shutdown: parked waits answered 503 at SIGTERM.
+    status, created = call(port, "POST", "/renders?pages=100")
+    sigterm_answers_parked_waits(port, web, created["job"])
 
 
 @pytest.fixture(scope="module")
