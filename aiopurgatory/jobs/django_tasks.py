@@ -79,7 +79,9 @@ def schema_sql(
     """The SQL that makes django-tasks-db's task ends wake :class:`DjangoTasksJobs` waiters.
 
     Run it in a migration (``migrations.RunSQL(schema_sql())``) after
-    django-tasks-db's own; again after changing an argument. Idempotent. It
+    django-tasks-db's own; again after changing an argument. Idempotent, and
+    runs of it at once (each web process at start) wait for each other: it
+    takes a transaction-level advisory lock of the channel first. It
     creates the channel's watermark table if missing, a function
     ``"<channel>_crc32"`` and a trigger ``"<channel>_django_tasks_ends"`` on
     :data:`TABLE`, fired when a task's status becomes ``SUCCESSFUL`` or

@@ -122,6 +122,9 @@ async def install(
 ) -> None:
     """Run :func:`schema_sql` through ``app``'s connector (open), in one transaction.
 
+    Idempotent; installs running at once (each web process at start) wait for
+    each other (the SQL's transaction-level advisory lock of the channel).
+
     Procrastinate's schema must be applied first (``procrastinate schema
     --apply`` or its migrations): the trigger is on its table.
 

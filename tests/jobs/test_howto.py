@@ -41,6 +41,10 @@ WORKERS = {
 # arq pins redis-py below 6: its how-to runs in .venv-arq (tests/jobs/test_arq.py
 # runs it there with this module's fixtures), not where arq is not importable.
 HERE = [system for system in WORKERS if system != "arq" or importlib.util.find_spec("arq")]
+# The job systems queued in PostgreSQL: run by tests/jobs/test_howto_postgres.py.
+POSTGRES_SYSTEMS = ("procrastinate",)
+# django-tasks' how-to is a Django project: its files under Django's usual names.
+DJANGO_PROJECT = ("settings", "tasks", "views", "urls", "asgi", "manage")
 
 
 def programs() -> dict[str, str]:
@@ -49,14 +53,21 @@ def programs() -> dict[str, str]:
 
 def test_the_page_has_a_worker_and_a_web_program_per_system() -> None:
     assert set(programs()) == {
-        f"{system}_{part}.py" for system in WORKERS for part in ("tasks", "web")
-    }
+        f"{system}_{part}.py"
+        for system in (*WORKERS, *POSTGRES_SYSTEMS)
+        for part in ("tasks", "web")
+    } | {f"{name}.py" for name in DJANGO_PROJECT}
     text = PAGE.read_text(encoding="utf-8")
     assert "celery -A celery_tasks worker -P prefork -c 2" in text
     assert "rq worker -w aiopurgatory.jobs.rq.PublishingWorker" in text
     assert "saq saq_tasks.settings" in text
     assert "dramatiq dramatiq_tasks -p 1 -t 4" in text
     assert "arq arq_tasks.WorkerSettings" in text
+    assert "procrastinate --app procrastinate_tasks.app schema --apply" in text
+    assert "procrastinate --app procrastinate_tasks.app worker" in text
+    assert "uvicorn procrastinate_web:app --workers 2" in text
+    assert "python manage.py db_worker" in text
+    assert "uvicorn asgi:application --workers 2" in text
 
 
 @pytest.fixture(scope="module")
@@ -151,12 +162,16 @@ def test_the_how_to_answers_results_progress_and_failures(
     started = time.monotonic()
     assert call(port, "GET", f"/renders/{created['job']}?timeout=0.3")[1]["done"] is False
     assert time.monotonic() - started < 5.0
-    # SIGTERM with waits parked: each answered at once (503), the server gone.
     status, created = call(port, "POST", "/renders?pages=100")
+    sigterm_answers_parked_waits(port, web, created["job"])
+
+
+def sigterm_answers_parked_waits(port: int, web: WorkerProcess, job: object) -> None:
+    """SIGTERM with waits on ``job`` parked: each answered at once (503), the server gone."""
     parked = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(4)]
     for sock in parked:
         sock.sendall(
-            f"GET /renders/{created['job']}?timeout=60 HTTP/1.1\r\nHost: t\r\n"
+            f"GET /renders/{job}?timeout=60 HTTP/1.1\r\nHost: t\r\n"
             "Connection: close\r\n\r\n".encode()
         )
     time.sleep(0.5)

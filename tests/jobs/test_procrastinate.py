@@ -240,6 +240,19 @@ async def test_the_triggers_partition_is_the_one_every_process_computes(
             assert row[0] % 64 == partition_of(key, 64)
 
 
+async def test_installs_running_at_once_wait_for_each_other(server: PostgresServer) -> None:
+    """As the web how-to's ``uvicorn --workers 2`` does at start: without the lock,
+    about a third failed with "tuple concurrently updated"."""
+
+    async def installs(rounds: int) -> None:
+        opened = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=server.dsn))
+        async with opened.open_async():
+            for _ in range(rounds):
+                await install(opened)
+
+    await asyncio.gather(*(installs(10) for _ in range(3)))
+
+
 def test_bad_arguments_are_refused_with_the_argument_named() -> None:
     with pytest.raises(ValueError, match="namespace"):
         schema_sql(namespace="a$b")
