@@ -129,7 +129,7 @@ pure_pass = $(PYTEST_PURE) $(call python_of,$(1)) -m pytest $(PYTEST_ARGS) --lib
 # The Spark tests in one process: they share one Spark session and one local
 # cluster (session fixtures), which xdist workers would each start, and Spark's
 # local[2] uses both cores itself.
-spark_pass = $(PYTEST_COMPILED) $(PY) -m pytest -q -p no:cacheprovider -m spark
+spark_pass = $(PYTEST_COMPILED) $(PY) -m pytest -q -p no:cacheprovider --durations=15 -m spark
 
 # `make test`: every pass, scheduled for a 2-core machine (docs/testing.md). The
 # passes of the tests (real servers, real time) run one at a time, in the order of
