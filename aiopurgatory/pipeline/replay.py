@@ -562,12 +562,9 @@ def _checked(
     if args.local and args.io != "auto":
         raise UsageError("--io is for the Spark replay, not --local")
     output = OutputDir(args.out, overwrite=args.overwrite, inputs=[args.trace], command="replay")
-    modules = ["numpy", "pyarrow", "pandas"]
-    if spark_needed:
-        modules += ["pyspark", "rich"]
-    if not args.facts_only and not args.no_report:
-        modules.append("matplotlib")
-    require(modules, "spark")
+    # The trace's checks read it with pyarrow alone: a bad trace is refused
+    # before the seconds that importing pandas, pyspark and matplotlib take.
+    require(["numpy", "pyarrow"], "spark")
     io = "local" if args.local else args.io
     if io == "auto":
         io = "files" if files_reachable(args.trace, args.out) else "spark"
@@ -588,6 +585,12 @@ def _checked(
                 f"replication ({replication}: a leader and {replication - 1} followers): no "
                 f"acks=all request could complete; give at most {replication}"
             )
+    modules = ["pandas"]
+    if spark_needed:
+        modules += ["pyspark", "rich"]
+    if not args.facts_only and not args.no_report:
+        modules.append("matplotlib")
+    require(modules, "spark")
     return param_sets, conf, options, io, output
 
 

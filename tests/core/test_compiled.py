@@ -19,7 +19,6 @@ import sys
 import sysconfig
 import tarfile
 import textwrap
-import venv
 import zipfile
 from pathlib import Path
 from unittest import mock
@@ -43,7 +42,7 @@ from aiopurgatory import (
     _wheel,
     simulation,
 )
-from tests.support.dist import checkout_dist
+from tests.support.dist import checkout_dist, venv_with
 
 ROOT = Path(__file__).resolve().parents[2]
 TRIO_BENCH_FILES = ("__init__.py", "timer.py", "purgatory.py", "py.typed")
@@ -321,16 +320,7 @@ def test_wheel_is_compiled_and_sdist_installs_without_a_compiler(tmp_path: Path)
         ("wheel", wheel, {}),
         ("sdist", sdist, {"CC": "false", "CXX": "false"}),  # no working C compiler
     ):
-        home = tmp_path / f"venv-{name}"
-        venv.create(home, with_pip=True)
-        python = str(home / "bin" / "python")
-        subprocess.run(
-            [python, "-m", "pip", "install", "--quiet", str(target)],
-            check=True,
-            capture_output=True,
-            timeout=900,
-            env={**clean_env, **env},
-        )
+        python = venv_with(tmp_path / f"venv-{name}", target, env={**clean_env, **env})
         out = subprocess.run(
             [python, "-c", check],
             check=True,

@@ -13,12 +13,11 @@ import os
 import subprocess
 import tarfile
 import tomllib
-import venv
 from pathlib import Path
 
 import pytest
 
-from tests.support.dist import checkout_dist
+from tests.support.dist import checkout_dist, venv_with
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,16 +63,7 @@ def test_the_sdist_carries_the_examples_and_an_editable_install_runs_them_anywhe
     assert not any(name.endswith((".so", ".pyc")) for name in names)
     (checkout,) = (tmp_path / "src").iterdir()
 
-    home = tmp_path / "venv"
-    venv.create(home, with_pip=True)
-    python = str(home / "bin" / "python")
-    subprocess.run(
-        [python, "-m", "pip", "install", "--quiet", "-e", str(checkout)],
-        check=True,
-        capture_output=True,
-        timeout=900,
-        env=env,
-    )
+    python = venv_with(tmp_path / "venv", checkout, editable=True, env=env)
     for cwd, argv in (
         (checkout / "docs", ["-m", "examples.timer_demo"]),
         (checkout / "tests", ["-m", "examples.acks_all", "--help"]),

@@ -10,8 +10,13 @@ in subprocesses, the cluster's daemons and executors) runs with :data:`FAST_JVM`
 the client compiler only and the serial collector. A Spark JVM spends most of a
 short job compiling itself and collecting with threads the 2 cores do not have;
 with these options an ``aiopurgatory analyze`` of 1,500 events took 37 CPU seconds
-instead of 74 here. The options change how fast the JVM gets, never what Spark
-computes.
+instead of 74 here. They also turn off Spark SQL's whole-stage code generation (a
+system property, which every JVM's SparkConf reads: drivers, executors, the Connect
+server): for the tests' small tables, compiling the generated Java of each query
+(Janino, then the JIT) costs more than it saves; the pipeline's Spark tests took
+97 CPU seconds instead of 113 without it. Spark then runs the same physical plan
+operator by operator. The options change how fast the JVM gets, never what Spark
+computes (the tests compare every table with the pure-Python pipeline's).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pandas")
 
 #: JVM options of every Spark JVM of the tests (see the module's docstring).
-FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Dspark.sql.codegen.wholeStage=false"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
