@@ -10,13 +10,16 @@ in subprocesses, the cluster's daemons and executors) runs with :data:`FAST_JVM`
 the client compiler only and the serial collector. A Spark JVM spends most of a
 short job compiling itself and collecting with threads the 2 cores do not have;
 with these options an ``aiopurgatory analyze`` of 1,500 events took 37 CPU seconds
-instead of 74 here. They also turn off Spark SQL's whole-stage code generation (a
-system property, which every JVM's SparkConf reads: drivers, executors, the Connect
-server): for the tests' small tables, compiling the generated Java of each query
-(Janino, then the JIT) costs more than it saves; the pipeline's Spark tests took
-97 CPU seconds instead of 113 without it. Spark then runs the same physical plan
-operator by operator. The options change how fast the JVM gets, never what Spark
-computes (the tests compare every table with the pure-Python pipeline's).
+instead of 74 here. The drivers the tests start (this process's, and those of the
+commands in subprocesses, which inherit ``PYSPARK_SUBMIT_ARGS``) also leave out
+Spark SQL's whole-stage code generation: for the tests' small tables, compiling
+the generated Java of each query (Janino, then the JIT) costs more than it saves
+(the pipeline's local Spark tests took 97 CPU seconds instead of 113 without it,
+in one run here); Spark runs the same physical plan operator by operator. (A
+``-Dspark.*`` option cannot go into the executors' Java options, which Spark
+refuses; the driver plans the queries anyway.) These options change how fast the
+JVM gets, never what Spark computes (the tests compare every table with the
+pure-Python pipeline's).
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pandas")
 
 #: JVM options of every Spark JVM of the tests (see the module's docstring).
-FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Dspark.sql.codegen.wholeStage=false"
+FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: Spark settings of every driver of the tests (see the module's docstring).
+FAST_SQL = "spark.sql.codegen.wholeStage=false"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -61,7 +66,7 @@ def _fast_spark_jvms() -> Iterator[None]:
 
     submit_args = (
         f'--driver-java-options "-Dlog4j2.configurationFile={_LOG4J2.as_uri()} {FAST_JVM}" '
-        f'--conf "spark.executor.extraJavaOptions={FAST_JVM}" pyspark-shell'
+        f'--conf "spark.executor.extraJavaOptions={FAST_JVM}" --conf "{FAST_SQL}" pyspark-shell'
     )
     with pytest.MonkeyPatch.context() as patch:
         if "PYSPARK_SUBMIT_ARGS" not in os.environ:
