@@ -82,6 +82,15 @@ def procrastinate_running(
         worker.stop()
 
 
+def not_ended_in_time(port: int) -> None:
+    """A job that has not ended when its wait's timeout passes: said so, on time."""
+    status, created = call(port, "POST", "/renders?pages=40")
+    started = time.monotonic()
+    status, body = call(port, "GET", f"/renders/{created['job']}?timeout=0.3")
+    assert (status, body) == (200, {"job": created["job"], "done": False})
+    assert time.monotonic() - started < 5.0
+
+
 def test_procrastinate_answers_done_failed_and_not_yet(
     procrastinate_running: tuple[int, WorkerProcess],
 ) -> None:
@@ -99,12 +108,7 @@ def test_procrastinate_answers_done_failed_and_not_yet(
     status, body = call(port, "GET", f"/renders/{created['job']}?timeout=30")
     assert status == 502
     assert "failed" in body["detail"]
-    # Not ended in time: said so, on time.
-    status, created = call(port, "POST", "/renders?pages=40")
-    started = time.monotonic()
-    status, body = call(port, "GET", f"/renders/{created['job']}?timeout=0.3")
-    assert (status, body) == (200, {"job": created["job"], "done": False})
-    assert time.monotonic() - started < 5.0
+    not_ended_in_time(port)
     # The lifespan's release_on_shutdown: parked waits answered 503 at SIGTERM.
     status, created = call(port, "POST", "/renders?pages=100")
     sigterm_answers_parked_waits(port, web, created["job"])
@@ -146,11 +150,7 @@ def test_django_tasks_answers_done_failed_and_not_yet(django_running: int) -> No
     status, body = call(port, "GET", f"/renders/{created['job']}?timeout=30")
     assert status == 502
     assert "nothing to render: 0 pages" in body["error"]
-    status, created = call(port, "POST", "/renders?pages=40")
-    started = time.monotonic()
-    status, body = call(port, "GET", f"/renders/{created['job']}?timeout=0.3")
-    assert (status, body) == (200, {"job": created["job"], "done": False})
-    assert time.monotonic() - started < 5.0
+    not_ended_in_time(port)
     # Bad input: refused, naming the argument.
     status, body = call(port, "GET", f"/renders/{job}?timeout=nan")
     assert (status, "timeout" in body["error"]) == (400, True)
