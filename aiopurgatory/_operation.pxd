@@ -7,6 +7,8 @@ from aiopurgatory._timer_entry cimport _TimerEntry
 cdef object COMPLETED, EXPIRED, CANCELLED, FAILED
 # An entry's state out of the timer (see _timer_entry.py).
 cdef int IDLE
+# An entry's _when until it is scheduled (see _timer_states.py).
+cdef double NO_DEADLINE
 cdef object Future, _set_result
 cdef _wake(waiter)
 
@@ -24,7 +26,6 @@ cdef class _PurgatoryBase:
 
 cdef class DelayedOperation(_TimerEntry):
     cdef public object _exception
-    cdef public bint _joined
     cdef public tuple _keys
     cdef public object _entries
     cdef public object _outcome

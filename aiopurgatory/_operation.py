@@ -3,9 +3,10 @@
 An operation is *new* until a purgatory takes it, *pending* while watched, and
 *finished* exactly once, as one of :class:`Outcome`. Its stage is read off one
 field each: ``_purgatory`` (None while new; set when taken, before its first
-check), ``_joined`` (set once it joins its watch lists, i.e. its first check did
-not finish it; it stays set, so a finished op tells whether it was watched) and
-``_outcome`` (None until finished). The rules:
+check), ``_id_key`` (its identity key, ``id(op)``, given once it joins its
+watch lists, i.e. its first check did not finish it; 0 before. It stays, so a
+finished op tells whether it was watched: ``_joined``) and ``_outcome`` (None
+until finished). The rules:
 
 * Completion (``force_complete``) and expiry (the timer) race; the first wins and
   is the only one to run callbacks. ``on_complete`` runs for both; ``on_expiration``
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from ._backends import done_callback_scheduler, new_waiter, running_call_soon_threadsafe
 from ._logging import LazyLogger
 from ._timer_entry import _TimerEntry
-from ._timer_states import IDLE
+from ._timer_states import IDLE, NO_DEADLINE
 from ._validation import as_seconds
 
 # asyncio's Future.set_result, called on its futures without a lookup by name.
@@ -233,7 +234,6 @@ class DelayedOperation(_TimerEntry):
     __slots__ = (
         "_entries",
         "_exception",
-        "_joined",
         "_keys",
         "_outcome",
         "_purgatory",
@@ -260,11 +260,10 @@ class DelayedOperation(_TimerEntry):
             raise ValueError(f"timeout must not be negative, got {timeout!r}")
         self._state = IDLE
         self._bucket = None
-        self._id_key = 0
-        self._when: float | None = None  # type: ignore[assignment]
+        self._id_key = 0  # id(op) once in its watch lists (see the module documentation)
+        self._when = NO_DEADLINE
         self._timeout = timeout
         self._purgatory: _PurgatoryBase | None = None
-        self._joined = False  # in its watch lists (see the module documentation)
         self._keys: tuple[Hashable, ...] = ()
         # The threshold on each of ``_keys`` (same order) for a watch with
         # thresholds (``watch(op, {key: threshold})``), else None.
@@ -305,7 +304,8 @@ class DelayedOperation(_TimerEntry):
     @property
     def deadline(self) -> float | None:
         """Loop time (seconds) of expiry once scheduled by a purgatory, else None."""
-        return self._when
+        when = self._when
+        return None if when == NO_DEADLINE else when
 
     @property
     def keys(self) -> tuple[Hashable, ...]:
@@ -315,7 +315,16 @@ class DelayedOperation(_TimerEntry):
         (in ``try_complete_else_watch``) finished it: it was never watched.
         """
         # ``_keys`` is set before that first check (WatermarkOperation reads it there).
-        return self._keys if self._joined else ()
+        return self._keys if self._id_key else ()
+
+    @property
+    def _joined(self) -> bool:
+        """Whether it joined its watch lists (see the module documentation).
+
+        Read off ``_id_key`` rather than kept in a field of its own: one field
+        less puts a compiled operation in a smaller allocator size class.
+        """
+        return self._id_key != 0
 
     @property
     def is_completed(self) -> bool:

@@ -15,6 +15,8 @@ from aiopurgatory._timer cimport Timer
 cdef object COMPLETED, EXPIRED, CANCELLED
 # An entry's state out of the timer (see _timer_entry.py).
 cdef int IDLE
+# An entry's _when until it is scheduled (see _timer_states.py).
+cdef double NO_DEADLINE
 cdef dict _modules
 
 
@@ -58,7 +60,7 @@ cdef class _PurgatoryCore(_PurgatoryBase):
     cpdef advance(self, key, value)
     cdef _check_traced(self, list checked, key)
     @cython.locals(watchers=dict, ops=dict, keys=tuple, waits=_DurationCounts, now=double, due=double,
-                   timeout=double, late=double, wait=double)
+                   timeout=double, late=double, wait=double, when=double)
     cdef _detach(self, DelayedOperation op, outcome)
     @cython.locals(everything=dict, watch=ThresholdIndex, entry=ThresholdEntry)
     cdef _unwatch_thresholds(self, DelayedOperation op)

@@ -30,7 +30,7 @@ from ._errors import OperationStateError, PurgatoryClosedError, PurgatoryFullErr
 from ._operation import DelayedOperation, Outcome, _PurgatoryBase
 from ._thresholds import ThresholdIndex
 from ._timer import Timer
-from ._timer_states import IDLE
+from ._timer_states import IDLE, NO_DEADLINE
 from ._validation import as_number, hashable_key, keys_of, thresholds_of, unhashable_key
 
 __all__ = ["WatermarkOperation"]
@@ -253,9 +253,9 @@ class _PurgatoryCore(_PurgatoryBase):
         if outcome is not None:
             return outcome is COMPLETED
 
-        # One int object, id(op), keys the op in every plain watch list and in the wheel.
+        # One int object, id(op), keys the op in every plain watch list and in the
+        # wheel; given here, it also tells that the op joined them (op._joined).
         op._id_key = oid = id(op)
-        op._joined = True
         if thresholds is None:
             watchers = self._watchers
             for key in keys:
@@ -486,7 +486,7 @@ class _PurgatoryCore(_PurgatoryBase):
         late = -1.0  # how late the timer fired it: read for an expiry only
         if HISTOGRAMS:
             when = op._when
-            if when is not None:
+            if when != NO_DEADLINE:
                 # C doubles in the compiled core (no float object per step).
                 now = self._timer._time()
                 due = when
@@ -511,7 +511,7 @@ class _PurgatoryCore(_PurgatoryBase):
             waits = self._wait_failed
         if HISTOGRAMS:
             waits.add(wait)
-        if op._joined:  # not finished by its first check
+        if op._id_key:  # joined (op._joined): not finished by its first check
             keys = op._keys
             if op._thresholds is None:
                 oid = op._id_key

@@ -10,7 +10,8 @@ cdef long long UNARMED
 
 cdef class _TimerEntry(Entry):
     cdef public int _state
-    cdef public object _when
+    # A C double: no float object per scheduled entry (NO_DEADLINE until scheduled).
+    cdef public double _when
 
     cdef _fire(self)
     cdef _timer_closed(self)

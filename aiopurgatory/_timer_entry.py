@@ -37,7 +37,7 @@ class _TimerEntry(Entry):
     __slots__ = ("_state", "_when")
 
     # The loop time it is due at; set by Timer._schedule (delayed operations keep
-    # None here until they are scheduled).
+    # NO_DEADLINE here until they are scheduled). A C double in the compiled core.
     _when: float
     # IDLE, STAGED, WAITING or DUE (see the module documentation). Entries made
     # without __init__ (TimerHandle) set it before anything reads it.

@@ -8,9 +8,10 @@ means, and the one way out of them, is in :mod:`aiopurgatory._timer_entry`.
 
 from __future__ import annotations
 
+from math import inf
 from typing import Final
 
-__all__ = ["DUE", "IDLE", "STAGED", "STATE_NAMES", "UNARMED", "WAITING"]
+__all__ = ["DUE", "IDLE", "NO_DEADLINE", "STAGED", "STATE_NAMES", "UNARMED", "WAITING"]
 
 #: Not pending: never scheduled, or it ran, was withdrawn, or was told that its
 #: timer closed. 0, what a new compiled entry holds.
@@ -28,3 +29,8 @@ STATE_NAMES: Final = ("idle", "staged", "waiting", "due")
 #: A timer's ``_armed`` while no wake-up is armed: above every tick a timer
 #: counts, so that "earlier than the armed expiration" is one comparison.
 UNARMED: Final = 2**63 - 1
+
+#: An entry's ``_when`` until a timer schedules it (a delayed operation's
+#: ``deadline`` is None then): below every loop time. A float, so that the
+#: compiled core keeps ``_when`` as a C double, not a float object per entry.
+NO_DEADLINE: Final = -inf

@@ -178,7 +178,7 @@ class _Hooks:
             if where.is_valid and where.span_id != parent:
                 span.add_link(where)
         elif outcome is _EXPIRED:
-            deadline = op._when
+            deadline = op.deadline
             if deadline is not None:
                 late = now - deadline
                 span.add_event(EVENT_EXPIRED, {ATTRIBUTE_LATENESS: late}, timestamp=end)
