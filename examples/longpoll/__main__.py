@@ -39,7 +39,7 @@ REDIS_ENV = "LONGPOLL_REDIS"
 POSTGRES_ENV = "LONGPOLL_POSTGRES"
 
 #: The server's cyclic garbage collector thresholds (``--gc-threshold``).
-GC_THRESHOLD = (50_000, 50, 1_000)
+GC_THRESHOLD = (5_000, 10, 1_000)
 
 LOOPS = ("auto", "asyncio", "uvloop")
 
@@ -76,8 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--loop",
         choices=LOOPS,
-        default="auto",
-        help="event loop; auto: uvloop when installed (%(default)s)",
+        default="asyncio",
+        help="event loop (%(default)s); auto: uvloop when installed. uvloop accepts one "
+        "connection per loop iteration: a busy server's new connections wait "
+        "(docs/longpoll.md)",
     )
     p.add_argument(
         "--default-wait",
@@ -389,10 +391,13 @@ async def serve(
         loop.add_signal_handler(sig, on_signal)
     if args.gc_threshold is not None:
         # What start-up made (modules, the app) is never garbage: out of every
-        # collection. Then collections far rarer than Python's (700, 10, 10): with
-        # thousands of parked GETs alive, each collection walks their objects, and
-        # the cyclic collector cost more CPU than the rest of the server (see
-        # docs/distributed.md).
+        # collection. Then full collections far rarer than Python's (700, 10, 10):
+        # with thousands of parked GETs alive, each walks their objects, and the
+        # cyclic collector cost more CPU than the rest of the server (see
+        # docs/distributed.md). Young collections stay frequent: the garbage a
+        # collection frees is what it costs, and (50000, 50, 1000) stopped the loop
+        # for 0.3 s per young collection and 1.7-2.1 s per middle one in the soak
+        # (docs/longpoll.md, "Stalls with no fault").
         gc.freeze()
         gc.set_threshold(*args.gc_threshold)
     # SIGUSR1: every task's stack on stderr (what a server that does not stop waits for).

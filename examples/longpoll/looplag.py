@@ -16,6 +16,10 @@ With ``log_over`` set, every probe later than that is also logged
 probe was due and ran, ``lag_s`` and ``pid``), so that a reader of the log (the
 soak, :mod:`examples.longpoll.soakcheck`) can put each late answer beside the lag
 its process measured around it, rather than a lag sampled at some other moment.
+With it, each collection of the cyclic garbage collector that took longer than
+``log_over`` is logged too (``longpoll.gc_pause``: ``at``, the process's
+monotonic clock when it ended, ``generation``, ``seconds``, ``collected``), so a
+stall can be told from a collection (timed with ``gc.callbacks`` while entered).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import gc
 import os
+import time
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Self
@@ -102,6 +108,12 @@ class LoopLag(Background):
         self.probes = 0
         # (loop time the probe ended, its lateness), the last ``window`` seconds.
         self._recent: collections.deque[tuple[float, float]] = collections.deque()
+        # Collections longer than log_over, not yet logged: (ended, generation,
+        # seconds, collected), appended by the collector's callback.
+        self._pauses: collections.deque[tuple[float, int, float, int]] = collections.deque(
+            maxlen=1000
+        )
+        self._gc_started = 0.0
 
     @property
     def recent_max(self) -> float:
@@ -116,7 +128,41 @@ class LoopLag(Background):
 
     _task_name = "loop-lag"
 
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        # Called by the collector, before and after each collection: only timed
+        # and kept here; logged from the loop (_log_pauses).
+        now = time.perf_counter()
+        if phase == "start":
+            self._gc_started = now
+        elif self._gc_started and self.log_over is not None:
+            took = now - self._gc_started
+            if took > self.log_over:
+                self._pauses.append((time.monotonic(), info["generation"], took, info["collected"]))
+
+    def _log_pauses(self) -> None:
+        while self._pauses:
+            ended, generation, took, collected = self._pauses.popleft()
+            self._log.warning(
+                "longpoll.gc_pause",
+                at=round(ended, 4),
+                generation=generation,
+                seconds=round(took, 4),
+                collected=collected,
+                pid=os.getpid(),
+            )
+
     async def _run(self) -> None:
+        if self.log_over is None:
+            await self._probe()
+            return
+        gc.callbacks.append(self._on_gc)
+        try:
+            await self._probe()
+        finally:
+            gc.callbacks.remove(self._on_gc)
+            self._log_pauses()
+
+    async def _probe(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             asked = loop.time() + self.interval
@@ -138,6 +184,7 @@ class LoopLag(Background):
                     lag_s=round(lateness, 4),
                     pid=os.getpid(),
                 )
+            self._log_pauses()
 
     def as_dict(self) -> dict[str, float]:
         """``/healthz``'s fields: the latest and the window's largest lateness (s)."""

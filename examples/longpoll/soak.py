@@ -89,7 +89,7 @@ class Soak:
     client_late_bound: float = 5.0
     probe_interval: float = 0.5
     probe_timeout: float = 1.0
-    server_loop: str = "auto"
+    server_loop: str = "asyncio"  # the server's own default
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -445,8 +445,18 @@ def _check(
     }
 
 
-async def run(soak: Soak) -> dict[str, Any]:
-    """Run the soak; its report (``report["passed"]``: every check held)."""
+def _write_log(directory: str, name: str, lines: list[str]) -> None:
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, f"{name}.log"), "w") as log:
+        log.writelines(line + "\n" for line in lines)
+
+
+async def run(soak: Soak, keep_logs: str | None = None) -> dict[str, Any]:
+    """Run the soak; its report (``report["passed"]``: every check held).
+
+    ``keep_logs``: a directory to write each server's log to (``NAME.log``, its
+    stderr lines as they came), to read beside the report afterwards.
+    """
     from aiopurgatory.redis.testing import RedisServer
 
     directory = tempfile.mkdtemp(prefix="longpoll-soak-")
@@ -501,6 +511,8 @@ async def run(soak: Soak) -> dict[str, Any]:
     lags: dict[str, list[list[tuple[float, float, float]]]] = {}
     queues: dict[str, list[tuple[float, int]]] = defaultdict(list)
     for name, server in servers.items():
+        if keep_logs is not None:
+            _write_log(keep_logs, name, server.lines)
         records, other = server.records()
         logs[name] = other
         for r in records:
@@ -643,6 +655,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the servers' --loop (%(default)s)",
     )
     p.add_argument("--seed", type=int, default=d.seed, help="(%(default)s)")
+    p.add_argument(
+        "--keep-logs",
+        metavar="DIR",
+        help="write each server's log to DIR/NAME.log (default: not kept)",
+    )
     return p
 
 
@@ -666,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    report = asyncio.run(run(soak))
+    report = asyncio.run(run(soak, args.keep_logs))
     print(json.dumps(report, indent=1))
     return 0 if report["passed"] else 1
 

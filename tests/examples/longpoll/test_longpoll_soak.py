@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
@@ -17,11 +18,18 @@ from examples.longpoll import resume, soak
 pytestmark = pytest.mark.realtime
 
 
-def test_a_short_soak_with_every_fault_keeps_the_ledger() -> None:
+def test_a_short_soak_with_every_fault_keeps_the_ledger(tmp_path: Path) -> None:
     shape = soak.Soak(duration=30, readers=60, topics=6, writers=4, post_rate=15, stop_seconds=3)
-    report = asyncio.run(soak.run(shape))
+    report = asyncio.run(soak.run(shape, keep_logs=str(tmp_path / "logs")))
     shown = json.dumps(report, indent=1)
     assert report["passed"], shown
+    # each server's log kept, as it wrote it, from where it listens to where it stopped
+    kept = sorted(path.name for path in (tmp_path / "logs").iterdir())
+    assert kept == ["a.log", "b.log", "c.log"], kept
+    for path in (tmp_path / "logs").iterdir():
+        text = path.read_text()
+        assert '"longpoll.listening"' in text, path
+        assert '"longpoll.stopped"' in text, path
     assert [f["fault"] for f in report["faults"]] == [
         "worker SIGKILL",
         "redis SIGKILL",

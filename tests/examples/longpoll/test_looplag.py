@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import time
 
 import pytest
+from structlog.testing import capture_logs
 
 from examples.longpoll.looplag import LoopLag, LoopLagCollector
 
@@ -38,3 +41,19 @@ async def test_bad_arguments_and_a_second_entry_are_refused() -> None:
         with pytest.raises(RuntimeError, match="already"):
             await lag.__aenter__()
     assert lag._task is None
+
+
+async def test_a_collection_longer_than_log_over_is_logged_as_a_gc_pause() -> None:
+    with capture_logs() as logs:
+        async with LoopLag(interval=0.02, log_over=0.0):
+            await asyncio.sleep(0.05)
+            gc.collect()  # a full collection: longer than 0 s
+            await asyncio.sleep(0.05)  # the next probe logs it
+    pauses = [r for r in logs if r["event"] == "longpoll.gc_pause"]
+    assert any(r["generation"] == 2 for r in pauses), logs
+    assert all(r["seconds"] > 0 and r["pid"] == os.getpid() for r in pauses)
+    with capture_logs() as quiet:
+        async with LoopLag(interval=0.02):  # log_over None: no callback, nothing logged
+            gc.collect()
+            await asyncio.sleep(0.05)
+    assert not [r for r in quiet if r["event"] == "longpoll.gc_pause"]
