@@ -511,10 +511,10 @@ class _PurgatoryCore(_PurgatoryBase):
             waits = self._wait_failed
         if HISTOGRAMS:
             waits.add(wait)
-        if op._id_key:  # joined (op._joined): not finished by its first check
+        oid = op._id_key
+        if oid:  # joined (op._joined): not finished by its first check
             keys = op._keys
             if op._thresholds is None:
-                oid = op._id_key
                 watchers = self._watchers
                 for key in keys:
                     ops = watchers[key]
