@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections.abc import Iterable
 from typing import Any
 
@@ -161,13 +162,12 @@ class WatermarkReader:
                         future.set_result(found.get(key))
         if purgatory is None or purgatory.closed:
             return
-        completed = 0
-        advance = purgatory.advance
-        for key, value in found.items():
-            completed += advance(key, value)
-        check = purgatory.check_and_complete
-        for key in watched if resync else checks:
-            completed += check(key)
+        # Applied in a context of its own, as the listener applies a notification:
+        # what completes is not done in the span or the context variables of
+        # whoever asked (the code that entered the triggers, for the first resync).
+        completed: int = contextvars.Context().run(
+            _apply, purgatory, found, watched if resync else checks
+        )
         if resync:
             self.resyncs += 1
         self.completed += completed
@@ -228,3 +228,15 @@ class WatermarkReader:
             retry = {key: None for key in checks if key in watched}
             retry.update(self._checks)
             self._checks = retry
+
+
+def _apply(purgatory: Purgatory[Any], found: dict[Key, Value], checks: Iterable[Key]) -> int:
+    """Advance ``purgatory`` to ``found`` and check ``checks``; how many operations completed."""
+    completed = 0
+    advance = purgatory.advance
+    for key, value in found.items():
+        completed += advance(key, value)
+    check = purgatory.check_and_complete
+    for key in checks:
+        completed += check(key)
+    return completed

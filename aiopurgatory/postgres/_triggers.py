@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import secrets
 from collections.abc import Coroutine, Hashable, Iterable, Mapping
@@ -590,7 +591,12 @@ class PostgresTriggers:
         await self._reader.link.drop()
 
     def _start_task(self, work: Coroutine[Any, Any, None], role: str) -> None:
-        task = asyncio.create_task(work, name=f"aiopurgatory-pg-{role}-{self._id}")
+        # A context of its own: what the tasks complete (a catch-up read, a
+        # resync) is not done in the span or the context variables of the code
+        # that entered the instance (as the Redis triggers do).
+        task = asyncio.create_task(
+            work, name=f"aiopurgatory-pg-{role}-{self._id}", context=contextvars.Context()
+        )
         task.add_done_callback(self._task_ended)
         self._tasks.append(task)
 

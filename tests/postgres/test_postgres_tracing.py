@@ -262,6 +262,51 @@ async def test_a_notification_is_applied_outside_the_context_the_listener_starte
     assert linked_to(links["b"]) == [(post["trace_id"], post["span_id"])]
 
 
+async def test_stored_watermarks_read_back_are_applied_outside_the_entering_and_watching_contexts(
+    postgres_server: PostgresServer, here: Process
+) -> None:
+    # Completed by reads, not notifications: "early" by the first resync of
+    # __aenter__, "late" by the catch-up read its watch asks for. Neither runs
+    # in the context of the code that entered the triggers (its span, its
+    # variables) nor in the watcher's: the reads serve everyone at once.
+    publisher = SyncPublisher(postgres_server.dsn, channel="chan")
+    try:
+        publisher.advance("early", 1)
+        publisher.advance("late", 1)
+    finally:
+        publisher.close()
+    seen: dict[str, str] = {}
+
+    class Seeing(ap.WatermarkOperation):
+        def __init__(self, name: str) -> None:
+            super().__init__(30.0)
+            self.name = name
+
+        def on_complete(self) -> None:
+            seen[self.name] = REQUEST_ID.get()
+
+    async def watch_late(triggers: PostgresTriggers) -> ap.Outcome:
+        REQUEST_ID.set("request")
+        return await triggers.watch(Seeing("late"), {"late": 1})
+
+    purgatory: ap.Purgatory[Any] = ap.Purgatory("feed")
+    with trace_waits(purgatory, tracer_provider=here.provider):
+        early = asyncio.ensure_future(purgatory.watch(Seeing("early"), {"early": 1}))
+        await asyncio.sleep(0)
+        with here.tracer.start_as_current_span("startup"):
+            REQUEST_ID.set("startup")
+            triggers = PostgresTriggers(purgatory, postgres_server.dsn, channel="chan")
+            await triggers.__aenter__()
+        try:
+            assert await asyncio.wait_for(early, 5) is ap.Outcome.COMPLETED
+            late = asyncio.ensure_future(watch_late(triggers))
+            assert await asyncio.wait_for(late, 5) is ap.Outcome.COMPLETED
+        finally:
+            await triggers.__aexit__(None, None, None)
+    assert seen == {"early": "none", "late": "none"}
+    assert [linked_to(span) for span in here.spans("wait feed")] == [[], []]  # never "startup"
+
+
 async def test_a_sync_publisher_trigger_from_a_thread_with_a_span_links_to_it(
     postgres_server: PostgresServer, here: Process
 ) -> None:
