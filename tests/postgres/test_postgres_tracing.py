@@ -103,10 +103,12 @@ async def wire(postgres_server: PostgresServer) -> AsyncIterator[list[str]]:
 
 
 async def covered(triggers: PostgresTriggers, *keys: str) -> None:
-    """Until the partitions of ``keys`` are listened to (what is committed next is received)."""
+    """Until the partitions of ``keys`` are listened to (what is committed next is
+    received) and the catch-up reads of the watches are done (what is committed
+    next completes through a notification, never through a late read)."""
     listener = triggers._listener
     assert listener is not None
-    await eventually(lambda: listener.covers(list(keys)))
+    await eventually(lambda: listener.covers(list(keys)) and triggers._reader.idle)
 
 
 def linked_to(span: ReadableSpan) -> list[tuple[str, str]]:
