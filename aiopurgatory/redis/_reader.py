@@ -14,7 +14,9 @@ of its own, from one task:
   checking makes it good.
 * **resync** (:meth:`request_resync`): after the subscription (re)starts, every
   watched key is read and advanced, then checked once (plain triggers are not
-  state: one missed while unsubscribed is made good by checking).
+  state: one missed while unsubscribed is made good by checking). With nothing
+  watched it is a PING (on one Redis), which opens the connection again after
+  a restart, before any read needs it.
 * **fetch** (:meth:`fetch`): ``RedisTriggers.fetch_watermark``, one attempt whose
   failure is the caller's.
 
@@ -209,8 +211,17 @@ class WatermarkReader:
             wanted.update(dict.fromkeys(fetches))
         order = list(wanted)
         values: list[Value | None] = []
-        if order:
-            values = await self._read(order)
+        # A resync with nothing to read still makes a round trip (on one Redis):
+        # the connection is opened now (one that died with a restarted Redis is
+        # replaced), so the first read asked after a reconnect, such as a
+        # timeout=0 watch's within catch_up_grace, is one round trip and not a
+        # connect and a handshake as well.
+        warm = resync and not order and self._partition_of is None
+        if order or warm:
+            if order:
+                values = await self._read(order)
+            else:
+                await self._link.execute(("PING",))
             if self._failures:
                 self._logger.warning("aiopurgatory.redis.read_resumed", attempts=self._failures)
                 self._failures = 0

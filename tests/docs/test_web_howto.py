@@ -316,6 +316,14 @@ def test_the_job_service_across_processes_through_a_hung_and_a_restarted_redis(
     stamp = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING: +aiopurgatory")
     assert all(stamp.match(line) for line in lines), lines
     # Done before the wait, asked with timeout=0: the stored watermark answers.
-    assert client.call("GET", f"/jobs/{first}/wait?timeout=0")[1] == (
-        f'{{"job":"{first}","percent":100,"done":true}}'.encode()
-    )
+    # Its read is given catch_up_grace (0.1 s) before the op's own zero timeout;
+    # a CI run with Spark beside the tests saw one ask run out of it (answered
+    # "not known yet", which the page allows). So: never a wrong answer, and
+    # the right one within three asks.
+    done = f'{{"job":"{first}","percent":100,"done":true}}'.encode()
+    unknown = f'{{"job":"{first}","percent":0,"done":false}}'.encode()
+    answers: list[bytes] = []
+    while len(answers) < 3 and done not in answers:
+        answers.append(client.call("GET", f"/jobs/{first}/wait?timeout=0")[1])
+    assert set(answers) <= {done, unknown}, answers
+    assert answers[-1] == done, answers

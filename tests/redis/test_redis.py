@@ -296,7 +296,8 @@ async def test_close_sends_pending_and_leaves_nothing(
         triggers.check_and_complete("k")
     async with triggers:
         assert await subscribers(redis_client, "c") == 1
-        assert len(await client_names(redis_client)) == 2  # the subscriber and a command
+        # The subscriber, the reader's (its first resync's PING) and a command's.
+        assert len(await client_names(redis_client)) == 3
         triggers.advance("k", 5)  # pending at close: sent by aclose
     assert await redis_client.get(stored_key("c", "k")) == b"5"
     assert set(asyncio.all_tasks()) == before
@@ -314,6 +315,38 @@ async def test_close_sends_pending_and_leaves_nothing(
 
 
 # -- Redis down and back ----------------------------------------------------------------
+
+
+async def test_after_a_restart_the_reader_reconnects_before_a_read_needs_it(
+    redis_server: RedisServer,
+) -> None:
+    # Nothing is watched, so the resync has nothing to read: its PING still
+    # replaces the reader's connection that died with Redis, and the first
+    # read after the restart (a timeout=0 watch's, within catch_up_grace) is one
+    # round trip on an open connection, not a connect and a handshake as well.
+    purgatory: ap.Purgatory[Flagged] = ap.Purgatory("here")
+    url = redis_server.url
+    async with RedisTriggers(purgatory, url, channel="c", reconnect_delay=(0.05, 0.1)) as sub:
+        reader = f"aiopurgatory-read-{sub.instance}"
+        async with aioredis.from_url(url) as client:
+            await until(lambda: reader_open(client, reader))
+        redis_server.restart()
+        resyncs = sub.statistics().resyncs
+        await eventually(lambda: sub.statistics().resyncs > resyncs, within=10)
+        async with aioredis.from_url(url) as client:
+            assert reader in await client_names(client)  # opened again, before any read
+        stats = sub.statistics()
+        assert (stats.reads, stats.read_errors) == (0, 0)
+        # A timeout=0 watch reads first (within the 0.1 s grace) on that connection.
+        async with RedisTriggers(None, url, channel="c") as pub:
+            pub.advance("k", 7)
+        assert await sub.watch(ap.WatermarkOperation(0), {"k": 7}) is ap.Outcome.COMPLETED
+        assert sub.statistics().reads >= 1
+        assert sub.statistics().read_errors == 0
+
+
+async def reader_open(client: aioredis.Redis, name: str) -> bool:
+    return name in await client_names(client)
 
 
 async def test_redis_killed_and_restarted_heals_at_reconnect(
