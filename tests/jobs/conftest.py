@@ -93,16 +93,33 @@ class WorkerProcess:
             "AIOPURGATORY_JOBS_READY": str(ready),
             **(env or {}),
         }
+        self._env = env
+        self._cwd = cwd
+        self.respawns = 0
         ready.unlink(missing_ok=True)
         self._log_file = log.open("ab")
-        self.process = subprocess.Popen(
+        self.process = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             self.args,
-            cwd=cwd,
-            env=env,
+            cwd=self._cwd,
+            env=self._env,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its pool's children are ended with it
         )
+
+    def respawn_if_exited(self) -> bool:
+        """Start the worker again if it exited, as a supervisor (systemd's
+        ``Restart=``) would; True if it did."""
+        if self.process.poll() is None:
+            return False
+        self._kill_group()
+        self.ready.unlink(missing_ok=True)
+        self.process = self._spawn()
+        self.respawns += 1
+        return True
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
