@@ -222,7 +222,9 @@ class RedisServer:
         self._end(signal.SIGTERM)
 
     def _end(self, sig: signal.Signals) -> None:
-        process, self.process = self.process, None
+        # Forgotten only once it is gone: ``running`` stays true until then (a
+        # benchmark waiting for the kill polls it from another thread).
+        process = self.process
         if process is None:
             return
         if process.poll() is None:
@@ -236,6 +238,7 @@ class RedisServer:
                 process.wait()
         if process.stderr is not None:
             process.stderr.close()
+        self.process = None
 
     def restart(self) -> None:
         """Start again on the same port with the same data directory."""

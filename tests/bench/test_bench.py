@@ -426,9 +426,11 @@ def test_trio_purgatory_outcomes_agree(completion: str) -> None:
 
 
 def test_trio_purgatory_on_the_wall_clock() -> None:
-    # Real trio, a rate it keeps up with: every request finishes exactly once.
-    # Which side of its deadline a completion lands can depend on the machine's
-    # load here, so the implementations are only asked to agree within a few.
+    # Real trio, a rate it keeps up with: every request finishes exactly once,
+    # and none expires early. Which side of its deadline a completion lands
+    # depends on the machine's load here (a CI run with Spark beside it counted
+    # 46, 86 and 46 expiries), so how many expire is compared between the
+    # implementations on virtual time only (the test above), never here.
     results = {
         impl: run_purgatory(impl, "trio", num=600, rate=2000, memory_ops=0)
         for impl in ("ap", "hand", "floor")
@@ -437,9 +439,7 @@ def test_trio_purgatory_on_the_wall_clock() -> None:
         assert r["completed"] + r["expired"] == 600
         assert r["expiry_lateness"]["count"] == r["expired"]
         assert r["expiry_lateness"]["min"] >= 0
-    expired = [r["expired"] for r in results.values()]
-    assert min(expired) > 0
-    assert max(expired) - min(expired) <= 30
+    assert all(r["expired"] > 0 for r in results.values())
 
 
 @pytest.mark.parametrize("completion", ["force", "check"])
