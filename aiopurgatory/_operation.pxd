@@ -25,12 +25,11 @@ cdef class _PurgatoryBase:
 
 
 cdef class DelayedOperation(_TimerEntry):
-    cdef public object _exception
     cdef public tuple _keys
-    cdef public object _entries
     cdef public object _outcome
     cdef public _PurgatoryBase _purgatory
-    cdef public tuple _thresholds
+    # A tuple until joined, then the first ThresholdEntry (see _operation.py).
+    cdef public object _thresholds
     cdef public object _timeout
     cdef public object _waiters
 
@@ -42,7 +41,7 @@ cdef class DelayedOperation(_TimerEntry):
     cpdef bint force_complete(self) except -1
     cdef _add_waiter(self, waiter)
     cdef _result(self)
-    cdef _finished(self)
+    cdef _finished(self, waiters)
     cdef _fire(self)
     cdef bint _finish(self, outcome, failure=*, bint raised=*) except -1
     cdef _timer_closed(self)

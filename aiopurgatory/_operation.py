@@ -232,8 +232,6 @@ class DelayedOperation(_TimerEntry):
     """
 
     __slots__ = (
-        "_entries",
-        "_exception",
         "_keys",
         "_outcome",
         "_purgatory",
@@ -265,29 +263,36 @@ class DelayedOperation(_TimerEntry):
         self._timeout = timeout
         self._purgatory: _PurgatoryBase | None = None
         self._keys: tuple[Hashable, ...] = ()
-        # The threshold on each of ``_keys`` (same order) for a watch with
-        # thresholds (``watch(op, {key: threshold})``), else None.
-        self._thresholds: tuple[float, ...] | None = None
-        # Its entries in the purgatory's threshold index while it is in its watch
-        # lists with thresholds, else None: the first key's
-        # (aiopurgatory._thresholds.ThresholdEntry), chained to the next key's
-        # through ``next`` (no container per operation: nothing more for the
-        # garbage collector to walk).
-        self._entries: Any = None
+        # Two fields serve one phase of the operation's life each, so that a
+        # compiled operation is 128 bytes with the collector's header (the
+        # allocator's size class below asyncio's futures and uvloop's handles:
+        # issue 54, docs/benchmarks.md).
+        #
+        # _thresholds, for a watch with thresholds (``watch(op, {key:
+        # threshold})``), else None: the threshold on each of ``_keys`` (same
+        # order) until the op joins its watch lists; from then on its entries in
+        # the purgatory's threshold index, which hold those thresholds: the first
+        # key's (aiopurgatory._thresholds.ThresholdEntry), chained to the next
+        # key's through ``next`` (no container per operation: nothing more for
+        # the garbage collector to walk). See _thresholds_of().
+        self._thresholds: Any = None
         self._outcome: Outcome | None = None
-        # The failure and its traceback as recorded, raised again with that
-        # traceback each time (as asyncio.Future does), so that repeated awaits
-        # do not grow it and keep their frames alive; and, until someone receives
-        # it, what logs it if nobody does (_Unretrieved).
-        self._exception: tuple[Exception, TracebackType | None, _Unretrieved | None] | None = None
-        # Who is woken when it finishes, in the order they came: asyncio futures,
-        # trio waiters (aiopurgatory._trio_driver.TrioWaiter) and done callbacks
+        # _waiters, until the op finishes: who is woken when it does, in the
+        # order they came: asyncio futures, trio waiters
+        # (aiopurgatory._trio_driver.TrioWaiter) and done callbacks
         # (_DoneCallback). None while nobody waits, the waiter itself for one, a
         # list for more: read and changed only by _add_waiter, _forget_waiters
-        # and _finished. Most operations have none or one, and a container per
+        # and _finish. Most operations have none or one, and a container per
         # operation would be one more object for the garbage collector to walk
         # (a tuple always: about +540 instructions per awaited operation; a field for
         # the first waiter and one for the rest: about +100 per operation, callgrind).
+        #
+        # Once it finishes (_finish takes the waiters out first): its failure,
+        # else None. The failure and its traceback as recorded, raised again
+        # with that traceback each time (as asyncio.Future does), so that
+        # repeated awaits do not grow it and keep their frames alive; and, until
+        # someone receives it, what logs it if nobody does (_Unretrieved): a
+        # tuple (exc, traceback, _Unretrieved | None). See _failure().
         self._waiters: Any = None
 
     def __repr__(self) -> str:
@@ -337,6 +342,11 @@ class DelayedOperation(_TimerEntry):
         """How the operation finished, or None while it has not."""
         return self._outcome
 
+    def _failure(self) -> tuple[Exception, TracebackType | None, Any] | None:
+        """The failure recorded (exception, traceback, what logs it unless received),
+        else None; None while the op has not finished."""
+        return None if self._outcome is None else self._waiters
+
     # -- asyncio.Future's manners ------------------------------------------------------
 
     def done(self) -> bool:
@@ -372,11 +382,11 @@ class DelayedOperation(_TimerEntry):
         """
         if self._outcome is None:
             raise InvalidStateError(f"{self!r} has not finished")
-        failure = self._exception
+        failure = self._waiters  # finished: the failure, if any
         if failure is None:
             return None
         self._received()
-        return failure[0]
+        return failure[0]  # type: ignore[no-any-return]
 
     def add_done_callback(
         self,
@@ -484,6 +494,7 @@ class DelayedOperation(_TimerEntry):
     # -- internals ---------------------------------------------------------------------
 
     def _add_waiter(self, waiter: Any) -> None:
+        # Pending only: every caller has checked that the op has not finished.
         waiters = self._waiters
         if waiters is None:
             self._waiters = waiter
@@ -493,9 +504,13 @@ class DelayedOperation(_TimerEntry):
             self._waiters = [waiters, waiter]
 
     def _forget_waiters(self, forget: Callable[[Any], bool]) -> int:
-        """Forget the waiters ``forget`` says yes to, keeping the others' order; how many."""
+        """Forget the waiters ``forget`` says yes to, keeping the others' order; how many.
+
+        None once the op has finished: its waiters are being woken or were (as
+        asyncio.Future's callbacks, which are scheduled when it finishes).
+        """
         waiters = self._waiters
-        if waiters is None:
+        if waiters is None or self._outcome is not None:
             return 0
         if type(waiters) is not list:
             waiters = [waiters]
@@ -504,17 +519,17 @@ class DelayedOperation(_TimerEntry):
         return len(waiters) - len(kept)
 
     def _result(self) -> Outcome:
-        failure = self._exception
+        failure = self._waiters  # finished: the failure, if any
         if failure is not None:
             self._received()
             raise failure[0].with_traceback(failure[1])
         assert self._outcome is not None
         return self._outcome
 
-    def _finished(self) -> None:
-        waiters = self._waiters
+    def _finished(self, waiters: Any) -> None:
+        """Wake ``waiters`` (what ``_waiters`` held until the op finished) and call
+        the recorder."""
         if waiters is not None:
-            self._waiters = None
             if type(waiters) is not list:
                 _wake(waiters)
             else:
@@ -543,6 +558,9 @@ class DelayedOperation(_TimerEntry):
         if self._outcome is not None:
             return False
         self._outcome = outcome
+        # Taken out before anything runs: from now on the field holds the failure.
+        waiters = self._waiters
+        self._waiters = None
         purgatory = self._purgatory
         if purgatory is not None:
             purgatory._detach(self, outcome)
@@ -562,10 +580,8 @@ class DelayedOperation(_TimerEntry):
                 self._callback_failed(failure, "try_complete", raised)
         finally:
             # Most completed operations have no awaiter and no recorder.
-            if self._waiters is not None or (
-                purgatory is not None and purgatory._recorder is not None
-            ):
-                self._finished()
+            if waiters is not None or (purgatory is not None and purgatory._recorder is not None):
+                self._finished(waiters)
         return True
 
     def _timer_closed(self) -> None:
@@ -586,17 +602,17 @@ class DelayedOperation(_TimerEntry):
 
     def _received(self) -> None:
         """The failure reached someone: it will not be logged (see _Unretrieved)."""
-        failure = self._exception
+        failure = self._waiters  # finished: the failure, if any
         if failure is not None and failure[2] is not None:
             failure[2].exc = None
-            self._exception = (failure[0], failure[1], None)
+            self._waiters = (failure[0], failure[1], None)
 
     def _callback_failed(self, exc: Exception, callback: str, raised: bool = False) -> None:
         """Keep the first failure for whoever receives it; log one nobody can.
 
         ``raised``: the caller raises ``exc`` on (someone receives it).
         """
-        if self._exception is None:
+        if self._waiters is None:  # finished: no failure recorded yet
             unretrieved = None
             if not raised:
                 purgatory = self._purgatory
@@ -608,7 +624,7 @@ class DelayedOperation(_TimerEntry):
                     _log_failure(logger, callback, repr(self), exc)
                 else:
                     unretrieved = _Unretrieved(logger, callback, repr(self), exc, soon)
-            self._exception = (exc, exc.__traceback__, unretrieved)
+            self._waiters = (exc, exc.__traceback__, unretrieved)
         elif not raised:
             # A later failure: only the first is kept, so nobody can receive it.
             purgatory = self._purgatory

@@ -52,7 +52,7 @@ cdef class _PurgatoryCore(_PurgatoryBase):
     @cython.locals(timer=Timer, watchers=dict, ops=dict)
     cdef bint _watch(self, DelayedOperation op, tuple keys, tuple thresholds) except -1
     @cython.locals(everything=dict, watch=ThresholdIndex, i=Py_ssize_t, entry=ThresholdEntry,
-                   last=ThresholdEntry)
+                   last=ThresholdEntry, first=ThresholdEntry)
     cdef _watch_thresholds(self, DelayedOperation op, tuple keys, tuple thresholds)
     @cython.locals(ops=dict, watch=ThresholdIndex, checked=list)
     cpdef check_and_complete(self, key)
@@ -73,7 +73,8 @@ cdef class _PurgatoryCore(_PurgatoryBase):
 cdef class WatermarkOperation(DelayedOperation):
     cdef public bint _all_keys
 
-    @cython.locals(thresholds=tuple, keys=tuple, marks=dict, i=Py_ssize_t, purgatory=_PurgatoryCore)
+    @cython.locals(keys=tuple, marks=dict, i=Py_ssize_t, purgatory=_PurgatoryCore,
+                   entry=ThresholdEntry)
     cpdef bint try_complete(self) except -1
 
 # For Purgatory.watch (a coroutine of a Python class, in _purgatory): C calls

@@ -291,10 +291,11 @@ class _PurgatoryCore(_PurgatoryBase):
                 everything[key] = watch = ThresholdIndex()
             entry = watch.add(op, thresholds[i], number)
             if last is None:
-                op._entries = entry
+                first = entry
             else:
                 last.next = entry
             last = entry
+        op._thresholds = first  # joined: the entries hold the thresholds now
 
     def check_and_complete(self, key: Hashable) -> int:
         """Call ``try_complete()`` on every pending operation watched under ``key``.
@@ -440,8 +441,8 @@ class _PurgatoryCore(_PurgatoryBase):
 
     def _unwatch_thresholds(self, op: DelayedOperation) -> None:
         """Take a finishing ``op`` out of the threshold index of each of its keys."""
-        entry = op._entries  # the first key's; the chain follows the keys' order
-        op._entries = None
+        entry = op._thresholds  # the first key's entry; the chain follows the keys' order
+        op._thresholds = None
         everything = self._threshold_watchers
         for key in op._keys:
             # The entry lets go of the op: stale, it is skipped wherever it stays.
@@ -623,15 +624,28 @@ class WatermarkOperation(DelayedOperation):
             return False
         marks = purgatory._watermarks
         keys = self._keys
+        # A tuple until the op joined its watch lists, then its entries, which
+        # hold the same thresholds chained in the keys' order (DelayedOperation).
+        entry = None if type(thresholds) is tuple else thresholds
         if self._all_keys:
             for i in range(len(keys)):
+                if entry is None:
+                    threshold = thresholds[i]
+                else:
+                    threshold = entry.threshold
+                    entry = entry.next
                 mark = marks.get(keys[i])
-                if mark is None or mark < thresholds[i]:
+                if mark is None or mark < threshold:
                     return False
             return True
         if marks:
             for i in range(len(keys)):
+                if entry is None:
+                    threshold = thresholds[i]
+                else:
+                    threshold = entry.threshold
+                    entry = entry.next
                 mark = marks.get(keys[i])
-                if mark is not None and mark >= thresholds[i]:
+                if mark is not None and mark >= threshold:
                     return True
         return False

@@ -185,7 +185,7 @@ class _Hooks:
         elif outcome is _CANCELLED:
             span.add_event(EVENT_CANCELLED, timestamp=end)
         span.set_attributes(attributes)
-        failure = op._exception  # try_complete's (FAILED) or a callback's
+        failure = op._failure()  # try_complete's (FAILED) or a callback's
         if failure is not None:
             exc = failure[0]
             span.record_exception(exc, timestamp=end)

@@ -1,7 +1,9 @@
 """An operation's stage, one field each: taken (_purgatory), joined (_joined), finished.
 
 And its threshold entries, one form: the first key's entry (or None), chained
-to the next key's; its waiters kept in order and forgotten at once.
+to the next key's, in the field that held the thresholds tuple until the op
+joined; its waiters kept in order and forgotten at once, in the field that
+holds its failure once it finished.
 """
 
 from __future__ import annotations
@@ -23,8 +25,12 @@ def waiters(op: ap.DelayedOperation) -> tuple[Any, ...]:
 
 
 def entries(op: ap.DelayedOperation) -> list[Any]:
-    """The op's entries in the threshold index, in the order of its keys."""
-    chain, entry = [], op._entries
+    """The op's entries in the threshold index, in the order of its keys (none
+    unless joined with thresholds: ``_thresholds`` holds the tuple until then)."""
+    entry = op._thresholds
+    if entry is None or type(entry) is tuple:
+        return []
+    chain = []
     while entry is not None:
         chain.append(entry)
         entry = entry.next
@@ -126,6 +132,7 @@ async def test_threshold_entries_are_a_chain_in_key_order_while_joined(keys: int
     assert entries(plain) == []  # watched without thresholds
     assert entries(op) == []
     purgatory.try_complete_else_watch(op, {f"k{i}": 10 * i for i in range(keys)})
+    assert type(op._thresholds) is not tuple  # the tuple's place, taken by the chain
     assert [entry.threshold for entry in entries(op)] == [10 * i for i in range(keys)]
     assert all(entry.op is op for entry in entries(op))
     kept = entries(op)
