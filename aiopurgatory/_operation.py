@@ -274,7 +274,8 @@ class DelayedOperation(_TimerEntry):
         # the purgatory's threshold index, which hold those thresholds: the first
         # key's (aiopurgatory._thresholds.ThresholdEntry), chained to the next
         # key's through ``next`` (no container per operation: nothing more for
-        # the garbage collector to walk). See _thresholds_of().
+        # the garbage collector to walk). WatermarkOperation.try_complete reads
+        # either form.
         self._thresholds: Any = None
         self._outcome: Outcome | None = None
         # _waiters, until the op finishes: who is woken when it does, in the

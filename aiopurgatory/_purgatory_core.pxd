@@ -52,7 +52,7 @@ cdef class _PurgatoryCore(_PurgatoryBase):
     @cython.locals(timer=Timer, watchers=dict, ops=dict)
     cdef bint _watch(self, DelayedOperation op, tuple keys, tuple thresholds) except -1
     @cython.locals(everything=dict, watch=ThresholdIndex, i=Py_ssize_t, entry=ThresholdEntry,
-                   last=ThresholdEntry, first=ThresholdEntry)
+                   last=ThresholdEntry)
     cdef _watch_thresholds(self, DelayedOperation op, tuple keys, tuple thresholds)
     @cython.locals(ops=dict, watch=ThresholdIndex, checked=list)
     cpdef check_and_complete(self, key)

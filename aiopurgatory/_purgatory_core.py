@@ -291,11 +291,10 @@ class _PurgatoryCore(_PurgatoryBase):
                 everything[key] = watch = ThresholdIndex()
             entry = watch.add(op, thresholds[i], number)
             if last is None:
-                first = entry
+                op._thresholds = entry  # joined: the entries hold the thresholds now
             else:
                 last.next = entry
             last = entry
-        op._thresholds = first  # joined: the entries hold the thresholds now
 
     def check_and_complete(self, key: Hashable) -> int:
         """Call ``try_complete()`` on every pending operation watched under ``key``.
